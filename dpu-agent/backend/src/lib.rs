@@ -1,0 +1,179 @@
+//! Storage backends of `dpu-agent`.
+//!
+//! A backend gives DFS semantics (the DAOS File System API that `libdfs` offers): a
+//! backend holds *containers*, a container is a tree of directories and files, and
+//! files are read and written at byte offsets through open *objects*. The agent's
+//! engine speaks only to these traits, so the embedded [`local`] backend and the DAOS
+//! backend (loaded at run time, a later piece of work) are interchangeable.
+//!
+//! Why the traits are synchronous: both implementations are blocking calls at heart
+//! (`pread`/`fsync` here; `dfs_read`/`dfs_write` with a NULL event in libdfs). The
+//! agent runs them on its blocking pool or its data-plane threads; an async trait would
+//! only move the same blocking call behind a boxed future.
+//!
+//! What this crate deliberately does not do: authentication, tenancy, quotas or
+//! encryption (the agent's engine does those before it calls a backend), and any
+//! network I/O.
+#![forbid(unsafe_code)]
+
+pub mod local;
+mod path;
+
+pub use path::{MAX_NAME_BYTES, MAX_PATH_BYTES, NsPath};
+
+use std::sync::Arc;
+
+/// Everything a backend can report. Each variant names the path or object it concerns.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A path or name that can never be valid: empty component, `.` or `..`, a NUL
+    /// byte, a component over [`MAX_NAME_BYTES`], or a path over [`MAX_PATH_BYTES`].
+    #[error("invalid path {path:?}: {reason}")]
+    InvalidPath { path: String, reason: String },
+    /// A request argument outside what the backend accepts (for example an offset
+    /// past the largest file size).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The path, or one of its parents, does not exist.
+    #[error("{path}: no such file or directory")]
+    NotFound { path: String },
+    /// Create, mkdir or rename onto a name that is already taken.
+    #[error("{path}: already exists")]
+    AlreadyExists { path: String },
+    /// A directory was expected (a parent in a path, or `readdir`).
+    #[error("{path}: not a directory")]
+    NotADirectory { path: String },
+    /// A file was expected (open, truncate) but the path is a directory.
+    #[error("{path}: is a directory")]
+    IsADirectory { path: String },
+    /// Remove of a directory that still has entries, without `recursive`.
+    #[error("{path}: directory not empty (remove it with recursive set)")]
+    DirectoryNotEmpty { path: String },
+    /// Rename of a directory into its own subtree, or of the container root.
+    #[error("cannot rename {from} to {to}: {reason}")]
+    InvalidRename { from: String, to: String, reason: String },
+    /// The container does not exist and `create` was not asked for.
+    #[error("container {name:?} does not exist")]
+    NoSuchContainer { name: String },
+    /// An object was used for an access its open mode does not allow.
+    #[error("{path}: {reason}")]
+    AccessMode { path: String, reason: String },
+    /// The storage underneath failed; the source says how.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result with the backend [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Kind of an entry in a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Directory,
+}
+
+/// Attributes of one entry, as `stat` returns them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub kind: EntryKind,
+    /// File size in bytes (0 for directories).
+    pub size: u64,
+    /// Permission bits (`0o755` style); informational, the agent enforces access itself.
+    pub mode: u32,
+    /// Last modification, nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+    /// A number that identifies the entry within its container while it exists
+    /// (the inode number for `local`, the object id for DAOS).
+    pub object_id: u64,
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub attr: Attr,
+}
+
+/// How a file is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpenOptions {
+    /// Allow `write_at`, `truncate` and `sync` of data.
+    pub write: bool,
+    /// Create the file if it does not exist.
+    pub create: bool,
+    /// With `create`: fail with [`Error::AlreadyExists`] if it exists.
+    pub exclusive: bool,
+    /// Truncate to zero length on open (needs `write`).
+    pub truncate: bool,
+    /// Options that only a DAOS backend honours; `local` records nothing of them.
+    pub layout: Layout,
+}
+
+/// Object layout hints in the shape of `dfs_open`'s `oclass` and `chunk_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Layout {
+    /// Chunk size in bytes; 0 means the container's default.
+    pub chunk_bytes: u64,
+    /// DAOS object class id; 0 means the container's default.
+    pub object_class: u32,
+}
+
+/// A storage backend: a set of containers.
+pub trait Backend: Send + Sync + 'static {
+    /// Short name for logs and status (`"local"`, `"daos"`).
+    fn kind(&self) -> &'static str;
+    /// Open a container by name, creating it first if `create` is set.
+    fn mount(&self, container: &str, create: bool) -> Result<Arc<dyn Container>>;
+}
+
+/// A mounted container: a tree of directories and files.
+///
+/// Every path is an [`NsPath`], already validated and relative to the container root.
+pub trait Container: Send + Sync {
+    /// The container's name.
+    fn name(&self) -> &str;
+    /// Default chunk size: the data plane splits I/O at these boundaries.
+    fn chunk_bytes(&self) -> u64;
+    /// Attributes of an entry.
+    fn stat(&self, path: &NsPath) -> Result<Attr>;
+    /// Create a directory; its parent must exist.
+    fn mkdir(&self, path: &NsPath, mode: u32) -> Result<Attr>;
+    /// List a directory in a stable order (bytewise by name), starting after `anchor`
+    /// (the last name a previous batch returned), at most `max` entries. Returns the
+    /// entries and whether more follow.
+    fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)>;
+    /// Open (and maybe create) a file.
+    fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>>;
+    /// Remove a file or an empty directory; with `recursive`, a directory and all under it.
+    fn remove(&self, path: &NsPath, recursive: bool) -> Result<()>;
+    /// Rename an entry; fails with [`Error::AlreadyExists`] if `to` exists.
+    fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()>;
+    /// Set a file's size by path.
+    fn truncate(&self, path: &NsPath, size: u64) -> Result<()>;
+    /// Make every acknowledged change in the container durable.
+    fn sync(&self) -> Result<()>;
+}
+
+/// An open file.
+pub trait Object: Send + Sync {
+    /// The path it was opened by (for messages).
+    fn path(&self) -> &NsPath;
+    /// Whether it was opened for writing.
+    fn writable(&self) -> bool;
+    /// Read at `offset` into `buf`; returns the bytes read (short only at end of file).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize>;
+    /// Write all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Current attributes (size included).
+    fn stat(&self) -> Result<Attr>;
+    /// Set the size.
+    fn truncate(&self, size: u64) -> Result<()>;
+    /// Make this file's data and its directory entry durable.
+    fn sync(&self) -> Result<()>;
+}
