@@ -1,1 +1,17 @@
+//! `dpuio_shim`: the host side of dpuio.
+//!
+//! A host process attaches to the agent (on the DPU) over the `dpuio.v1` control plane
+//! and works on its tenant's container through [`Client`]: namespace calls and file
+//! handles. The shim never moves payload over gRPC; file data travels only on the data
+//! plane, where the agent reads and writes the host's registered memory itself.
+//!
+//! What it deliberately does not do: decide policy (the agent checks everything the
+//! host sends) or retry behind the caller's back (errors come back with the agent's
+//! reason).
+#![forbid(unsafe_code)]
 
+mod client;
+mod error;
+
+pub use client::{Access, Attr, Client, ConnectOptions, DirEntry, EntryKind, File, DEFAULT_AGENT};
+pub use error::{Error, Result};

@@ -1,1 +1,128 @@
+//! Harness for the end-to-end tests: find the workspace's binaries, start a real
+//! `dpu-agent` on a free loopback port in its own data directory, run the `dpuio` CLI.
+//!
+//! The binaries are the ones `cargo build --workspace --bins` made next to the test
+//! executable (the README's test command builds them first).
+#![forbid(unsafe_code)]
 
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of a workspace binary built in the same profile as this test.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile> directory");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the binaries first with `cargo build --workspace --bins` (./x test does)",
+        path.display()
+    );
+    path
+}
+
+/// A running `dpu-agent serve`, killed when dropped.
+pub struct AgentProcess {
+    pub child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    pub data_dir: PathBuf,
+}
+
+impl AgentProcess {
+    /// Start an agent with `--data-dir data_dir --listen 127.0.0.1:0` plus `extra` args,
+    /// and wait until it prints the address it listens on.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> AgentProcess {
+        let mut child = Command::new(binary("dpu-agent"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn dpu-agent");
+        let stdout = child.stdout.take().expect("agent stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {} // keep draining so the agent never blocks on stdout
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("dpu-agent did not report its address within 30 s");
+        let addr = line
+            .strip_prefix("dpu-agent listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from dpu-agent: {line:?}"))
+            .to_owned();
+        AgentProcess {
+            child,
+            addr,
+            data_dir: data_dir.to_owned(),
+        }
+    }
+
+    /// `http://ADDR`, for the shim library.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Send a signal (`"TERM"`, `"KILL"`, `"STOP"`, `"CONT"`) with kill(1).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Wait for the agent to exit, at most `timeout`; returns its exit code.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for agent") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                panic!("dpu-agent did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Run the `dpuio` CLI against this agent.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(binary("dpuio"))
+            .args(args)
+            .env("DPUIO_AGENT", &self.addr)
+            .output()
+            .expect("run dpuio")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// stdout of a successful command, or a panic showing its stderr.
+pub fn ok_stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "command failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).expect("utf-8 output")
+}

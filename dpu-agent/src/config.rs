@@ -1,0 +1,550 @@
+//! The agent's TOML configuration and `check-config`.
+//!
+//! The file is walked by hand rather than through `serde` so that one pass reports
+//! *every* mistake (serde stops at the first), each with its key path and the reason,
+//! the way an operator wants to fix a config in one round trip.
+//!
+//! ```toml
+//! [agent]
+//! listen = "127.0.0.1:7300"   # loopback only until TLS is configured
+//! data_dir = "./dpuio-data"
+//! lease_ms = 30000
+//!
+//! [backend]
+//! kind = "local"              # the embedded backend
+//! path = "./dpuio-data"       # default: data_dir
+//!
+//! [limits]
+//! max_sessions = 1024
+//!
+//! [[tenants]]
+//! name = "default"
+//! container = "default"
+//! ```
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The default control-plane address: loopback, so a fresh agent is reachable only
+/// from its own machine.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7300";
+/// Where a fresh agent keeps its data when nothing says otherwise.
+pub const DEFAULT_DATA_DIR: &str = "./dpuio-data";
+/// The tenant and container a fresh agent creates.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub lease_ms: u64,
+    pub backend: BackendConfig,
+    pub limits: Limits,
+    pub tenants: Vec<TenantConfig>,
+}
+
+/// Which backend stores the data.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendConfig {
+    /// The embedded backend: containers as directory trees under `path`.
+    Local { path: PathBuf },
+}
+
+/// Limits on everything that grows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub max_sessions: u32,
+    pub max_handles_per_session: u32,
+    pub max_regions_per_session: u32,
+    pub max_io_bytes: u64,
+    pub max_inflight_per_session: u32,
+    pub max_readdir_batch: u32,
+    pub max_lookup_paths: u32,
+    pub max_message_bytes: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_sessions: 1024,
+            max_handles_per_session: 4096,
+            max_regions_per_session: 256,
+            max_io_bytes: 64 << 20,
+            max_inflight_per_session: 256,
+            max_readdir_batch: 4096,
+            max_lookup_paths: 4096,
+            max_message_bytes: 4 << 20,
+        }
+    }
+}
+
+/// One tenant: who may attach, and which container it sees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantConfig {
+    pub name: String,
+    pub container: String,
+}
+
+/// One mistake in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Dotted key path, e.g. `tenants[1].container`.
+    pub key: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.reason)
+    }
+}
+
+/// Why a config could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not TOML.
+    #[error("{path} is not valid TOML: {message}")]
+    Syntax { path: PathBuf, message: String },
+    /// The file is TOML but has mistakes; every one is listed.
+    #[error("{path} has {} mistake(s):\n{}", issues.len(), issues.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        path: PathBuf,
+        issues: Vec<ConfigIssue>,
+    },
+}
+
+impl Default for Config {
+    /// What `dpu-agent serve` runs with no config: embedded backend under
+    /// `./dpuio-data`, one default tenant and container, loopback listener.
+    fn default() -> Self {
+        Config {
+            listen: DEFAULT_LISTEN.parse().expect("constant address parses"),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            lease_ms: 30_000,
+            backend: BackendConfig::Local {
+                path: PathBuf::from(DEFAULT_DATA_DIR),
+            },
+            limits: Limits::default(),
+            tenants: vec![TenantConfig {
+                name: DEFAULT_TENANT.into(),
+                container: DEFAULT_TENANT.into(),
+            }],
+        }
+    }
+}
+
+impl Config {
+    /// Read and check a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|e| match e {
+            ParseError::Syntax(message) => ConfigError::Syntax {
+                path: path.to_owned(),
+                message,
+            },
+            ParseError::Invalid(issues) => ConfigError::Invalid {
+                path: path.to_owned(),
+                issues,
+            },
+        })
+    }
+
+    /// Check config text; relative paths stay relative (to the agent's working directory).
+    pub fn parse(text: &str) -> Result<Config, ParseError> {
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ParseError::Syntax(e.to_string()))?;
+        let mut c = Checker::default();
+        let config = c.config(&table);
+        if c.issues.is_empty() {
+            Ok(config)
+        } else {
+            Err(ParseError::Invalid(c.issues))
+        }
+    }
+
+    /// Whether the control plane may listen here without TLS: loopback only.
+    pub fn listen_is_loopback(&self) -> bool {
+        self.listen.ip().is_loopback()
+    }
+}
+
+/// Why config text was refused.
+#[derive(Debug)]
+pub enum ParseError {
+    Syntax(String),
+    Invalid(Vec<ConfigIssue>),
+}
+
+/// Collects issues while building a [`Config`] from defaults and the table.
+#[derive(Default)]
+struct Checker {
+    issues: Vec<ConfigIssue>,
+}
+
+impl Checker {
+    fn issue(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.issues.push(ConfigIssue {
+            key: key.into(),
+            reason: reason.into(),
+        });
+    }
+
+    fn unknown_keys(&mut self, prefix: &str, table: &toml::Table, known: &[&str]) {
+        for key in table.keys() {
+            if !known.contains(&key.as_str()) {
+                self.issue(
+                    join(prefix, key),
+                    format!("unknown key; expected one of: {}", known.join(", ")),
+                );
+            }
+        }
+    }
+
+    fn section<'t>(&mut self, table: &'t toml::Table, name: &str) -> Option<&'t toml::Table> {
+        match table.get(name) {
+            None => None,
+            Some(toml::Value::Table(t)) => Some(t),
+            Some(other) => {
+                self.issue(name, format!("expected a table ([{name}]), found {}", other.type_str()));
+                None
+            }
+        }
+    }
+
+    fn string(&mut self, t: &toml::Table, prefix: &str, key: &str) -> Option<String> {
+        match t.get(key)? {
+            toml::Value::String(s) => Some(s.clone()),
+            other => {
+                self.issue(join(prefix, key), format!("expected a string, found {}", other.type_str()));
+                None
+            }
+        }
+    }
+
+    fn integer(&mut self, t: &toml::Table, prefix: &str, key: &str, min: i64, max: i64) -> Option<i64> {
+        match t.get(key)? {
+            toml::Value::Integer(n) if (min..=max).contains(n) => Some(*n),
+            toml::Value::Integer(n) => {
+                self.issue(join(prefix, key), format!("{n} is out of range; expected {min} to {max}"));
+                None
+            }
+            other => {
+                self.issue(join(prefix, key), format!("expected an integer, found {}", other.type_str()));
+                None
+            }
+        }
+    }
+
+    fn config(&mut self, root: &toml::Table) -> Config {
+        let mut config = Config::default();
+        self.unknown_keys("", root, &["agent", "backend", "limits", "tenants"]);
+
+        let mut backend_path = None;
+        if let Some(agent) = self.section(root, "agent") {
+            self.unknown_keys("agent", agent, &["listen", "data_dir", "lease_ms"]);
+            if let Some(listen) = self.string(agent, "agent", "listen") {
+                match listen.parse::<SocketAddr>() {
+                    Ok(addr) if !addr.ip().is_loopback() => self.issue(
+                        "agent.listen",
+                        format!(
+                            "{addr} is not a loopback address; the control plane listens \
+                             beyond this machine only with TLS, which this build does not \
+                             configure yet: use 127.0.0.1 or [::1]"
+                        ),
+                    ),
+                    Ok(addr) => config.listen = addr,
+                    Err(_) => self.issue(
+                        "agent.listen",
+                        format!("{listen:?} is not an IP:port address such as \"127.0.0.1:7300\""),
+                    ),
+                }
+            }
+            if let Some(dir) = self.string(agent, "agent", "data_dir") {
+                if dir.is_empty() {
+                    self.issue("agent.data_dir", "must not be empty");
+                } else {
+                    config.data_dir = PathBuf::from(dir);
+                }
+            }
+            if let Some(ms) = self.integer(agent, "agent", "lease_ms", 1_000, 3_600_000) {
+                config.lease_ms = ms as u64;
+            }
+        }
+
+        if let Some(backend) = self.section(root, "backend") {
+            self.unknown_keys("backend", backend, &["kind", "path"]);
+            match self.string(backend, "backend", "kind").as_deref() {
+                None | Some("local") => {}
+                Some("daos") => self.issue(
+                    "backend.kind",
+                    "the DAOS backend is not available in this build yet; use \"local\"",
+                ),
+                Some(other) => self.issue(
+                    "backend.kind",
+                    format!("unknown backend {other:?}; expected \"local\""),
+                ),
+            }
+            if let Some(path) = self.string(backend, "backend", "path") {
+                if path.is_empty() {
+                    self.issue("backend.path", "must not be empty");
+                } else {
+                    backend_path = Some(PathBuf::from(path));
+                }
+            }
+        }
+        config.backend = BackendConfig::Local {
+            path: backend_path.unwrap_or_else(|| config.data_dir.clone()),
+        };
+
+        if let Some(limits) = self.section(root, "limits") {
+            self.limits(limits, &mut config.limits);
+        }
+
+        match root.get("tenants") {
+            None => {}
+            Some(toml::Value::Array(items)) => config.tenants = self.tenants(items),
+            Some(other) => self.issue(
+                "tenants",
+                format!("expected an array of tables ([[tenants]]), found {}", other.type_str()),
+            ),
+        }
+        config
+    }
+
+    fn limits(&mut self, t: &toml::Table, limits: &mut Limits) {
+        const U32: i64 = u32::MAX as i64;
+        let fields: [(&str, &mut u32, i64, i64); 7] = [
+            ("max_sessions", &mut limits.max_sessions, 1, 1 << 20),
+            ("max_handles_per_session", &mut limits.max_handles_per_session, 1, 1 << 20),
+            ("max_regions_per_session", &mut limits.max_regions_per_session, 1, 1 << 16),
+            ("max_inflight_per_session", &mut limits.max_inflight_per_session, 1, 1 << 16),
+            ("max_readdir_batch", &mut limits.max_readdir_batch, 1, 1 << 16),
+            ("max_lookup_paths", &mut limits.max_lookup_paths, 1, 1 << 16),
+            ("max_message_bytes", &mut limits.max_message_bytes, 4096, U32),
+        ];
+        let mut known: Vec<&str> = fields.iter().map(|f| f.0).collect();
+        known.push("max_io_bytes");
+        self.unknown_keys("limits", t, &known);
+        for (key, slot, min, max) in fields {
+            if let Some(n) = self.integer(t, "limits", key, min, max) {
+                *slot = n as u32;
+            }
+        }
+        if let Some(n) = self.integer(t, "limits", "max_io_bytes", 4096, 1 << 32) {
+            limits.max_io_bytes = n as u64;
+        }
+    }
+
+    fn tenants(&mut self, items: &[toml::Value]) -> Vec<TenantConfig> {
+        let mut tenants = Vec::new();
+        let mut names = HashSet::new();
+        let mut containers = HashSet::new();
+        if items.is_empty() {
+            self.issue("tenants", "at least one tenant is needed");
+        }
+        for (i, item) in items.iter().enumerate() {
+            let prefix = format!("tenants[{i}]");
+            let toml::Value::Table(t) = item else {
+                self.issue(&prefix, format!("expected a table, found {}", item.type_str()));
+                continue;
+            };
+            self.unknown_keys(&prefix, t, &["name", "container"]);
+            let name = self.string(t, &prefix, "name");
+            let container = self.string(t, &prefix, "container");
+            let (Some(name), Some(container)) = (name, container) else {
+                for key in ["name", "container"] {
+                    if !t.contains_key(key) {
+                        self.issue(join(&prefix, key), "missing; every tenant needs a name and a container");
+                    }
+                }
+                continue;
+            };
+            let mut ok = true;
+            for (key, value) in [("name", &name), ("container", &container)] {
+                if let Err(reason) = check_identifier(value) {
+                    self.issue(join(&prefix, key), format!("{value:?} {reason}"));
+                    ok = false;
+                }
+            }
+            if !names.insert(name.clone()) {
+                self.issue(join(&prefix, "name"), format!("tenant {name:?} is defined twice"));
+                ok = false;
+            }
+            if !containers.insert(container.clone()) {
+                self.issue(
+                    join(&prefix, "container"),
+                    format!("container {container:?} already belongs to another tenant; tenants never share a container"),
+                );
+                ok = false;
+            }
+            if ok {
+                tenants.push(TenantConfig { name, container });
+            }
+        }
+        tenants
+    }
+}
+
+/// Names of tenants and containers: what a file name, a SPIFFE path segment and a
+/// DAOS label all accept.
+pub fn check_identifier(value: &str) -> Result<(), &'static str> {
+    if value.is_empty() || value.len() > 63 {
+        return Err("must be 1 to 63 characters long");
+    }
+    if value.starts_with(['.', '-']) {
+        return Err("must not start with '.' or '-'");
+    }
+    if !value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+        return Err("may only contain ASCII letters, digits, '-', '_' and '.'");
+    }
+    Ok(())
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issues(text: &str) -> Vec<ConfigIssue> {
+        match Config::parse(text) {
+            Err(ParseError::Invalid(issues)) => issues,
+            other => panic!("expected issues, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_config_is_the_default() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let config = Config::parse(
+            r#"
+            [agent]
+            listen = "127.0.0.1:0"
+            data_dir = "/srv/dpuio"
+            lease_ms = 5000
+            [backend]
+            kind = "local"
+            [limits]
+            max_sessions = 8
+            max_io_bytes = 1048576
+            [[tenants]]
+            name = "vision"
+            container = "imagenet"
+            [[tenants]]
+            name = "nlp"
+            container = "c4"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.listen.port(), 0);
+        assert_eq!(config.backend, BackendConfig::Local { path: "/srv/dpuio".into() });
+        assert_eq!(config.limits.max_sessions, 8);
+        assert_eq!(config.limits.max_io_bytes, 1 << 20);
+        assert_eq!(config.tenants.len(), 2);
+        assert_eq!(config.lease_ms, 5000);
+    }
+
+    #[test]
+    fn three_mistakes_are_all_named() {
+        let found = issues(
+            r#"
+            [agent]
+            listen = "localhost"
+            lease_ms = "soon"
+            [backend]
+            kind = "nfs"
+            "#,
+        );
+        let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(keys, ["agent.listen", "agent.lease_ms", "backend.kind"], "{found:?}");
+        assert!(found[0].reason.contains("IP:port"));
+        assert!(found[1].reason.contains("expected an integer"));
+        assert!(found[2].reason.contains("unknown backend \"nfs\""));
+    }
+
+    #[test]
+    fn tenant_mistakes() {
+        let found = issues(
+            r#"
+            colour = "blue"
+            [[tenants]]
+            name = "a"
+            container = "shared"
+            [[tenants]]
+            name = "a"
+            container = "shared"
+            [[tenants]]
+            name = "../etc"
+            [[tenants]]
+            name = "b"
+            container = "x"
+            quota = 3
+            "#,
+        );
+        let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "colour",
+                "tenants[1].name",
+                "tenants[1].container",
+                "tenants[2].container",
+                "tenants[3].quota"
+            ],
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn out_of_range_and_non_loopback() {
+        let found = issues(
+            r#"
+            [agent]
+            listen = "0.0.0.0:7300"
+            [limits]
+            max_sessions = 0
+            max_io_bytes = -1
+            "#,
+        );
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found[0].reason.contains("not a loopback address"));
+        assert!(found[1].reason.contains("out of range"));
+    }
+
+    #[test]
+    fn syntax_error_is_reported() {
+        assert!(matches!(Config::parse("[agent"), Err(ParseError::Syntax(_))));
+    }
+
+    #[test]
+    fn identifiers() {
+        assert!(check_identifier("team-a_1.x").is_ok());
+        for bad in ["", ".hidden", "-x", "a/b", "a b", &"x".repeat(64)] {
+            assert!(check_identifier(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The agent's error type and its one mapping to gRPC statuses.
+//!
+//! Every message names the path, id or field concerned and, where there is one, what
+//! to do about it: the host is untrusted, but its operator still deserves to know why.
+
+use dpuio_backend::Error as BackendError;
+use tonic::{Code, Status};
+
+/// Why the agent refused or failed a request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The backend refused or failed the operation.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A request field is malformed or out of range.
+    #[error("{field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    /// The session id is not attached (never was, detached, or its lease lapsed).
+    #[error("session {id:#018x} is not attached (it was detached, its lease lapsed, or the id is wrong): attach again")]
+    NoSession { id: u64 },
+    /// A namespace call came before `Mount`.
+    #[error("session {id:#018x} has not mounted its container: call Mount first")]
+    NotMounted { id: u64 },
+    /// The handle is not open in this session.
+    #[error("handle {handle:#018x} is not open in this session")]
+    NoHandle { handle: u64 },
+    /// The caller may not do this (another tenant's container, a write through a
+    /// read-only handle, an unknown tenant).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A limit was reached; the message names the limit and its value.
+    #[error("{what}: limit of {limit} reached")]
+    Limit { what: &'static str, limit: u64 },
+    /// The agent is shutting down or draining and takes no new work.
+    #[error("the agent is {0}; retry against another agent or later")]
+    Unavailable(&'static str),
+    /// A bug or an environment failure inside the agent.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Result with the agent [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    /// The gRPC status code this error maps to.
+    pub fn code(&self) -> Code {
+        match self {
+            Error::Backend(e) => backend_code(e),
+            Error::InvalidArgument { .. } => Code::InvalidArgument,
+            Error::NoSession { .. } | Error::NotMounted { .. } => Code::FailedPrecondition,
+            Error::NoHandle { .. } => Code::NotFound,
+            Error::PermissionDenied(_) => Code::PermissionDenied,
+            Error::Limit { .. } => Code::ResourceExhausted,
+            Error::Unavailable(_) => Code::Unavailable,
+            Error::Internal(_) => Code::Internal,
+        }
+    }
+}
+
+fn backend_code(e: &BackendError) -> Code {
+    match e {
+        BackendError::InvalidPath { .. }
+        | BackendError::InvalidArgument(_)
+        | BackendError::InvalidRename { .. } => Code::InvalidArgument,
+        BackendError::NotFound { .. } | BackendError::NoSuchContainer { .. } => Code::NotFound,
+        BackendError::AlreadyExists { .. } => Code::AlreadyExists,
+        BackendError::NotADirectory { .. }
+        | BackendError::IsADirectory { .. }
+        | BackendError::DirectoryNotEmpty { .. } => Code::FailedPrecondition,
+        BackendError::AccessMode { .. } => Code::PermissionDenied,
+        BackendError::Io { source, .. } => match source.raw_os_error() {
+            Some(code) if code == 28 || code == 122 => Code::ResourceExhausted, // ENOSPC, EDQUOT
+            _ => Code::Internal,
+        },
+        _ => Code::Internal,
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let code = e.code();
+        if code == Code::Internal {
+            tracing::error!(error = %e, "internal error answered to a client");
+        }
+        Status::new(code, e.to_string())
+    }
+}

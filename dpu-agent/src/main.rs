@@ -1,0 +1,138 @@
+//! The `dpu-agent` daemon.
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use dpu_agent::config::{BackendConfig, Config, ConfigError};
+
+/// The dpuio agent: serves the dpuio.v1 control plane and runs the storage backend.
+#[derive(Parser)]
+#[command(name = "dpu-agent", version, about)]
+struct Cli {
+    /// Log format on stderr (level from RUST_LOG, default info).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent. With no config: embedded backend under ./dpuio-data, tenant and
+    /// container "default", listening on 127.0.0.1:7300.
+    Serve {
+        /// TOML config file (see docs/config.md).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Control-plane address, overriding the config (loopback only without TLS;
+        /// port 0 picks a free port, printed on stdout).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Data directory (the local backend's containers live under it), overriding the config.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Check a config file and explain every mistake; exits 1 if there is any.
+    CheckConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::CheckConfig { file } => match Config::load(&file) {
+            Ok(config) => {
+                println!(
+                    "{}: ok (listen {}, backend local at {}, {} tenant(s))",
+                    file.display(),
+                    config.listen,
+                    backend_path(&config).display(),
+                    config.tenants.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve { config, listen, data_dir } => {
+            let config = match resolve(config, listen, data_dir) {
+                Ok(c) => c,
+                Err(message) => {
+                    eprintln!("dpu-agent: {message}");
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("dpu-agent: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = runtime.block_on(dpu_agent::server::serve(config, |addr| {
+                // Tests and scripts read this line to find a port picked with :0.
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "dpu-agent listening on {addr}");
+                let _ = out.flush();
+            }));
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("dpu-agent: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn backend_path(config: &Config) -> &std::path::Path {
+    let BackendConfig::Local { path } = &config.backend;
+    path
+}
+
+/// The config file (or the defaults) with the command-line flags applied on top.
+fn resolve(file: Option<PathBuf>, listen: Option<SocketAddr>, data_dir: Option<PathBuf>) -> Result<Config, String> {
+    let mut config = match file {
+        Some(path) => Config::load(&path).map_err(|e: ConfigError| e.to_string())?,
+        None => Config::default(),
+    };
+    if let Some(addr) = listen {
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "--listen {addr}: not a loopback address; without TLS the control plane listens on 127.0.0.1 or [::1] only"
+            ));
+        }
+        config.listen = addr;
+    }
+    if let Some(dir) = data_dir {
+        config.backend = BackendConfig::Local { path: dir.clone() };
+        config.data_dir = dir;
+    }
+    Ok(config)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,137 @@
+//! Starting and stopping the agent: backend, listener, services, signals.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dpuio_backend::local::LocalBackend;
+use dpuio_proto::v1 as pb;
+use tokio::net::TcpListener;
+
+use crate::config::{BackendConfig, Config};
+use crate::service::{NamespaceService, SessionService};
+use crate::state::Agent;
+
+/// Why the agent could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot open the local backend at {path}: {source}")]
+    Backend {
+        path: String,
+        #[source]
+        source: dpuio_backend::Error,
+    },
+    #[error("cannot prepare the tenants' containers: {0}")]
+    Containers(#[source] crate::error::Error),
+    #[error("cannot listen on {addr}: {source} (is another agent running there? pick another --listen address)")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("cannot install a signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("shutting down: {0}")]
+    Shutdown(#[source] crate::error::Error),
+}
+
+/// Build the agent's state from a config: open the backend, create the containers.
+pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
+    let BackendConfig::Local { path } = &config.backend;
+    let backend = LocalBackend::open(path.clone()).map_err(|source| ServeError::Backend {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let agent = Arc::new(Agent::new(config, Arc::new(backend)));
+    agent.prepare_containers().map_err(ServeError::Containers)?;
+    Ok(agent)
+}
+
+/// Serve until SIGINT or SIGTERM, then finish in-flight calls, close every session
+/// (syncing written files), sync the containers and return.
+///
+/// `on_listening` is called with the bound address once the listener is up (the
+/// binary prints it, so a port of 0 is usable).
+pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
+    let listen = config.listen;
+    let max_message_bytes = config.limits.max_message_bytes as usize;
+    let agent = build_agent(config)?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServeError::Bind { addr: listen, source })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Bind { addr: listen, source })?;
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<pb::session_server::SessionServer<SessionService>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::namespace_server::NamespaceServer<NamespaceService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let session = pb::session_server::SessionServer::new(SessionService::new(agent.clone()))
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes);
+    let namespace = pb::namespace_server::NamespaceServer::new(NamespaceService::new(agent.clone()))
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes);
+
+    let reaper = tokio::spawn(reap_sessions(agent.clone()));
+    let stop = shutdown_signal(agent.clone())?;
+    tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), "serving");
+    on_listening(local);
+
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(session)
+        .add_service(namespace)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), stop)
+        .await?;
+
+    reaper.abort();
+    let sessions = agent.session_count();
+    let closing = agent.clone();
+    tokio::task::spawn_blocking(move || closing.close_everything())
+        .await
+        .map_err(|e| ServeError::Shutdown(crate::error::Error::Internal(e.to_string())))?
+        .map_err(ServeError::Shutdown)?;
+    tracing::info!(sessions, "stopped: sessions closed, containers synced");
+    Ok(())
+}
+
+fn shutdown_signal(agent: Arc<Agent>) -> Result<impl std::future::Future<Output = ()>, ServeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        // New sessions are refused from here on; calls in flight run to completion.
+        agent.set_draining();
+        tracing::info!(signal = name, "stopping: no new sessions, finishing calls in flight");
+    })
+}
+
+async fn reap_sessions(agent: Arc<Agent>) {
+    let period = agent.lease() / 4;
+    loop {
+        tokio::time::sleep(period).await;
+        let reaper = agent.clone();
+        if let Ok(expired) = tokio::task::spawn_blocking(move || reaper.reap_expired(Instant::now())).await {
+            for id in expired {
+                tracing::info!(session = format!("{id:#018x}"), "lease lapsed; session detached");
+            }
+        }
+    }
+}

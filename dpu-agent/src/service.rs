@@ -1,0 +1,456 @@
+//! The control-plane services: `dpuio.v1.Session` and `dpuio.v1.Namespace`.
+//!
+//! These are adapters: they decode a request, check it against the session, run the
+//! backend call on the blocking pool and encode the answer. Policy lives in
+//! [`crate::state`]; every error becomes a status in [`crate::error`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use dpuio_backend::{Attr, EntryKind, Layout, NsPath, OpenOptions};
+use dpuio_proto::v1 as pb;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::config::DEFAULT_TENANT;
+use crate::error::{Error, Result};
+use crate::state::{Agent, Session};
+
+/// Entries per Readdir batch when the client does not say.
+const DEFAULT_READDIR_BATCH: u32 = 1024;
+
+/// Run a blocking backend call off the async runtime.
+async fn blocking<T, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("backend task failed: {e}")))?
+}
+
+fn path(field: &'static str, raw: &str) -> Result<NsPath> {
+    if raw.is_empty() {
+        return Err(Error::invalid(field, "empty path; paths start at the container root, e.g. \"/data\""));
+    }
+    Ok(NsPath::parse(raw)?)
+}
+
+pub fn attr_to_proto(a: &Attr) -> pb::Attr {
+    pb::Attr {
+        kind: match a.kind {
+            EntryKind::File => pb::EntryKind::File,
+            EntryKind::Directory => pb::EntryKind::Directory,
+        } as i32,
+        size: a.size,
+        mode: a.mode,
+        mtime_ns: a.mtime_ns,
+        object_id: a.object_id,
+    }
+}
+
+/// `dpuio.v1.Session`.
+pub struct SessionService {
+    agent: Arc<Agent>,
+}
+
+impl SessionService {
+    pub fn new(agent: Arc<Agent>) -> Self {
+        SessionService { agent }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::session_server::Session for SessionService {
+    async fn attach(&self, request: Request<pb::AttachRequest>) -> std::result::Result<Response<pb::AttachResponse>, Status> {
+        let req = request.into_inner();
+        let tenant = if req.tenant.is_empty() {
+            match self.agent.config.tenants.as_slice() {
+                [only] => only.name.clone(),
+                _ if self.agent.config.tenants.iter().any(|t| t.name == DEFAULT_TENANT) => DEFAULT_TENANT.to_owned(),
+                _ => {
+                    return Err(Error::invalid(
+                        "tenant",
+                        "this agent serves several tenants and none is named \"default\": name the tenant to attach as",
+                    )
+                    .into());
+                }
+            }
+        } else {
+            req.tenant
+        };
+        if !req.capability_token.is_empty() {
+            return Err(Error::invalid(
+                "capability_token",
+                "capability tokens are not enabled on this agent yet; attach without one",
+            )
+            .into());
+        }
+        if req.transport.is_some() {
+            return Err(Error::invalid(
+                "transport",
+                "this agent has no data plane configured; attach without a transport (control-only session)",
+            )
+            .into());
+        }
+        let session = self.agent.attach(&tenant, &req.client_name)?;
+        tracing::info!(session = format!("{:#018x}", session.id), tenant = %session.tenant, client = %session.client_name, "attached");
+        let l = self.agent.limits();
+        Ok(Response::new(pb::AttachResponse {
+            session_id: session.id,
+            tenant: session.tenant.clone(),
+            container: session.container_name.clone(),
+            agent_transport: None,
+            limits: Some(pb::Limits {
+                max_handles: l.max_handles_per_session,
+                max_regions: l.max_regions_per_session,
+                max_io_bytes: l.max_io_bytes,
+                max_inflight: l.max_inflight_per_session,
+                max_readdir_batch: l.max_readdir_batch,
+                max_lookup_paths: l.max_lookup_paths,
+            }),
+            lease_ms: self.agent.config.lease_ms,
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }))
+    }
+
+    async fn keep_alive(&self, request: Request<pb::KeepAliveRequest>) -> std::result::Result<Response<pb::KeepAliveResponse>, Status> {
+        self.agent.keep_alive(request.into_inner().session_id)?;
+        Ok(Response::new(pb::KeepAliveResponse {
+            lease_ms: self.agent.config.lease_ms,
+        }))
+    }
+
+    async fn delegate(&self, request: Request<pb::DelegateRequest>) -> std::result::Result<Response<pb::DelegateResponse>, Status> {
+        self.agent.session(request.into_inner().session_id)?;
+        Err(Status::unimplemented(
+            "Delegate mints capability tokens, which this agent does not issue yet; a child process can attach on its own",
+        ))
+    }
+
+    async fn detach(&self, request: Request<pb::DetachRequest>) -> std::result::Result<Response<pb::DetachResponse>, Status> {
+        let id = request.into_inner().session_id;
+        let agent = self.agent.clone();
+        if !blocking(move || agent.detach(id)).await? {
+            return Err(Error::NoSession { id }.into());
+        }
+        tracing::info!(session = format!("{id:#018x}"), "detached");
+        Ok(Response::new(pb::DetachResponse {}))
+    }
+}
+
+/// `dpuio.v1.Namespace`.
+pub struct NamespaceService {
+    agent: Arc<Agent>,
+}
+
+impl NamespaceService {
+    pub fn new(agent: Arc<Agent>) -> Self {
+        NamespaceService { agent }
+    }
+
+    fn session(&self, id: u64) -> Result<Arc<Session>> {
+        self.agent.session(id)
+    }
+}
+
+type ReaddirStream = Pin<Box<dyn Stream<Item = std::result::Result<pb::ReaddirResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::namespace_server::Namespace for NamespaceService {
+    async fn mount(&self, request: Request<pb::MountRequest>) -> std::result::Result<Response<pb::MountResponse>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session_id)?;
+        let agent = self.agent.clone();
+        let (name, chunk_bytes, root) = blocking(move || {
+            let c = agent.mount(&session, &req.container)?;
+            let root = c.stat(&NsPath::root())?;
+            Ok((c.name().to_owned(), c.chunk_bytes(), root))
+        })
+        .await?;
+        Ok(Response::new(pb::MountResponse {
+            container: name,
+            chunk_bytes,
+            root: Some(attr_to_proto(&root)),
+        }))
+    }
+
+    async fn lookup(&self, request: Request<pb::LookupRequest>) -> std::result::Result<Response<pb::LookupResponse>, Status> {
+        let req = request.into_inner();
+        let container = self.session(req.session_id)?.container()?;
+        let limit = self.agent.limits().max_lookup_paths;
+        if req.paths.len() > limit as usize {
+            return Err(Error::Limit {
+                what: "paths in one Lookup",
+                limit: limit.into(),
+            }
+            .into());
+        }
+        let results = blocking(move || {
+            Ok(req
+                .paths
+                .into_iter()
+                .map(|raw| {
+                    let outcome = path("paths", &raw).and_then(|p| Ok(container.stat(&p)?));
+                    match outcome {
+                        Ok(attr) => pb::LookupResult {
+                            path: raw,
+                            result: Some(pb::lookup_result::Result::Attr(attr_to_proto(&attr))),
+                            code: 0,
+                        },
+                        Err(e) => pb::LookupResult {
+                            path: raw,
+                            code: e.code() as i32,
+                            result: Some(pb::lookup_result::Result::Error(e.to_string())),
+                        },
+                    }
+                })
+                .collect())
+        })
+        .await?;
+        Ok(Response::new(pb::LookupResponse { results }))
+    }
+
+    async fn stat(&self, request: Request<pb::StatRequest>) -> std::result::Result<Response<pb::StatResponse>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session_id)?;
+        let attr = match req.target {
+            Some(pb::stat_request::Target::Path(raw)) => {
+                let p = path("path", &raw)?;
+                let container = session.container()?;
+                blocking(move || Ok(container.stat(&p)?)).await?
+            }
+            Some(pb::stat_request::Target::Handle(h)) => {
+                let handle = session.handle(h)?;
+                blocking(move || Ok(handle.object.stat()?)).await?
+            }
+            None => return Err(Error::invalid("target", "give a path or a handle").into()),
+        };
+        Ok(Response::new(pb::StatResponse {
+            attr: Some(attr_to_proto(&attr)),
+        }))
+    }
+
+    async fn mkdir(&self, request: Request<pb::MkdirRequest>) -> std::result::Result<Response<pb::MkdirResponse>, Status> {
+        let req = request.into_inner();
+        let container = self.session(req.session_id)?.container()?;
+        let p = path("path", &req.path)?;
+        let mode = if req.mode == 0 { 0o755 } else { req.mode & 0o7777 };
+        let attr = blocking(move || {
+            if !req.parents {
+                return Ok(container.mkdir(&p, mode)?);
+            }
+            // mkdir -p: create each missing ancestor; an existing directory is fine.
+            let mut at = NsPath::root();
+            let mut attr = container.stat(&at)?;
+            for name in p.components() {
+                at = at.join(name)?;
+                attr = match container.mkdir(&at, mode) {
+                    Ok(a) => a,
+                    Err(dpuio_backend::Error::AlreadyExists { .. }) => {
+                        let a = container.stat(&at)?;
+                        if a.kind != EntryKind::Directory {
+                            return Err(dpuio_backend::Error::NotADirectory { path: at.to_string() }.into());
+                        }
+                        a
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+            }
+            Ok(attr)
+        })
+        .await?;
+        Ok(Response::new(pb::MkdirResponse {
+            attr: Some(attr_to_proto(&attr)),
+        }))
+    }
+
+    type ReaddirStream = ReaddirStream;
+
+    async fn readdir(&self, request: Request<pb::ReaddirRequest>) -> std::result::Result<Response<ReaddirStream>, Status> {
+        let req = request.into_inner();
+        let container = self.session(req.session_id)?.container()?;
+        let p = path("path", &req.path)?;
+        if !req.anchor.is_empty() {
+            NsPath::root()
+                .join(&req.anchor)
+                .map_err(|e| Error::invalid("anchor", format!("not a name from a previous batch: {e}")))?;
+        }
+        let max = self.agent.limits().max_readdir_batch;
+        let batch = match req.batch_size {
+            0 => DEFAULT_READDIR_BATCH.min(max),
+            n => n.min(max),
+        } as usize;
+        // The first batch is fetched before answering, so a missing directory is an
+        // error status rather than an error inside the stream.
+        let first = {
+            let (c, p, anchor) = (container.clone(), p.clone(), req.anchor.clone());
+            blocking(move || Ok(c.readdir(&p, (!anchor.is_empty()).then_some(anchor.as_str()), batch)?)).await?
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let mut next = Some(first);
+            while let Some((entries, more)) = next.take() {
+                let anchor = entries.last().map(|e| e.name.clone()).unwrap_or_default();
+                let response = pb::ReaddirResponse {
+                    entries: entries
+                        .iter()
+                        .map(|e| pb::DirEntry {
+                            name: e.name.clone(),
+                            attr: Some(attr_to_proto(&e.attr)),
+                        })
+                        .collect(),
+                    anchor: anchor.clone(),
+                    done: !more,
+                };
+                if tx.send(Ok(response)).await.is_err() || !more {
+                    return; // the client went away, or the listing is complete
+                }
+                let (c, p) = (container.clone(), p.clone());
+                match blocking(move || Ok(c.readdir(&p, Some(&anchor), batch)?)).await {
+                    Ok(batch) => next = Some(batch),
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn open(&self, request: Request<pb::OpenRequest>) -> std::result::Result<Response<pb::OpenResponse>, Status> {
+        let req = request.into_inner();
+        let write = match pb::Access::try_from(req.access) {
+            Ok(pb::Access::Unspecified | pb::Access::ReadOnly) => false,
+            Ok(pb::Access::ReadWrite) => true,
+            Err(_) => return Err(Error::invalid("access", format!("unknown access mode {}", req.access)).into()),
+        };
+        if req.truncate && !write {
+            return Err(Error::invalid("truncate", "truncate on open needs ACCESS_READ_WRITE").into());
+        }
+        let options = OpenOptions {
+            write,
+            truncate: req.truncate,
+            ..OpenOptions::default()
+        };
+        self.open_with(req.session_id, &req.path, options, 0).await
+    }
+
+    async fn create(&self, request: Request<pb::CreateRequest>) -> std::result::Result<Response<pb::OpenResponse>, Status> {
+        let req = request.into_inner();
+        let mode = if req.mode == 0 { 0o644 } else { req.mode & 0o7777 };
+        let options = OpenOptions {
+            write: true,
+            create: true,
+            exclusive: req.exclusive,
+            truncate: !req.exclusive,
+            layout: Layout {
+                chunk_bytes: req.chunk_bytes,
+                object_class: req.object_class,
+            },
+        };
+        self.open_with(req.session_id, &req.path, options, mode).await
+    }
+
+    async fn close(&self, request: Request<pb::CloseRequest>) -> std::result::Result<Response<pb::CloseResponse>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session_id)?;
+        blocking(move || session.close_handle(req.handle)).await?;
+        Ok(Response::new(pb::CloseResponse {}))
+    }
+
+    async fn remove(&self, request: Request<pb::RemoveRequest>) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
+        let req = request.into_inner();
+        let container = self.session(req.session_id)?.container()?;
+        let p = path("path", &req.path)?;
+        blocking(move || Ok(container.remove(&p, req.recursive)?)).await?;
+        Ok(Response::new(pb::RemoveResponse {}))
+    }
+
+    async fn rename(&self, request: Request<pb::RenameRequest>) -> std::result::Result<Response<pb::RenameResponse>, Status> {
+        let req = request.into_inner();
+        let container = self.session(req.session_id)?.container()?;
+        let (from, to) = (path("from", &req.from)?, path("to", &req.to)?);
+        blocking(move || Ok(container.rename(&from, &to)?)).await?;
+        Ok(Response::new(pb::RenameResponse {}))
+    }
+
+    async fn truncate(&self, request: Request<pb::TruncateRequest>) -> std::result::Result<Response<pb::TruncateResponse>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session_id)?;
+        let size = req.size;
+        match req.target {
+            Some(pb::truncate_request::Target::Path(raw)) => {
+                let p = path("path", &raw)?;
+                let container = session.container()?;
+                blocking(move || Ok(container.truncate(&p, size)?)).await?;
+            }
+            Some(pb::truncate_request::Target::Handle(h)) => {
+                let handle = session.handle(h)?;
+                if !handle.writable {
+                    return Err(Error::PermissionDenied(format!(
+                        "handle {h:#018x} ({}) was opened read-only; open it with ACCESS_READ_WRITE to truncate",
+                        handle.object.path()
+                    ))
+                    .into());
+                }
+                blocking(move || Ok(handle.object.truncate(size)?)).await?;
+            }
+            None => return Err(Error::invalid("target", "give a path or a handle").into()),
+        }
+        Ok(Response::new(pb::TruncateResponse {}))
+    }
+
+    async fn sync(&self, request: Request<pb::SyncRequest>) -> std::result::Result<Response<pb::SyncResponse>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session_id)?;
+        if req.handle == 0 {
+            let container = session.container()?;
+            blocking(move || Ok(container.sync()?)).await?;
+        } else {
+            let handle = session.handle(req.handle)?;
+            blocking(move || Ok(handle.object.sync()?)).await?;
+        }
+        Ok(Response::new(pb::SyncResponse {}))
+    }
+}
+
+impl NamespaceService {
+    async fn open_with(
+        &self,
+        session_id: u64,
+        raw: &str,
+        options: OpenOptions,
+        mode: u32,
+    ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
+        let session = self.session(session_id)?;
+        let container = session.container()?;
+        let p = path("path", raw)?;
+        let limit = self.agent.limits().max_handles_per_session;
+        if session.handle_count() >= limit as usize {
+            return Err(Error::Limit {
+                what: "open handles in this session",
+                limit: limit.into(),
+            }
+            .into());
+        }
+        let chunk_bytes = if options.layout.chunk_bytes == 0 {
+            container.chunk_bytes()
+        } else {
+            options.layout.chunk_bytes
+        };
+        let (handle, attr) = blocking(move || {
+            let object = container.open(&p, options, mode)?;
+            let attr = object.stat()?;
+            let handle = session.add_handle(object, limit)?;
+            Ok((handle, attr))
+        })
+        .await?;
+        Ok(Response::new(pb::OpenResponse {
+            handle,
+            attr: Some(attr_to_proto(&attr)),
+            chunk_bytes,
+        }))
+    }
+}

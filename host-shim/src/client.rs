@@ -1,0 +1,527 @@
+//! The client: one attached, mounted session and the namespace calls on it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dpuio_proto::v1 as pb;
+use pb::namespace_client::NamespaceClient;
+use pb::session_client::SessionClient;
+use tokio_stream::StreamExt;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{Error, Result};
+
+/// Where the CLI and library look for the agent when nothing says otherwise.
+pub const DEFAULT_AGENT: &str = "http://127.0.0.1:7300";
+
+/// Kind of a namespace entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Directory,
+}
+
+/// Attributes of an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ns: i64,
+    pub object_id: u64,
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub attr: Attr,
+}
+
+/// How a file is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    ReadOnly,
+    ReadWrite,
+}
+
+/// How to reach and attach to the agent.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// `host:port` or `http://host:port`.
+    pub agent: String,
+    /// Tenant to attach as; honoured by agents without client authentication. Empty
+    /// lets the agent choose its default tenant.
+    pub tenant: String,
+    /// Shown in the agent's logs and session list.
+    pub client_name: String,
+    pub connect_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            agent: std::env::var("DPUIO_AGENT").unwrap_or_else(|_| DEFAULT_AGENT.to_owned()),
+            tenant: String::new(),
+            client_name: format!(
+                "{} pid {}",
+                std::env::args().next().unwrap_or_else(|| "dpuio".into()),
+                std::process::id()
+            ),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+struct Inner {
+    session_id: u64,
+    session: SessionClient<Channel>,
+    namespace: NamespaceClient<Channel>,
+    keepalive: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.keepalive.abort();
+    }
+}
+
+/// An attached session with its container mounted.
+///
+/// Cheap to clone; clones share the session. The lease is renewed in the background
+/// while any clone (or open [`File`]) lives; [`Client::detach`] ends it at once,
+/// otherwise the agent detaches it when the lease lapses.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+    tenant: String,
+    container: String,
+    chunk_bytes: u64,
+    limits: pb::Limits,
+}
+
+/// An open file handle.
+pub struct File {
+    inner: Arc<Inner>,
+    handle: u64,
+    path: String,
+    attr: Attr,
+    chunk_bytes: u64,
+}
+
+fn endpoint(address: &str) -> Result<Endpoint> {
+    let url = if address.contains("://") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    };
+    Endpoint::from_shared(url).map_err(|e| Error::Address {
+        address: address.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+fn attr_from(op: &str, a: Option<pb::Attr>) -> Result<Attr> {
+    let a = a.ok_or_else(|| Error::Protocol {
+        op: op.to_owned(),
+        reason: "attributes missing".into(),
+    })?;
+    let kind = match pb::EntryKind::try_from(a.kind) {
+        Ok(pb::EntryKind::File) => EntryKind::File,
+        Ok(pb::EntryKind::Directory) => EntryKind::Directory,
+        _ => {
+            return Err(Error::Protocol {
+                op: op.to_owned(),
+                reason: format!("unknown entry kind {}", a.kind),
+            });
+        }
+    };
+    Ok(Attr {
+        kind,
+        size: a.size,
+        mode: a.mode,
+        mtime_ns: a.mtime_ns,
+        object_id: a.object_id,
+    })
+}
+
+impl Client {
+    /// Connect, attach and mount the tenant's container.
+    pub async fn connect(options: ConnectOptions) -> Result<Client> {
+        let channel = endpoint(&options.agent)?
+            .connect_timeout(options.connect_timeout)
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|source| Error::Connect {
+                address: options.agent.clone(),
+                source,
+            })?;
+        let mut session = SessionClient::new(channel.clone());
+        let mut namespace = NamespaceClient::new(channel);
+        let attached = session
+            .attach(pb::AttachRequest {
+                client_name: options.client_name.clone(),
+                tenant: options.tenant.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| Error::from_status("attach", s))?
+            .into_inner();
+        let session_id = attached.session_id;
+        let mounted = namespace
+            .mount(pb::MountRequest {
+                session_id,
+                container: attached.container.clone(),
+            })
+            .await
+            .map_err(|s| Error::from_status("mount", s))?
+            .into_inner();
+        let keepalive = tokio::spawn(keep_alive(session.clone(), session_id, attached.lease_ms));
+        Ok(Client {
+            inner: Arc::new(Inner {
+                session_id,
+                session,
+                namespace,
+                keepalive,
+            }),
+            tenant: attached.tenant,
+            container: mounted.container,
+            chunk_bytes: mounted.chunk_bytes,
+            limits: attached.limits.unwrap_or_default(),
+        })
+    }
+
+    pub fn session_id(&self) -> u64 {
+        self.inner.session_id
+    }
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+    pub fn container(&self) -> &str {
+        &self.container
+    }
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+    /// The limits the agent applies to this session.
+    pub fn limits(&self) -> &pb::Limits {
+        &self.limits
+    }
+
+    fn ns(&self) -> NamespaceClient<Channel> {
+        self.inner.namespace.clone()
+    }
+
+    /// Attributes of a path.
+    pub async fn stat(&self, path: &str) -> Result<Attr> {
+        let op = format!("stat {path}");
+        let r = self
+            .ns()
+            .stat(pb::StatRequest {
+                session_id: self.session_id(),
+                target: Some(pb::stat_request::Target::Path(path.to_owned())),
+            })
+            .await
+            .map_err(|s| Error::from_status(&op, s))?;
+        attr_from(&op, r.into_inner().attr)
+    }
+
+    /// Attributes of many paths in as few calls as the agent's limit allows; each path
+    /// gets its own result.
+    pub async fn lookup(&self, paths: &[String]) -> Result<Vec<Result<Attr>>> {
+        let mut out = Vec::with_capacity(paths.len());
+        let per_call = (self.limits.max_lookup_paths as usize).max(1);
+        for chunk in paths.chunks(per_call) {
+            let r = self
+                .ns()
+                .lookup(pb::LookupRequest {
+                    session_id: self.session_id(),
+                    paths: chunk.to_vec(),
+                })
+                .await
+                .map_err(|s| Error::from_status("lookup", s))?;
+            for result in r.into_inner().results {
+                let op = format!("lookup {}", result.path);
+                out.push(match result.result {
+                    Some(pb::lookup_result::Result::Attr(a)) => attr_from(&op, Some(a)),
+                    Some(pb::lookup_result::Result::Error(message)) => Err(Error::Agent {
+                        op,
+                        code: tonic::Code::from_i32(result.code),
+                        message,
+                    }),
+                    None => Err(Error::Protocol {
+                        op,
+                        reason: "empty result".into(),
+                    }),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Create a directory (with `parents`, also its missing ancestors, like `mkdir -p`).
+    pub async fn mkdir(&self, path: &str, parents: bool) -> Result<Attr> {
+        let op = format!("mkdir {path}");
+        let r = self
+            .ns()
+            .mkdir(pb::MkdirRequest {
+                session_id: self.session_id(),
+                path: path.to_owned(),
+                mode: 0,
+                parents,
+            })
+            .await
+            .map_err(|s| Error::from_status(&op, s))?;
+        attr_from(&op, r.into_inner().attr)
+    }
+
+    /// Stream a directory in batches; `each` sees every batch in order, so a huge
+    /// directory never has to fit in memory. Starts after `anchor` if given.
+    pub async fn readdir_batches(
+        &self,
+        path: &str,
+        anchor: Option<&str>,
+        batch_size: u32,
+        mut each: impl FnMut(Vec<DirEntry>) -> Result<()>,
+    ) -> Result<()> {
+        let op = format!("readdir {path}");
+        let mut stream = self
+            .ns()
+            .readdir(pb::ReaddirRequest {
+                session_id: self.session_id(),
+                path: path.to_owned(),
+                anchor: anchor.unwrap_or_default().to_owned(),
+                batch_size,
+            })
+            .await
+            .map_err(|s| Error::from_status(&op, s))?
+            .into_inner();
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(|s| Error::from_status(&op, s))?;
+            let entries = batch
+                .entries
+                .into_iter()
+                .map(|e| {
+                    Ok(DirEntry {
+                        attr: attr_from(&op, e.attr)?,
+                        name: e.name,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            each(entries)?;
+            if batch.done {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A whole directory listing, in name order.
+    pub async fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let mut all = Vec::new();
+        self.readdir_batches(path, None, 0, |batch| {
+            all.extend(batch);
+            Ok(())
+        })
+        .await?;
+        Ok(all)
+    }
+
+    /// Open an existing file.
+    pub async fn open(&self, path: &str, access: Access) -> Result<File> {
+        let op = format!("open {path}");
+        let r = self
+            .ns()
+            .open(pb::OpenRequest {
+                session_id: self.session_id(),
+                path: path.to_owned(),
+                access: match access {
+                    Access::ReadOnly => pb::Access::ReadOnly,
+                    Access::ReadWrite => pb::Access::ReadWrite,
+                } as i32,
+                truncate: false,
+            })
+            .await
+            .map_err(|s| Error::from_status(&op, s))?;
+        self.file(&op, path, r.into_inner())
+    }
+
+    /// Create a file (or, unless `exclusive`, truncate an existing one) and open it
+    /// for writing.
+    pub async fn create(&self, path: &str, exclusive: bool) -> Result<File> {
+        let op = format!("create {path}");
+        let r = self
+            .ns()
+            .create(pb::CreateRequest {
+                session_id: self.session_id(),
+                path: path.to_owned(),
+                exclusive,
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| Error::from_status(&op, s))?;
+        self.file(&op, path, r.into_inner())
+    }
+
+    fn file(&self, op: &str, path: &str, r: pb::OpenResponse) -> Result<File> {
+        Ok(File {
+            inner: self.inner.clone(),
+            handle: r.handle,
+            path: path.to_owned(),
+            attr: attr_from(op, r.attr)?,
+            chunk_bytes: r.chunk_bytes,
+        })
+    }
+
+    /// Remove a file or an empty directory; `recursive` removes a whole tree.
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        self.ns()
+            .remove(pb::RemoveRequest {
+                session_id: self.session_id(),
+                path: path.to_owned(),
+                recursive,
+            })
+            .await
+            .map_err(|s| Error::from_status(format!("remove {path}"), s))?;
+        Ok(())
+    }
+
+    /// Rename; fails if `to` exists.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.ns()
+            .rename(pb::RenameRequest {
+                session_id: self.session_id(),
+                from: from.to_owned(),
+                to: to.to_owned(),
+            })
+            .await
+            .map_err(|s| Error::from_status(format!("rename {from} to {to}"), s))?;
+        Ok(())
+    }
+
+    /// Set a file's size by path.
+    pub async fn truncate(&self, path: &str, size: u64) -> Result<()> {
+        self.ns()
+            .truncate(pb::TruncateRequest {
+                session_id: self.session_id(),
+                target: Some(pb::truncate_request::Target::Path(path.to_owned())),
+                size,
+            })
+            .await
+            .map_err(|s| Error::from_status(format!("truncate {path}"), s))?;
+        Ok(())
+    }
+
+    /// Make every acknowledged change in the container durable.
+    pub async fn sync(&self) -> Result<()> {
+        self.ns()
+            .sync(pb::SyncRequest {
+                session_id: self.session_id(),
+                handle: 0,
+            })
+            .await
+            .map_err(|s| Error::from_status("sync", s))?;
+        Ok(())
+    }
+
+    /// End the session now (its written handles are synced by the agent).
+    pub async fn detach(self) -> Result<()> {
+        let mut session = self.inner.session.clone();
+        session
+            .detach(pb::DetachRequest {
+                session_id: self.session_id(),
+            })
+            .await
+            .map_err(|s| Error::from_status("detach", s))?;
+        Ok(())
+    }
+}
+
+impl File {
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+    /// Attributes as of open.
+    pub fn attr(&self) -> &Attr {
+        &self.attr
+    }
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
+    /// Current attributes.
+    pub async fn stat(&self) -> Result<Attr> {
+        let op = format!("stat {}", self.path);
+        let r = self
+            .inner
+            .namespace
+            .clone()
+            .stat(pb::StatRequest {
+                session_id: self.inner.session_id,
+                target: Some(pb::stat_request::Target::Handle(self.handle)),
+            })
+            .await
+            .map_err(|s| Error::from_status(&op, s))?;
+        attr_from(&op, r.into_inner().attr)
+    }
+
+    /// Set the size through the handle (needs write access).
+    pub async fn truncate(&self, size: u64) -> Result<()> {
+        self.inner
+            .namespace
+            .clone()
+            .truncate(pb::TruncateRequest {
+                session_id: self.inner.session_id,
+                target: Some(pb::truncate_request::Target::Handle(self.handle)),
+                size,
+            })
+            .await
+            .map_err(|s| Error::from_status(format!("truncate {}", self.path), s))?;
+        Ok(())
+    }
+
+    /// Make this file durable.
+    pub async fn sync(&self) -> Result<()> {
+        self.inner
+            .namespace
+            .clone()
+            .sync(pb::SyncRequest {
+                session_id: self.inner.session_id,
+                handle: self.handle,
+            })
+            .await
+            .map_err(|s| Error::from_status(format!("sync {}", self.path), s))?;
+        Ok(())
+    }
+
+    /// Close the handle; a written file is durable once this returns.
+    pub async fn close(self) -> Result<()> {
+        self.inner
+            .namespace
+            .clone()
+            .close(pb::CloseRequest {
+                session_id: self.inner.session_id,
+                handle: self.handle,
+            })
+            .await
+            .map_err(|s| Error::from_status(format!("close {}", self.path), s))?;
+        Ok(())
+    }
+}
+
+async fn keep_alive(mut session: SessionClient<Channel>, session_id: u64, lease_ms: u64) {
+    // Renew at a third of the lease so one lost renewal does not end the session.
+    let period = Duration::from_millis((lease_ms / 3).max(100));
+    loop {
+        tokio::time::sleep(period).await;
+        if let Err(status) = session.keep_alive(pb::KeepAliveRequest { session_id }).await {
+            if status.code() == tonic::Code::FailedPrecondition {
+                return; // the session is gone; calls will say so
+            }
+        }
+    }
+}

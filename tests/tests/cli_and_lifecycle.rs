@@ -1,0 +1,116 @@
+//! The `dpuio` CLI, `check-config`, graceful stop and durability across SIGKILL.
+
+use std::time::Duration;
+
+use dpuio_shim::{Client, ConnectOptions};
+use dpuio_tests::{AgentProcess, binary, ok_stdout};
+
+#[test]
+fn cli_mkdir_then_ls() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(dir.path(), &[]);
+    ok_stdout(&agent.cli(&["mkdir", "/a"]));
+    ok_stdout(&agent.cli(&["mkdir", "-p", "/b/c/d"]));
+    ok_stdout(&agent.cli(&["touch", "/b/file"]));
+    assert_eq!(ok_stdout(&agent.cli(&["ls", "/"])), "a\nb\n");
+    assert_eq!(ok_stdout(&agent.cli(&["ls"])), "a\nb\n");
+    let long = ok_stdout(&agent.cli(&["ls", "-l", "/b"]));
+    assert!(long.starts_with('d') && long.contains(" c\n") && long.contains(" file\n"), "{long}");
+    ok_stdout(&agent.cli(&["mv", "/a", "/a2"]));
+    ok_stdout(&agent.cli(&["rm", "-r", "/b"]));
+    assert_eq!(ok_stdout(&agent.cli(&["ls"])), "a2\n");
+    assert!(ok_stdout(&agent.cli(&["stat", "/a2"])).contains(" /a2"));
+
+    // Errors: exit 1 with the agent's reason, naming the path.
+    let out = agent.cli(&["rm", "/nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NOT_FOUND") && err.contains("/nope"), "{err}");
+    let out = agent.cli(&["mkdir", "/a2/../../etc"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("INVALID_ARGUMENT"));
+}
+
+#[test]
+fn cli_without_an_agent_says_so() {
+    let out = std::process::Command::new(binary("dpuio"))
+        .args(["--agent", "127.0.0.1:9", "ls"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach the agent at 127.0.0.1:9"), "{err}");
+}
+
+#[test]
+fn check_config_names_every_mistake() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[agent]\nlisten = \"nowhere\"\n[backend]\nkind = \"nfs\"\n[[tenants]]\nname = \"a b\"\ncontainer = \"c\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(binary("dpu-agent"))
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("3 mistake(s)"), "{err}");
+    for key in ["agent.listen", "backend.kind", "tenants[0].name"] {
+        assert!(err.contains(key), "{key} missing from: {err}");
+    }
+
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "[[tenants]]\nname = \"vision\"\ncontainer = \"imagenet\"\n").unwrap();
+    let out = std::process::Command::new(binary("dpu-agent"))
+        .arg("check-config")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn sigterm_stops_cleanly_with_exit_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start(dir.path(), &[]);
+    ok_stdout(&agent.cli(&["mkdir", "/x"]));
+    agent.signal("TERM");
+    assert_eq!(agent.wait(Duration::from_secs(20)), Some(0));
+}
+
+#[tokio::test]
+async fn acknowledged_changes_survive_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start(dir.path(), &[]);
+    let c = Client::connect(ConnectOptions {
+        agent: agent.url(),
+        ..ConnectOptions::default()
+    })
+    .await
+    .unwrap();
+    c.mkdir("/ckpt/epoch-1", true).await.unwrap();
+    let f = c.create("/ckpt/epoch-1/model.tmp", true).await.unwrap();
+    f.truncate(1 << 20).await.unwrap();
+    f.close().await.unwrap(); // durable once Close returns
+    c.rename("/ckpt/epoch-1/model.tmp", "/ckpt/epoch-1/model.pt").await.unwrap();
+    c.mkdir("/later", false).await.unwrap();
+    c.sync().await.unwrap(); // and the renames and mkdirs with it
+
+    agent.signal("KILL");
+    agent.wait(Duration::from_secs(10));
+    drop(c);
+
+    let restarted = AgentProcess::start(dir.path(), &[]);
+    let c = Client::connect(ConnectOptions {
+        agent: restarted.url(),
+        ..ConnectOptions::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(c.stat("/ckpt/epoch-1/model.pt").await.unwrap().size, 1 << 20);
+    assert!(c.stat("/later").await.is_ok());
+    assert!(c.stat("/ckpt/epoch-1/model.tmp").await.is_err());
+}
