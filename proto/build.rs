@@ -29,8 +29,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|candidate| candidate.is_file())
+        std::env::split_paths(&paths).map(|dir| dir.join(program)).find(|candidate| candidate.is_file())
     })
 }

@@ -117,10 +117,7 @@ pub enum ConfigError {
     Syntax { path: PathBuf, message: String },
     /// The file is TOML but has mistakes; every one is listed.
     #[error("{path} has {} mistake(s):\n{}", issues.len(), issues.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n"))]
-    Invalid {
-        path: PathBuf,
-        issues: Vec<ConfigIssue>,
-    },
+    Invalid { path: PathBuf, issues: Vec<ConfigIssue> },
 }
 
 impl Default for Config {
@@ -131,14 +128,9 @@ impl Default for Config {
             listen: DEFAULT_LISTEN.parse().expect("constant address parses"),
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             lease_ms: 30_000,
-            backend: BackendConfig::Local {
-                path: PathBuf::from(DEFAULT_DATA_DIR),
-            },
+            backend: BackendConfig::Local { path: PathBuf::from(DEFAULT_DATA_DIR) },
             limits: Limits::default(),
-            tenants: vec![TenantConfig {
-                name: DEFAULT_TENANT.into(),
-                container: DEFAULT_TENANT.into(),
-            }],
+            tenants: vec![TenantConfig { name: DEFAULT_TENANT.into(), container: DEFAULT_TENANT.into() }],
         }
     }
 }
@@ -146,34 +138,20 @@ impl Default for Config {
 impl Config {
     /// Read and check a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         Config::parse(&text).map_err(|e| match e {
-            ParseError::Syntax(message) => ConfigError::Syntax {
-                path: path.to_owned(),
-                message,
-            },
-            ParseError::Invalid(issues) => ConfigError::Invalid {
-                path: path.to_owned(),
-                issues,
-            },
+            ParseError::Syntax(message) => ConfigError::Syntax { path: path.to_owned(), message },
+            ParseError::Invalid(issues) => ConfigError::Invalid { path: path.to_owned(), issues },
         })
     }
 
     /// Check config text; relative paths stay relative (to the agent's working directory).
     pub fn parse(text: &str) -> Result<Config, ParseError> {
-        let table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| ParseError::Syntax(e.to_string()))?;
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| ParseError::Syntax(e.to_string()))?;
         let mut c = Checker::default();
         let config = c.config(&table);
-        if c.issues.is_empty() {
-            Ok(config)
-        } else {
-            Err(ParseError::Invalid(c.issues))
-        }
+        if c.issues.is_empty() { Ok(config) } else { Err(ParseError::Invalid(c.issues)) }
     }
 
     /// Whether the control plane may listen here without TLS: loopback only.
@@ -197,19 +175,13 @@ struct Checker {
 
 impl Checker {
     fn issue(&mut self, key: impl Into<String>, reason: impl Into<String>) {
-        self.issues.push(ConfigIssue {
-            key: key.into(),
-            reason: reason.into(),
-        });
+        self.issues.push(ConfigIssue { key: key.into(), reason: reason.into() });
     }
 
     fn unknown_keys(&mut self, prefix: &str, table: &toml::Table, known: &[&str]) {
         for key in table.keys() {
             if !known.contains(&key.as_str()) {
-                self.issue(
-                    join(prefix, key),
-                    format!("unknown key; expected one of: {}", known.join(", ")),
-                );
+                self.issue(join(prefix, key), format!("unknown key; expected one of: {}", known.join(", ")));
             }
         }
     }
@@ -289,14 +261,10 @@ impl Checker {
             self.unknown_keys("backend", backend, &["kind", "path"]);
             match self.string(backend, "backend", "kind").as_deref() {
                 None | Some("local") => {}
-                Some("daos") => self.issue(
-                    "backend.kind",
-                    "the DAOS backend is not available in this build yet; use \"local\"",
-                ),
-                Some(other) => self.issue(
-                    "backend.kind",
-                    format!("unknown backend {other:?}; expected \"local\""),
-                ),
+                Some("daos") => {
+                    self.issue("backend.kind", "the DAOS backend is not available in this build yet; use \"local\"")
+                }
+                Some(other) => self.issue("backend.kind", format!("unknown backend {other:?}; expected \"local\"")),
             }
             if let Some(path) = self.string(backend, "backend", "path") {
                 if path.is_empty() {
@@ -306,9 +274,7 @@ impl Checker {
                 }
             }
         }
-        config.backend = BackendConfig::Local {
-            path: backend_path.unwrap_or_else(|| config.data_dir.clone()),
-        };
+        config.backend = BackendConfig::Local { path: backend_path.unwrap_or_else(|| config.data_dir.clone()) };
 
         if let Some(limits) = self.section(root, "limits") {
             self.limits(limits, &mut config.limits);
@@ -317,10 +283,9 @@ impl Checker {
         match root.get("tenants") {
             None => {}
             Some(toml::Value::Array(items)) => config.tenants = self.tenants(items),
-            Some(other) => self.issue(
-                "tenants",
-                format!("expected an array of tables ([[tenants]]), found {}", other.type_str()),
-            ),
+            Some(other) => {
+                self.issue("tenants", format!("expected an array of tables ([[tenants]]), found {}", other.type_str()))
+            }
         }
         config
     }
@@ -387,7 +352,9 @@ impl Checker {
             if !containers.insert(container.clone()) {
                 self.issue(
                     join(&prefix, "container"),
-                    format!("container {container:?} already belongs to another tenant; tenants never share a container"),
+                    format!(
+                        "container {container:?} already belongs to another tenant; tenants never share a container"
+                    ),
                 );
                 ok = false;
             }
@@ -415,11 +382,7 @@ pub fn check_identifier(value: &str) -> Result<(), &'static str> {
 }
 
 fn join(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{prefix}.{key}")
-    }
+    if prefix.is_empty() { key.to_owned() } else { format!("{prefix}.{key}") }
 }
 
 #[cfg(test)]
@@ -508,13 +471,7 @@ mod tests {
         let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
         assert_eq!(
             keys,
-            [
-                "colour",
-                "tenants[1].name",
-                "tenants[1].container",
-                "tenants[2].container",
-                "tenants[3].quota"
-            ],
+            ["colour", "tenants[1].name", "tenants[1].container", "tenants[2].container", "tenants[3].quota"],
             "{found:?}"
         );
     }

@@ -46,10 +46,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
-        Error::InvalidArgument {
-            field,
-            reason: reason.into(),
-        }
+        Error::InvalidArgument { field, reason: reason.into() }
     }
 
     /// The gRPC status code this error maps to.
@@ -69,14 +66,15 @@ impl Error {
 
 fn backend_code(e: &BackendError) -> Code {
     match e {
-        BackendError::InvalidPath { .. }
-        | BackendError::InvalidArgument(_)
-        | BackendError::InvalidRename { .. } => Code::InvalidArgument,
+        BackendError::InvalidPath { .. } | BackendError::InvalidArgument(_) | BackendError::InvalidRename { .. } => {
+            Code::InvalidArgument
+        }
         BackendError::NotFound { .. } | BackendError::NoSuchContainer { .. } => Code::NotFound,
         BackendError::AlreadyExists { .. } => Code::AlreadyExists,
         BackendError::NotADirectory { .. }
         | BackendError::IsADirectory { .. }
-        | BackendError::DirectoryNotEmpty { .. } => Code::FailedPrecondition,
+        | BackendError::DirectoryNotEmpty { .. }
+        | BackendError::UnsupportedEntry { .. } => Code::FailedPrecondition,
         BackendError::AccessMode { .. } => Code::PermissionDenied,
         BackendError::Io { source, .. } => match source.raw_os_error() {
             Some(code) if code == 28 || code == 122 => Code::ResourceExhausted, // ENOSPC, EDQUOT

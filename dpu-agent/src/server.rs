@@ -42,10 +42,8 @@ pub enum ServeError {
 /// Build the agent's state from a config: open the backend, create the containers.
 pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     let BackendConfig::Local { path } = &config.backend;
-    let backend = LocalBackend::open(path.clone()).map_err(|source| ServeError::Backend {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let backend = LocalBackend::open(path.clone())
+        .map_err(|source| ServeError::Backend { path: path.display().to_string(), source })?;
     let agent = Arc::new(Agent::new(config, Arc::new(backend)));
     agent.prepare_containers().map_err(ServeError::Containers)?;
     Ok(agent)
@@ -60,22 +58,20 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
     let listen = config.listen;
     let max_message_bytes = config.limits.max_message_bytes as usize;
     let agent = build_agent(config)?;
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|source| ServeError::Bind { addr: listen, source })?;
+    let listener = TcpListener::bind(listen).await.map_err(|source| ServeError::Bind { addr: listen, source })?;
     let local = listener.local_addr().map_err(|source| ServeError::Bind { addr: listen, source })?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<pb::session_server::SessionServer<SessionService>>()
-        .await;
-    health_reporter
-        .set_serving::<pb::namespace_server::NamespaceServer<NamespaceService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    health_reporter.set_serving::<pb::session_server::SessionServer<SessionService>>().await;
+    health_reporter.set_serving::<pb::namespace_server::NamespaceServer<NamespaceService>>().await;
+    // Both reflection versions: grpcurl and Python grpcio still ask v1alpha.
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder().build_v1()?;
+    let reflection_alpha = reflection_builder().build_v1alpha()?;
 
     let session = pb::session_server::SessionServer::new(SessionService::new(agent.clone()))
         .max_decoding_message_size(max_message_bytes)
@@ -92,6 +88,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .add_service(session)
         .add_service(namespace)
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), stop)

@@ -25,9 +25,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T> + Send + 'static,
 {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Internal(format!("backend task failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("backend task failed: {e}")))?
 }
 
 fn path(field: &'static str, raw: &str) -> Result<NsPath> {
@@ -63,7 +61,10 @@ impl SessionService {
 
 #[tonic::async_trait]
 impl pb::session_server::Session for SessionService {
-    async fn attach(&self, request: Request<pb::AttachRequest>) -> std::result::Result<Response<pb::AttachResponse>, Status> {
+    async fn attach(
+        &self,
+        request: Request<pb::AttachRequest>,
+    ) -> std::result::Result<Response<pb::AttachResponse>, Status> {
         let req = request.into_inner();
         let tenant = if req.tenant.is_empty() {
             match self.agent.config.tenants.as_slice() {
@@ -115,21 +116,28 @@ impl pb::session_server::Session for SessionService {
         }))
     }
 
-    async fn keep_alive(&self, request: Request<pb::KeepAliveRequest>) -> std::result::Result<Response<pb::KeepAliveResponse>, Status> {
+    async fn keep_alive(
+        &self,
+        request: Request<pb::KeepAliveRequest>,
+    ) -> std::result::Result<Response<pb::KeepAliveResponse>, Status> {
         self.agent.keep_alive(request.into_inner().session_id)?;
-        Ok(Response::new(pb::KeepAliveResponse {
-            lease_ms: self.agent.config.lease_ms,
-        }))
+        Ok(Response::new(pb::KeepAliveResponse { lease_ms: self.agent.config.lease_ms }))
     }
 
-    async fn delegate(&self, request: Request<pb::DelegateRequest>) -> std::result::Result<Response<pb::DelegateResponse>, Status> {
+    async fn delegate(
+        &self,
+        request: Request<pb::DelegateRequest>,
+    ) -> std::result::Result<Response<pb::DelegateResponse>, Status> {
         self.agent.session(request.into_inner().session_id)?;
         Err(Status::unimplemented(
             "Delegate mints capability tokens, which this agent does not issue yet; a child process can attach on its own",
         ))
     }
 
-    async fn detach(&self, request: Request<pb::DetachRequest>) -> std::result::Result<Response<pb::DetachResponse>, Status> {
+    async fn detach(
+        &self,
+        request: Request<pb::DetachRequest>,
+    ) -> std::result::Result<Response<pb::DetachResponse>, Status> {
         let id = request.into_inner().session_id;
         let agent = self.agent.clone();
         if !blocking(move || agent.detach(id)).await? {
@@ -159,7 +167,10 @@ type ReaddirStream = Pin<Box<dyn Stream<Item = std::result::Result<pb::ReaddirRe
 
 #[tonic::async_trait]
 impl pb::namespace_server::Namespace for NamespaceService {
-    async fn mount(&self, request: Request<pb::MountRequest>) -> std::result::Result<Response<pb::MountResponse>, Status> {
+    async fn mount(
+        &self,
+        request: Request<pb::MountRequest>,
+    ) -> std::result::Result<Response<pb::MountResponse>, Status> {
         let req = request.into_inner();
         let session = self.session(req.session_id)?;
         let agent = self.agent.clone();
@@ -169,23 +180,18 @@ impl pb::namespace_server::Namespace for NamespaceService {
             Ok((c.name().to_owned(), c.chunk_bytes(), root))
         })
         .await?;
-        Ok(Response::new(pb::MountResponse {
-            container: name,
-            chunk_bytes,
-            root: Some(attr_to_proto(&root)),
-        }))
+        Ok(Response::new(pb::MountResponse { container: name, chunk_bytes, root: Some(attr_to_proto(&root)) }))
     }
 
-    async fn lookup(&self, request: Request<pb::LookupRequest>) -> std::result::Result<Response<pb::LookupResponse>, Status> {
+    async fn lookup(
+        &self,
+        request: Request<pb::LookupRequest>,
+    ) -> std::result::Result<Response<pb::LookupResponse>, Status> {
         let req = request.into_inner();
         let container = self.session(req.session_id)?.container()?;
         let limit = self.agent.limits().max_lookup_paths;
         if req.paths.len() > limit as usize {
-            return Err(Error::Limit {
-                what: "paths in one Lookup",
-                limit: limit.into(),
-            }
-            .into());
+            return Err(Error::Limit { what: "paths in one Lookup", limit: limit.into() }.into());
         }
         let results = blocking(move || {
             Ok(req
@@ -227,12 +233,13 @@ impl pb::namespace_server::Namespace for NamespaceService {
             }
             None => return Err(Error::invalid("target", "give a path or a handle").into()),
         };
-        Ok(Response::new(pb::StatResponse {
-            attr: Some(attr_to_proto(&attr)),
-        }))
+        Ok(Response::new(pb::StatResponse { attr: Some(attr_to_proto(&attr)) }))
     }
 
-    async fn mkdir(&self, request: Request<pb::MkdirRequest>) -> std::result::Result<Response<pb::MkdirResponse>, Status> {
+    async fn mkdir(
+        &self,
+        request: Request<pb::MkdirRequest>,
+    ) -> std::result::Result<Response<pb::MkdirResponse>, Status> {
         let req = request.into_inner();
         let container = self.session(req.session_id)?.container()?;
         let p = path("path", &req.path)?;
@@ -261,14 +268,15 @@ impl pb::namespace_server::Namespace for NamespaceService {
             Ok(attr)
         })
         .await?;
-        Ok(Response::new(pb::MkdirResponse {
-            attr: Some(attr_to_proto(&attr)),
-        }))
+        Ok(Response::new(pb::MkdirResponse { attr: Some(attr_to_proto(&attr)) }))
     }
 
     type ReaddirStream = ReaddirStream;
 
-    async fn readdir(&self, request: Request<pb::ReaddirRequest>) -> std::result::Result<Response<ReaddirStream>, Status> {
+    async fn readdir(
+        &self,
+        request: Request<pb::ReaddirRequest>,
+    ) -> std::result::Result<Response<ReaddirStream>, Status> {
         let req = request.into_inner();
         let container = self.session(req.session_id)?.container()?;
         let p = path("path", &req.path)?;
@@ -296,10 +304,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
                 let response = pb::ReaddirResponse {
                     entries: entries
                         .iter()
-                        .map(|e| pb::DirEntry {
-                            name: e.name.clone(),
-                            attr: Some(attr_to_proto(&e.attr)),
-                        })
+                        .map(|e| pb::DirEntry { name: e.name.clone(), attr: Some(attr_to_proto(&e.attr)) })
                         .collect(),
                     anchor: anchor.clone(),
                     done: !more,
@@ -329,15 +334,14 @@ impl pb::namespace_server::Namespace for NamespaceService {
         if req.truncate && !write {
             return Err(Error::invalid("truncate", "truncate on open needs ACCESS_READ_WRITE").into());
         }
-        let options = OpenOptions {
-            write,
-            truncate: req.truncate,
-            ..OpenOptions::default()
-        };
+        let options = OpenOptions { write, truncate: req.truncate, ..OpenOptions::default() };
         self.open_with(req.session_id, &req.path, options, 0).await
     }
 
-    async fn create(&self, request: Request<pb::CreateRequest>) -> std::result::Result<Response<pb::OpenResponse>, Status> {
+    async fn create(
+        &self,
+        request: Request<pb::CreateRequest>,
+    ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
         let req = request.into_inner();
         let mode = if req.mode == 0 { 0o644 } else { req.mode & 0o7777 };
         let options = OpenOptions {
@@ -345,22 +349,25 @@ impl pb::namespace_server::Namespace for NamespaceService {
             create: true,
             exclusive: req.exclusive,
             truncate: !req.exclusive,
-            layout: Layout {
-                chunk_bytes: req.chunk_bytes,
-                object_class: req.object_class,
-            },
+            layout: Layout { chunk_bytes: req.chunk_bytes, object_class: req.object_class },
         };
         self.open_with(req.session_id, &req.path, options, mode).await
     }
 
-    async fn close(&self, request: Request<pb::CloseRequest>) -> std::result::Result<Response<pb::CloseResponse>, Status> {
+    async fn close(
+        &self,
+        request: Request<pb::CloseRequest>,
+    ) -> std::result::Result<Response<pb::CloseResponse>, Status> {
         let req = request.into_inner();
         let session = self.session(req.session_id)?;
         blocking(move || session.close_handle(req.handle)).await?;
         Ok(Response::new(pb::CloseResponse {}))
     }
 
-    async fn remove(&self, request: Request<pb::RemoveRequest>) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
+    async fn remove(
+        &self,
+        request: Request<pb::RemoveRequest>,
+    ) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
         let req = request.into_inner();
         let container = self.session(req.session_id)?.container()?;
         let p = path("path", &req.path)?;
@@ -368,7 +375,10 @@ impl pb::namespace_server::Namespace for NamespaceService {
         Ok(Response::new(pb::RemoveResponse {}))
     }
 
-    async fn rename(&self, request: Request<pb::RenameRequest>) -> std::result::Result<Response<pb::RenameResponse>, Status> {
+    async fn rename(
+        &self,
+        request: Request<pb::RenameRequest>,
+    ) -> std::result::Result<Response<pb::RenameResponse>, Status> {
         let req = request.into_inner();
         let container = self.session(req.session_id)?.container()?;
         let (from, to) = (path("from", &req.from)?, path("to", &req.to)?);
@@ -376,7 +386,10 @@ impl pb::namespace_server::Namespace for NamespaceService {
         Ok(Response::new(pb::RenameResponse {}))
     }
 
-    async fn truncate(&self, request: Request<pb::TruncateRequest>) -> std::result::Result<Response<pb::TruncateResponse>, Status> {
+    async fn truncate(
+        &self,
+        request: Request<pb::TruncateRequest>,
+    ) -> std::result::Result<Response<pb::TruncateResponse>, Status> {
         let req = request.into_inner();
         let session = self.session(req.session_id)?;
         let size = req.size;
@@ -429,17 +442,10 @@ impl NamespaceService {
         let p = path("path", raw)?;
         let limit = self.agent.limits().max_handles_per_session;
         if session.handle_count() >= limit as usize {
-            return Err(Error::Limit {
-                what: "open handles in this session",
-                limit: limit.into(),
-            }
-            .into());
+            return Err(Error::Limit { what: "open handles in this session", limit: limit.into() }.into());
         }
-        let chunk_bytes = if options.layout.chunk_bytes == 0 {
-            container.chunk_bytes()
-        } else {
-            options.layout.chunk_bytes
-        };
+        let chunk_bytes =
+            if options.layout.chunk_bytes == 0 { container.chunk_bytes() } else { options.layout.chunk_bytes };
         let (handle, attr) = blocking(move || {
             let object = container.open(&p, options, mode)?;
             let attr = object.stat()?;
@@ -447,10 +453,6 @@ impl NamespaceService {
             Ok((handle, attr))
         })
         .await?;
-        Ok(Response::new(pb::OpenResponse {
-            handle,
-            attr: Some(attr_to_proto(&attr)),
-            chunk_bytes,
-        }))
+        Ok(Response::new(pb::OpenResponse { handle, attr: Some(attr_to_proto(&attr)), chunk_bytes }))
     }
 }

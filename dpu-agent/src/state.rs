@@ -61,11 +61,7 @@ fn fresh_id() -> u64 {
 
 impl Agent {
     pub fn new(config: Config, backend: Arc<dyn Backend>) -> Agent {
-        let tenants = config
-            .tenants
-            .iter()
-            .map(|t| (t.name.clone(), t.clone()))
-            .collect();
+        let tenants = config.tenants.iter().map(|t| (t.name.clone(), t.clone())).collect();
         Agent {
             config,
             backend,
@@ -104,10 +100,7 @@ impl Agent {
             return Ok(c.clone());
         }
         let mounted = self.backend.mount(name, true)?;
-        Ok(lock(&self.containers)
-            .entry(name.to_owned())
-            .or_insert(mounted)
-            .clone())
+        Ok(lock(&self.containers).entry(name.to_owned()).or_insert(mounted).clone())
     }
 
     /// Stop taking new sessions (shutdown or drain).
@@ -127,9 +120,7 @@ impl Agent {
         let container_name = match lock(&self.tenants).get(tenant) {
             Some(t) => t.container.clone(),
             None => {
-                return Err(Error::PermissionDenied(format!(
-                    "tenant {tenant:?} is not configured on this agent"
-                )));
+                return Err(Error::PermissionDenied(format!("tenant {tenant:?} is not configured on this agent")));
             }
         };
         if client_name.len() > 256 {
@@ -138,10 +129,7 @@ impl Agent {
         let mut sessions = lock(&self.sessions);
         let limit = self.limits().max_sessions;
         if sessions.len() >= limit as usize {
-            return Err(Error::Limit {
-                what: "sessions on this agent",
-                limit: limit.into(),
-            });
+            return Err(Error::Limit { what: "sessions on this agent", limit: limit.into() });
         }
         let session = Arc::new(Session {
             id: fresh_id(),
@@ -159,10 +147,7 @@ impl Agent {
 
     /// The live session with this id; renews nothing.
     pub fn session(&self, id: u64) -> Result<Arc<Session>> {
-        lock(&self.sessions)
-            .get(&id)
-            .cloned()
-            .ok_or(Error::NoSession { id })
+        lock(&self.sessions).get(&id).cloned().ok_or(Error::NoSession { id })
     }
 
     /// Renew a session's lease.
@@ -196,11 +181,8 @@ impl Agent {
 
     /// Detach sessions whose lease lapsed; returns their ids.
     pub fn reap_expired(&self, now: Instant) -> Vec<u64> {
-        let expired: Vec<u64> = lock(&self.sessions)
-            .values()
-            .filter(|s| *lock(&s.lease_deadline) < now)
-            .map(|s| s.id)
-            .collect();
+        let expired: Vec<u64> =
+            lock(&self.sessions).values().filter(|s| *lock(&s.lease_deadline) < now).map(|s| s.id).collect();
         for id in &expired {
             if let Err(e) = self.detach(*id) {
                 tracing::warn!(session = format!("{id:#018x}"), error = %e, "closing an expired session");
@@ -236,19 +218,14 @@ impl Agent {
 impl Session {
     /// The mounted container, or [`Error::NotMounted`].
     pub fn container(&self) -> Result<Arc<dyn Container>> {
-        lock(&self.container)
-            .clone()
-            .ok_or(Error::NotMounted { id: self.id })
+        lock(&self.container).clone().ok_or(Error::NotMounted { id: self.id })
     }
 
     /// Register an open object; fails past the per-session limit.
     pub fn add_handle(&self, object: Arc<dyn Object>, limit: u32) -> Result<u64> {
         let mut handles = lock(&self.handles);
         if handles.len() >= limit as usize {
-            return Err(Error::Limit {
-                what: "open handles in this session",
-                limit: limit.into(),
-            });
+            return Err(Error::Limit { what: "open handles in this session", limit: limit.into() });
         }
         let writable = object.writable();
         let id = fresh_id();
@@ -258,17 +235,12 @@ impl Session {
 
     /// The handle `id` of this session; handles of other sessions are not found.
     pub fn handle(&self, id: u64) -> Result<Arc<Handle>> {
-        lock(&self.handles)
-            .get(&id)
-            .cloned()
-            .ok_or(Error::NoHandle { handle: id })
+        lock(&self.handles).get(&id).cloned().ok_or(Error::NoHandle { handle: id })
     }
 
     /// Forget a handle; a writable one is synced first so `Close` means durable.
     pub fn close_handle(&self, id: u64) -> Result<()> {
-        let handle = lock(&self.handles)
-            .remove(&id)
-            .ok_or(Error::NoHandle { handle: id })?;
+        let handle = lock(&self.handles).remove(&id).ok_or(Error::NoHandle { handle: id })?;
         if handle.writable {
             handle.object.sync()?;
         }

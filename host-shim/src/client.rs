@@ -110,39 +110,20 @@ pub struct File {
 }
 
 fn endpoint(address: &str) -> Result<Endpoint> {
-    let url = if address.contains("://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    };
-    Endpoint::from_shared(url).map_err(|e| Error::Address {
-        address: address.to_owned(),
-        reason: e.to_string(),
-    })
+    let url = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
+    Endpoint::from_shared(url).map_err(|e| Error::Address { address: address.to_owned(), reason: e.to_string() })
 }
 
 fn attr_from(op: &str, a: Option<pb::Attr>) -> Result<Attr> {
-    let a = a.ok_or_else(|| Error::Protocol {
-        op: op.to_owned(),
-        reason: "attributes missing".into(),
-    })?;
+    let a = a.ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "attributes missing".into() })?;
     let kind = match pb::EntryKind::try_from(a.kind) {
         Ok(pb::EntryKind::File) => EntryKind::File,
         Ok(pb::EntryKind::Directory) => EntryKind::Directory,
         _ => {
-            return Err(Error::Protocol {
-                op: op.to_owned(),
-                reason: format!("unknown entry kind {}", a.kind),
-            });
+            return Err(Error::Protocol { op: op.to_owned(), reason: format!("unknown entry kind {}", a.kind) });
         }
     };
-    Ok(Attr {
-        kind,
-        size: a.size,
-        mode: a.mode,
-        mtime_ns: a.mtime_ns,
-        object_id: a.object_id,
-    })
+    Ok(Attr { kind, size: a.size, mode: a.mode, mtime_ns: a.mtime_ns, object_id: a.object_id })
 }
 
 impl Client {
@@ -153,10 +134,7 @@ impl Client {
             .tcp_nodelay(true)
             .connect()
             .await
-            .map_err(|source| Error::Connect {
-                address: options.agent.clone(),
-                source,
-            })?;
+            .map_err(|source| Error::Connect { address: options.agent.clone(), source })?;
         let mut session = SessionClient::new(channel.clone());
         let mut namespace = NamespaceClient::new(channel);
         let attached = session
@@ -170,21 +148,13 @@ impl Client {
             .into_inner();
         let session_id = attached.session_id;
         let mounted = namespace
-            .mount(pb::MountRequest {
-                session_id,
-                container: attached.container.clone(),
-            })
+            .mount(pb::MountRequest { session_id, container: attached.container.clone() })
             .await
             .map_err(|s| Error::from_status("mount", s))?
             .into_inner();
         let keepalive = tokio::spawn(keep_alive(session.clone(), session_id, attached.lease_ms));
         Ok(Client {
-            inner: Arc::new(Inner {
-                session_id,
-                session,
-                namespace,
-                keepalive,
-            }),
+            inner: Arc::new(Inner { session_id, session, namespace, keepalive }),
             tenant: attached.tenant,
             container: mounted.container,
             chunk_bytes: mounted.chunk_bytes,
@@ -235,25 +205,17 @@ impl Client {
         for chunk in paths.chunks(per_call) {
             let r = self
                 .ns()
-                .lookup(pb::LookupRequest {
-                    session_id: self.session_id(),
-                    paths: chunk.to_vec(),
-                })
+                .lookup(pb::LookupRequest { session_id: self.session_id(), paths: chunk.to_vec() })
                 .await
                 .map_err(|s| Error::from_status("lookup", s))?;
             for result in r.into_inner().results {
                 let op = format!("lookup {}", result.path);
                 out.push(match result.result {
                     Some(pb::lookup_result::Result::Attr(a)) => attr_from(&op, Some(a)),
-                    Some(pb::lookup_result::Result::Error(message)) => Err(Error::Agent {
-                        op,
-                        code: tonic::Code::from_i32(result.code),
-                        message,
-                    }),
-                    None => Err(Error::Protocol {
-                        op,
-                        reason: "empty result".into(),
-                    }),
+                    Some(pb::lookup_result::Result::Error(message)) => {
+                        Err(Error::Agent { op, code: tonic::Code::from_i32(result.code), message })
+                    }
+                    None => Err(Error::Protocol { op, reason: "empty result".into() }),
                 });
             }
         }
@@ -265,12 +227,7 @@ impl Client {
         let op = format!("mkdir {path}");
         let r = self
             .ns()
-            .mkdir(pb::MkdirRequest {
-                session_id: self.session_id(),
-                path: path.to_owned(),
-                mode: 0,
-                parents,
-            })
+            .mkdir(pb::MkdirRequest { session_id: self.session_id(), path: path.to_owned(), mode: 0, parents })
             .await
             .map_err(|s| Error::from_status(&op, s))?;
         attr_from(&op, r.into_inner().attr)
@@ -302,12 +259,7 @@ impl Client {
             let entries = batch
                 .entries
                 .into_iter()
-                .map(|e| {
-                    Ok(DirEntry {
-                        attr: attr_from(&op, e.attr)?,
-                        name: e.name,
-                    })
-                })
+                .map(|e| Ok(DirEntry { attr: attr_from(&op, e.attr)?, name: e.name }))
                 .collect::<Result<Vec<_>>>()?;
             each(entries)?;
             if batch.done {
@@ -377,11 +329,7 @@ impl Client {
     /// Remove a file or an empty directory; `recursive` removes a whole tree.
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
         self.ns()
-            .remove(pb::RemoveRequest {
-                session_id: self.session_id(),
-                path: path.to_owned(),
-                recursive,
-            })
+            .remove(pb::RemoveRequest { session_id: self.session_id(), path: path.to_owned(), recursive })
             .await
             .map_err(|s| Error::from_status(format!("remove {path}"), s))?;
         Ok(())
@@ -390,11 +338,7 @@ impl Client {
     /// Rename; fails if `to` exists.
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.ns()
-            .rename(pb::RenameRequest {
-                session_id: self.session_id(),
-                from: from.to_owned(),
-                to: to.to_owned(),
-            })
+            .rename(pb::RenameRequest { session_id: self.session_id(), from: from.to_owned(), to: to.to_owned() })
             .await
             .map_err(|s| Error::from_status(format!("rename {from} to {to}"), s))?;
         Ok(())
@@ -416,10 +360,7 @@ impl Client {
     /// Make every acknowledged change in the container durable.
     pub async fn sync(&self) -> Result<()> {
         self.ns()
-            .sync(pb::SyncRequest {
-                session_id: self.session_id(),
-                handle: 0,
-            })
+            .sync(pb::SyncRequest { session_id: self.session_id(), handle: 0 })
             .await
             .map_err(|s| Error::from_status("sync", s))?;
         Ok(())
@@ -429,9 +370,7 @@ impl Client {
     pub async fn detach(self) -> Result<()> {
         let mut session = self.inner.session.clone();
         session
-            .detach(pb::DetachRequest {
-                session_id: self.session_id(),
-            })
+            .detach(pb::DetachRequest { session_id: self.session_id() })
             .await
             .map_err(|s| Error::from_status("detach", s))?;
         Ok(())
@@ -489,10 +428,7 @@ impl File {
         self.inner
             .namespace
             .clone()
-            .sync(pb::SyncRequest {
-                session_id: self.inner.session_id,
-                handle: self.handle,
-            })
+            .sync(pb::SyncRequest { session_id: self.inner.session_id, handle: self.handle })
             .await
             .map_err(|s| Error::from_status(format!("sync {}", self.path), s))?;
         Ok(())
@@ -503,10 +439,7 @@ impl File {
         self.inner
             .namespace
             .clone()
-            .close(pb::CloseRequest {
-                session_id: self.inner.session_id,
-                handle: self.handle,
-            })
+            .close(pb::CloseRequest { session_id: self.inner.session_id, handle: self.handle })
             .await
             .map_err(|s| Error::from_status(format!("close {}", self.path), s))?;
         Ok(())
@@ -523,5 +456,21 @@ async fn keep_alive(mut session: SessionClient<Channel>, session_id: u64, lease_
                 return; // the session is gone; calls will say so
             }
         }
+    }
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File").field("handle", &format_args!("{:#018x}", self.handle)).field("path", &self.path).finish()
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("session_id", &format_args!("{:#018x}", self.inner.session_id))
+            .field("tenant", &self.tenant)
+            .field("container", &self.container)
+            .finish()
     }
 }

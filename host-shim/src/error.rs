@@ -8,7 +8,9 @@ pub enum Error {
     #[error("invalid agent address {address:?}: {reason}")]
     Address { address: String, reason: String },
     /// No connection to the agent.
-    #[error("cannot reach the agent at {address}: {source} (is `dpu-agent serve` running there? set --agent or DPUIO_AGENT)")]
+    #[error(
+        "cannot reach the agent at {address}: {source} (is `dpu-agent serve` running there? set --agent or DPUIO_AGENT)"
+    )]
     Connect {
         address: String,
         #[source]
@@ -16,11 +18,7 @@ pub enum Error {
     },
     /// The agent answered with an error; `message` is its reason.
     #[error("{op}: {}: {message}", code_name(*code))]
-    Agent {
-        op: String,
-        code: tonic::Code,
-        message: String,
-    },
+    Agent { op: String, code: tonic::Code, message: String },
     /// The agent answered something this shim cannot use.
     #[error("{op}: unexpected answer from the agent: {reason}")]
     Protocol { op: String, reason: String },
@@ -31,11 +29,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub(crate) fn from_status(op: impl Into<String>, status: tonic::Status) -> Error {
-        Error::Agent {
-            op: op.into(),
-            code: status.code(),
-            message: status.message().to_owned(),
-        }
+        Error::Agent { op: op.into(), code: status.code(), message: status.message().to_owned() }
     }
 
     /// The gRPC code, for errors that came from the agent.

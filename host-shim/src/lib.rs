@@ -13,5 +13,5 @@
 mod client;
 mod error;
 
-pub use client::{Access, Attr, Client, ConnectOptions, DirEntry, EntryKind, File, DEFAULT_AGENT};
+pub use client::{Access, Attr, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File};
 pub use error::{Error, Result};

@@ -117,10 +117,7 @@ impl RingHeader {
 
     pub fn decode(b: &[u8]) -> Result<RingHeader, WireError> {
         if b.len() < HEADER_BYTES {
-            return Err(WireError::Short {
-                found: b.len(),
-                expected: HEADER_BYTES,
-            });
+            return Err(WireError::Short { found: b.len(), expected: HEADER_BYTES });
         }
         let magic = u32_at(b, 0);
         if magic != RING_MAGIC {
@@ -198,10 +195,7 @@ impl Submission {
     /// so the agent can fail it by name.
     pub fn decode(b: &[u8]) -> Result<Submission, WireError> {
         if b.len() < SQE_BYTES {
-            return Err(WireError::Short {
-                found: b.len(),
-                expected: SQE_BYTES,
-            });
+            return Err(WireError::Short { found: b.len(), expected: SQE_BYTES });
         }
         let version = u16_at(b, 0);
         if version != WIRE_VERSION {
@@ -212,7 +206,9 @@ impl Submission {
             2 => Opcode::Write,
             found => return Err(WireError::Opcode { found }),
         };
-        for (offset, zero) in [(3, b[3] == 0), (6, u16_at(b, 6) == 0), (28, u32_at(b, 28) == 0), (56, u64_at(b, 56) == 0)] {
+        for (offset, zero) in
+            [(3, b[3] == 0), (6, u16_at(b, 6) == 0), (28, u32_at(b, 28) == 0), (56, u64_at(b, 56) == 0)]
+        {
             if !zero {
                 return Err(WireError::Reserved { offset });
             }
@@ -320,16 +316,9 @@ impl Completion {
 
     pub fn decode(b: &[u8]) -> Result<Completion, WireError> {
         if b.len() < CQE_BYTES {
-            return Err(WireError::Short {
-                found: b.len(),
-                expected: CQE_BYTES,
-            });
+            return Err(WireError::Short { found: b.len(), expected: CQE_BYTES });
         }
-        Ok(Completion {
-            user_data: u64_at(b, 0),
-            status: u32_at(b, 8) as i32,
-            result: u64_at(b, 16),
-        })
+        Ok(Completion { user_data: u64_at(b, 0), status: u32_at(b, 8) as i32, result: u64_at(b, 16) })
     }
 }
 
@@ -431,11 +420,7 @@ mod tests {
         assert_eq!(ring_bytes(4), 320 + 4 * 96);
         assert_eq!(sqe_offset(4, 5), 320 + 64);
         assert_eq!(cqe_offset(4, 6), 320 + 4 * 64 + 2 * 32);
-        let c = Completion {
-            user_data: 9,
-            status: Status::OutOfRange as i32,
-            result: 3,
-        };
+        let c = Completion { user_data: 9, status: Status::OutOfRange as i32, result: 3 };
         assert_eq!(Completion::decode(&c.encode()), Ok(c));
         assert_eq!(Status::from_i32(c.status), Some(Status::OutOfRange));
     }

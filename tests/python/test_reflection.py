@@ -59,12 +59,21 @@ def test_call_built_from_reflected_descriptors(agent):
 
     with grpc.insecure_channel(agent) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="dpuio.v1.Session")
-        reply = list(stub.ServerReflectionInfo(iter([request])))[0]
+
+        def ask(**kwargs):
+            reply = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(**kwargs)])))[0]
+            return [descriptor_pb2.FileDescriptorProto.FromString(b) for b in reply.file_descriptor_response.file_descriptor_proto]
+
+        # Fetch the file with the service, then its imports by name, and load them in
+        # dependency order, as any reflection client does.
+        files = {f.name: f for f in ask(file_containing_symbol="dpuio.v1.Session")}
+        missing = [d for f in files.values() for d in f.dependency if d not in files]
+        while missing:
+            for f in ask(file_by_filename=missing.pop()):
+                files.setdefault(f.name, f)
+            missing = [d for f in files.values() for d in f.dependency if d not in files]
         pool = descriptor_pool.DescriptorPool()
-        files = [descriptor_pb2.FileDescriptorProto.FromString(b) for b in reply.file_descriptor_response.file_descriptor_proto]
-        # Add dependencies first.
-        pending = {f.name: f for f in files}
+        pending = dict(files)
         while pending:
             for name, f in list(pending.items()):
                 if all(dep not in pending for dep in f.dependency):

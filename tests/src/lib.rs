@@ -56,18 +56,12 @@ impl AgentProcess {
             }
             for _ in lines {} // keep draining so the agent never blocks on stdout
         });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("dpu-agent did not report its address within 30 s");
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("dpu-agent did not report its address within 30 s");
         let addr = line
             .strip_prefix("dpu-agent listening on ")
             .unwrap_or_else(|| panic!("unexpected first line from dpu-agent: {line:?}"))
             .to_owned();
-        AgentProcess {
-            child,
-            addr,
-            data_dir: data_dir.to_owned(),
-        }
+        AgentProcess { child, addr, data_dir: data_dir.to_owned() }
     }
 
     /// `http://ADDR`, for the shim library.
@@ -77,11 +71,8 @@ impl AgentProcess {
 
     /// Send a signal (`"TERM"`, `"KILL"`, `"STOP"`, `"CONT"`) with kill(1).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
+        let status =
+            Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().expect("run kill");
         assert!(status.success(), "kill -{name} failed");
     }
 
@@ -101,11 +92,7 @@ impl AgentProcess {
 
     /// Run the `dpuio` CLI against this agent.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(binary("dpuio"))
-            .args(args)
-            .env("DPUIO_AGENT", &self.addr)
-            .output()
-            .expect("run dpuio")
+        Command::new(binary("dpuio")).args(args).env("DPUIO_AGENT", &self.addr).output().expect("run dpuio")
     }
 }
 
@@ -118,11 +105,6 @@ impl Drop for AgentProcess {
 
 /// stdout of a successful command, or a panic showing its stderr.
 pub fn ok_stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "command failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "command failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout.clone()).expect("utf-8 output")
 }

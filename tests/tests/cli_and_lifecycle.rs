@@ -32,10 +32,7 @@ fn cli_mkdir_then_ls() {
 
 #[test]
 fn cli_without_an_agent_says_so() {
-    let out = std::process::Command::new(binary("dpuio"))
-        .args(["--agent", "127.0.0.1:9", "ls"])
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(binary("dpuio")).args(["--agent", "127.0.0.1:9", "ls"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot reach the agent at 127.0.0.1:9"), "{err}");
@@ -50,11 +47,7 @@ fn check_config_names_every_mistake() {
         "[agent]\nlisten = \"nowhere\"\n[backend]\nkind = \"nfs\"\n[[tenants]]\nname = \"a b\"\ncontainer = \"c\"\n",
     )
     .unwrap();
-    let out = std::process::Command::new(binary("dpu-agent"))
-        .arg("check-config")
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(binary("dpu-agent")).arg("check-config").arg(&bad).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("3 mistake(s)"), "{err}");
@@ -64,11 +57,7 @@ fn check_config_names_every_mistake() {
 
     let good = dir.path().join("good.toml");
     std::fs::write(&good, "[[tenants]]\nname = \"vision\"\ncontainer = \"imagenet\"\n").unwrap();
-    let out = std::process::Command::new(binary("dpu-agent"))
-        .arg("check-config")
-        .arg(&good)
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(binary("dpu-agent")).arg("check-config").arg(&good).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -85,12 +74,7 @@ fn sigterm_stops_cleanly_with_exit_0() {
 async fn acknowledged_changes_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let mut agent = AgentProcess::start(dir.path(), &[]);
-    let c = Client::connect(ConnectOptions {
-        agent: agent.url(),
-        ..ConnectOptions::default()
-    })
-    .await
-    .unwrap();
+    let c = Client::connect(ConnectOptions { agent: agent.url(), ..ConnectOptions::default() }).await.unwrap();
     c.mkdir("/ckpt/epoch-1", true).await.unwrap();
     let f = c.create("/ckpt/epoch-1/model.tmp", true).await.unwrap();
     f.truncate(1 << 20).await.unwrap();
@@ -104,12 +88,7 @@ async fn acknowledged_changes_survive_sigkill() {
     drop(c);
 
     let restarted = AgentProcess::start(dir.path(), &[]);
-    let c = Client::connect(ConnectOptions {
-        agent: restarted.url(),
-        ..ConnectOptions::default()
-    })
-    .await
-    .unwrap();
+    let c = Client::connect(ConnectOptions { agent: restarted.url(), ..ConnectOptions::default() }).await.unwrap();
     assert_eq!(c.stat("/ckpt/epoch-1/model.pt").await.unwrap().size, 1 << 20);
     assert!(c.stat("/later").await.is_ok());
     assert!(c.stat("/ckpt/epoch-1/model.tmp").await.is_err());

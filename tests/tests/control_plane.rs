@@ -7,13 +7,9 @@ use dpuio_tests::AgentProcess;
 use tonic::Code;
 
 async fn client(agent: &AgentProcess) -> Client {
-    Client::connect(ConnectOptions {
-        agent: agent.url(),
-        client_name: "e2e".into(),
-        ..ConnectOptions::default()
-    })
-    .await
-    .expect("attach")
+    Client::connect(ConnectOptions { agent: agent.url(), client_name: "e2e".into(), ..ConnectOptions::default() })
+        .await
+        .expect("attach")
 }
 
 fn code<T: std::fmt::Debug>(r: dpuio_shim::Result<T>) -> (Code, String) {
@@ -79,12 +75,7 @@ async fn namespace_operations_and_their_errors() {
     assert_eq!(k, Code::NotFound);
 
     // Paths that are never valid are refused by name, before touching storage.
-    for (bad, needle) in [
-        ("/x/../../etc", ".."),
-        ("/./x", "."),
-        ("", "empty"),
-        ("/a\0b", "NUL"),
-    ] {
+    for (bad, needle) in [("/x/../../etc", ".."), ("/./x", "."), ("", "empty"), ("/a\0b", "NUL")] {
         let (k, m) = code(c.stat(bad).await);
         assert_eq!(k, Code::InvalidArgument, "{bad:?}: {m}");
         assert!(m.contains(needle), "{bad:?}: {m}");
@@ -94,10 +85,7 @@ async fn namespace_operations_and_their_errors() {
     assert_eq!(k, Code::InvalidArgument, "{m}");
 
     // Batched lookup: each path gets its own answer.
-    let results = c
-        .lookup(&["/z".into(), "/nope".into(), "/../x".into()])
-        .await
-        .unwrap();
+    let results = c.lookup(&["/z".into(), "/nope".into(), "/../x".into()]).await.unwrap();
     assert_eq!(results[0].as_ref().unwrap().kind, EntryKind::Directory);
     assert_eq!(results[1].as_ref().unwrap_err().code(), Some(Code::NotFound));
     assert_eq!(results[2].as_ref().unwrap_err().code(), Some(Code::InvalidArgument));
@@ -150,20 +138,13 @@ async fn forged_sessions_handles_and_containers_are_refused() {
     let b = client(&agent).await;
     let file = a.create("/secret", true).await.unwrap();
 
-    let channel = tonic::transport::Endpoint::from_shared(agent.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(agent.url()).unwrap().connect().await.unwrap();
     let mut ns = pb::namespace_client::NamespaceClient::new(channel.clone());
     let mut sessions = pb::session_client::SessionClient::new(channel);
 
     // A session id nobody attached.
     let e = ns
-        .stat(pb::StatRequest {
-            session_id: 0x1234,
-            target: Some(pb::stat_request::Target::Path("/".into())),
-        })
+        .stat(pb::StatRequest { session_id: 0x1234, target: Some(pb::stat_request::Target::Path("/".into())) })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
@@ -181,43 +162,22 @@ async fn forged_sessions_handles_and_containers_are_refused() {
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
     // A container that is not the tenant's.
-    let e = ns
-        .mount(pb::MountRequest {
-            session_id: b.session_id(),
-            container: "other".into(),
-        })
-        .await
-        .unwrap_err();
+    let e = ns.mount(pb::MountRequest { session_id: b.session_id(), container: "other".into() }).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 
     // An unknown tenant, and a session used after detach.
-    let e = sessions
-        .attach(pb::AttachRequest {
-            tenant: "mallory".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let e = sessions.attach(pb::AttachRequest { tenant: "mallory".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     let b_id = b.session_id();
     b.detach().await.unwrap();
     let e = ns
-        .stat(pb::StatRequest {
-            session_id: b_id,
-            target: Some(pb::stat_request::Target::Path("/".into())),
-        })
+        .stat(pb::StatRequest { session_id: b_id, target: Some(pb::stat_request::Target::Path("/".into())) })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
 
     // A malformed request: no target.
-    let e = ns
-        .stat(pb::StatRequest {
-            session_id: a.session_id(),
-            target: None,
-        })
-        .await
-        .unwrap_err();
+    let e = ns.stat(pb::StatRequest { session_id: a.session_id(), target: None }).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     file.close().await.unwrap();
 }
@@ -234,11 +194,7 @@ async fn limits_are_enforced() {
     let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
     let c = client(&agent).await;
     let _other = client(&agent).await;
-    let third = Client::connect(ConnectOptions {
-        agent: agent.url(),
-        ..ConnectOptions::default()
-    })
-    .await;
+    let third = Client::connect(ConnectOptions { agent: agent.url(), ..ConnectOptions::default() }).await;
     assert_eq!(third.err().and_then(|e| e.code()), Some(Code::ResourceExhausted));
 
     let _f1 = c.create("/1", true).await.unwrap();
@@ -250,26 +206,13 @@ async fn limits_are_enforced() {
     // The library splits lookups to the agent's limit; a raw oversized call is refused.
     let paths: Vec<String> = (0..10).map(|i| format!("/{i}")).collect();
     assert_eq!(c.lookup(&paths).await.unwrap().len(), 10);
-    let channel = tonic::transport::Endpoint::from_shared(agent.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(agent.url()).unwrap().connect().await.unwrap();
     let mut ns = pb::namespace_client::NamespaceClient::new(channel);
-    let e = ns
-        .lookup(pb::LookupRequest {
-            session_id: c.session_id(),
-            paths: paths.clone(),
-        })
-        .await
-        .unwrap_err();
+    let e = ns.lookup(pb::LookupRequest { session_id: c.session_id(), paths: paths.clone() }).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     // A message over max_message_bytes never reaches the service.
     let e = ns
-        .lookup(pb::LookupRequest {
-            session_id: c.session_id(),
-            paths: vec!["/x".repeat(40_000)],
-        })
+        .lookup(pb::LookupRequest { session_id: c.session_id(), paths: vec!["/x".repeat(40_000)] })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");

@@ -19,7 +19,7 @@
 pub mod local;
 mod path;
 
-pub use path::{MAX_NAME_BYTES, MAX_PATH_BYTES, NsPath};
+pub use path::{MAX_NAME_BYTES, MAX_PATH_BYTES, NsPath, validate_name};
 
 use std::sync::Arc;
 
@@ -59,6 +59,12 @@ pub enum Error {
     /// An object was used for an access its open mode does not allow.
     #[error("{path}: {reason}")]
     AccessMode { path: String, reason: String },
+    /// An entry the backend will not serve: a symbolic link, device, FIFO or socket
+    /// found in the container. The agent never makes these, so one was put there
+    /// behind its back; `local` never follows links, which is what keeps a container
+    /// inside its own tree.
+    #[error("{path}: {reason}")]
+    UnsupportedEntry { path: String, reason: String },
     /// The storage underneath failed; the source says how.
     #[error("{context}: {source}")]
     Io {
@@ -103,7 +109,8 @@ pub struct DirEntry {
 /// How a file is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OpenOptions {
-    /// Allow `write_at`, `truncate` and `sync` of data.
+    /// Allow `write_at` and `truncate`. (`sync` works in any mode: a read-only
+    /// object that created its file still has a directory entry to make durable.)
     pub write: bool,
     /// Create the file if it does not exist.
     pub create: bool,
@@ -146,7 +153,10 @@ pub trait Container: Send + Sync {
     fn mkdir(&self, path: &NsPath, mode: u32) -> Result<Attr>;
     /// List a directory in a stable order (bytewise by name), starting after `anchor`
     /// (the last name a previous batch returned), at most `max` entries. Returns the
-    /// entries and whether more follow.
+    /// entries and whether more follow; a batch that says more follow is never empty,
+    /// so its last name is always the next anchor. `max` of 0 is
+    /// [`Error::InvalidArgument`]; a backend may return fewer than `max` (`local`
+    /// caps a batch at [`local::MAX_READDIR_BATCH`]).
     fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)>;
     /// Open (and maybe create) a file.
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>>;
@@ -174,6 +184,8 @@ pub trait Object: Send + Sync {
     fn stat(&self) -> Result<Attr>;
     /// Set the size.
     fn truncate(&self, size: u64) -> Result<()>;
-    /// Make this file's data and its directory entry durable.
+    /// Make this file's data and its directory entry durable. The agent's `Close` is
+    /// `sync` and then dropping the object; dropping alone promises nothing until the
+    /// next [`Container::sync`].
     fn sync(&self) -> Result<()>;
 }
