@@ -44,6 +44,34 @@ pub struct Config {
     pub backend: BackendConfig,
     pub limits: Limits,
     pub tenants: Vec<TenantConfig>,
+    pub data_plane: DataPlaneConfig,
+}
+
+/// The data plane: UCX, with the transports UCX may use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataPlaneConfig {
+    /// Off: control plane only (no Memory service, attaches with a transport refused).
+    pub enabled: bool,
+    /// `"auto"` (UCX chooses: rc/dc on RDMA hardware, shared memory and TCP here),
+    /// `"shm"`, `"tcp"`, or a UCX_TLS-style list such as `"posix,sysv,cma,tcp,self"`.
+    pub transports: String,
+}
+
+impl Default for DataPlaneConfig {
+    fn default() -> Self {
+        DataPlaneConfig { enabled: true, transports: "auto".into() }
+    }
+}
+
+impl DataPlaneConfig {
+    /// The transport configuration this means.
+    pub fn fabric(&self) -> fabric::FabricConfig {
+        fabric::FabricConfig::preset(&self.transports).unwrap_or_else(|| {
+            let mut c = fabric::FabricConfig::default();
+            c.transports = Some(self.transports.clone());
+            c
+        })
+    }
 }
 
 /// Which backend stores the data.
@@ -131,6 +159,7 @@ impl Default for Config {
             backend: BackendConfig::Local { path: PathBuf::from(DEFAULT_DATA_DIR) },
             limits: Limits::default(),
             tenants: vec![TenantConfig { name: DEFAULT_TENANT.into(), container: DEFAULT_TENANT.into() }],
+            data_plane: DataPlaneConfig::default(),
         }
     }
 }
@@ -223,7 +252,7 @@ impl Checker {
 
     fn config(&mut self, root: &toml::Table) -> Config {
         let mut config = Config::default();
-        self.unknown_keys("", root, &["agent", "backend", "limits", "tenants"]);
+        self.unknown_keys("", root, &["agent", "backend", "limits", "tenants", "data_plane"]);
 
         let mut backend_path = None;
         if let Some(agent) = self.section(root, "agent") {
@@ -275,6 +304,28 @@ impl Checker {
             }
         }
         config.backend = BackendConfig::Local { path: backend_path.unwrap_or_else(|| config.data_dir.clone()) };
+
+        if let Some(dp) = self.section(root, "data_plane") {
+            self.unknown_keys("data_plane", dp, &["enabled", "transports"]);
+            match dp.get("enabled") {
+                None => {}
+                Some(toml::Value::Boolean(b)) => config.data_plane.enabled = *b,
+                Some(other) => self.issue("data_plane.enabled", format!("expected true or false, found {}", other.type_str())),
+            }
+            if let Some(t) = self.string(dp, "data_plane", "transports") {
+                let known = ["posix", "sysv", "cma", "knem", "xpmem", "tcp", "self", "rc", "rc_x", "rc_v", "dc", "dc_x", "ud", "ud_x", "ud_v", "sm", "shm", "ib", "all", "cuda", "rocm"];
+                let preset = fabric::FabricConfig::PRESETS.contains(&t.as_str());
+                let unknown: Vec<&str> = t.split(',').map(str::trim).filter(|n| !known.contains(&n.trim_start_matches('^'))).collect();
+                if t.is_empty() || (!preset && !unknown.is_empty()) {
+                    self.issue(
+                        "data_plane.transports",
+                        format!("{t:?}: expected \"auto\", \"shm\", \"tcp\" or a UCX_TLS list such as \"posix,sysv,cma,tcp,self\"; unknown: {}", unknown.join(", ")),
+                    );
+                } else {
+                    config.data_plane.transports = t;
+                }
+            }
+        }
 
         if let Some(limits) = self.section(root, "limits") {
             self.limits(limits, &mut config.limits);

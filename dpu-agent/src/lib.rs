@@ -11,6 +11,8 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod dataplane;
+pub mod engine;
 pub mod error;
 pub mod server;
 pub mod service;

@@ -9,7 +9,8 @@ use dpuio_proto::v1 as pb;
 use tokio::net::TcpListener;
 
 use crate::config::{BackendConfig, Config};
-use crate::service::{NamespaceService, SessionService};
+use crate::dataplane::DataPlane;
+use crate::service::{MemoryService, NamespaceService, SessionService};
 use crate::state::Agent;
 
 /// Why the agent could not start or stop cleanly.
@@ -35,6 +36,8 @@ pub enum ServeError {
     Signal(#[source] std::io::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("cannot start the data plane: {0} (set [data_plane] transports, or enabled = false for a control-plane-only agent)")]
+    DataPlane(#[source] crate::dataplane::DataPlaneError),
     #[error("shutting down: {0}")]
     Shutdown(#[source] crate::error::Error),
 }
@@ -44,8 +47,15 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     let BackendConfig::Local { path } = &config.backend;
     let backend = LocalBackend::open(path.clone())
         .map_err(|source| ServeError::Backend { path: path.display().to_string(), source })?;
+    let data_plane = config.data_plane.clone();
     let agent = Arc::new(Agent::new(config, Arc::new(backend)));
     agent.prepare_containers().map_err(ServeError::Containers)?;
+    if data_plane.enabled {
+        let dp = Arc::new(DataPlane::open(&data_plane.fabric()).map_err(ServeError::DataPlane)?);
+        dp.start(agent.clone(), dpuio_backend::local::DEFAULT_CHUNK_BYTES as usize).map_err(ServeError::DataPlane)?;
+        tracing::info!(transport = %dp.describe(), "data plane up");
+        agent.set_dataplane(dp);
+    }
     Ok(agent)
 }
 
@@ -80,6 +90,15 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
 
+    let memory = agent.dataplane().is_some().then(|| {
+        pb::memory_server::MemoryServer::new(MemoryService::new(agent.clone()))
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    });
+    if memory.is_some() {
+        health_reporter.set_serving::<pb::memory_server::MemoryServer<MemoryService>>().await;
+    }
+
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
     let stop = shutdown_signal(agent.clone())?;
     tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), "serving");
@@ -91,6 +110,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
         .add_service(reflection_alpha)
         .add_service(session)
         .add_service(namespace)
+        .add_optional_service(memory)
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), stop)
         .await?;
 
@@ -101,6 +121,9 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
         .await
         .map_err(|e| ServeError::Shutdown(crate::error::Error::Internal(e.to_string())))?
         .map_err(ServeError::Shutdown)?;
+    if let Some(dp) = agent.dataplane() {
+        dp.shutdown();
+    }
     tracing::info!(sessions, "stopped: sessions closed, containers synced");
     Ok(())
 }

@@ -88,21 +88,48 @@ impl pb::session_server::Session for SessionService {
             )
             .into());
         }
-        if req.transport.is_some() {
-            return Err(Error::invalid(
-                "transport",
-                "this agent has no data plane configured; attach without a transport (control-only session)",
-            )
-            .into());
-        }
+        // Check the transport before the session exists, so a refused one leaves nothing behind.
+        let dataplane = match &req.transport {
+            None => None,
+            Some(t) => {
+                let Some(dp) = self.agent.dataplane().cloned() else {
+                    return Err(Error::invalid("transport", "this agent runs no data plane; attach without a transport").into());
+                };
+                if t.provider != "ucx" {
+                    return Err(Error::invalid(
+                        "transport.provider",
+                        format!("{:?} is not offered by this agent; it offers \"ucx\"", t.provider),
+                    )
+                    .into());
+                }
+                Some((dp, t.worker_address.clone()))
+            }
+        };
         let session = self.agent.attach(&tenant, &req.client_name)?;
-        tracing::info!(session = format!("{:#018x}", session.id), tenant = %session.tenant, client = %session.client_name, "attached");
+        let mut agent_transport = None;
+        if let Some((dp, host_address)) = dataplane {
+            let connecting = dp.clone();
+            match blocking(move || connecting.connect(&host_address).map_err(|e| Error::invalid("transport.worker_address", e.to_string()))).await {
+                Ok(peer) => session.set_peer(peer),
+                Err(e) => {
+                    let _ = self.agent.detach(session.id);
+                    return Err(e.into());
+                }
+            }
+            agent_transport = Some(pb::TransportInfo {
+                provider: "ucx".into(),
+                worker_address: dp.address().to_vec(),
+                transports: vec![dp.describe()],
+            });
+        }
+        tracing::info!(session = format!("{:#018x}", session.id), tenant = %session.tenant, client = %session.client_name,
+            data_plane = agent_transport.is_some(), "attached");
         let l = self.agent.limits();
         Ok(Response::new(pb::AttachResponse {
             session_id: session.id,
             tenant: session.tenant.clone(),
             container: session.container_name.clone(),
-            agent_transport: None,
+            agent_transport,
             limits: Some(pb::Limits {
                 max_handles: l.max_handles_per_session,
                 max_regions: l.max_regions_per_session,
@@ -454,5 +481,108 @@ impl NamespaceService {
         })
         .await?;
         Ok(Response::new(pb::OpenResponse { handle, attr: Some(attr_to_proto(&attr)), chunk_bytes }))
+    }
+}
+
+/// `dpuio.v1.Memory`: the host's regions and rings.
+pub struct MemoryService {
+    agent: Arc<Agent>,
+}
+
+impl MemoryService {
+    pub fn new(agent: Arc<Agent>) -> Self {
+        MemoryService { agent }
+    }
+
+    fn dataplane(&self) -> Result<Arc<crate::dataplane::DataPlane>> {
+        self.agent.dataplane().cloned().ok_or_else(|| Error::invalid("session_id", "this agent runs no data plane"))
+    }
+}
+
+fn region_access(raw: i32) -> Result<crate::engine::RegionAccess> {
+    use crate::engine::RegionAccess;
+    match pb::RegionAccess::try_from(raw) {
+        Ok(pb::RegionAccess::WriteByAgent) => Ok(RegionAccess { agent_writes: true, agent_reads: false }),
+        Ok(pb::RegionAccess::ReadByAgent) => Ok(RegionAccess { agent_writes: false, agent_reads: true }),
+        Ok(pb::RegionAccess::ReadWrite) => Ok(RegionAccess { agent_writes: true, agent_reads: true }),
+        _ => Err(Error::invalid(
+            "access",
+            format!("{raw} is not a region access; use WRITE_BY_AGENT, READ_BY_AGENT or READ_WRITE"),
+        )),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::memory_server::Memory for MemoryService {
+    async fn register_region(
+        &self,
+        request: Request<pb::RegisterRegionRequest>,
+    ) -> std::result::Result<Response<pb::RegisterRegionResponse>, Status> {
+        let req = request.into_inner();
+        let session = self.agent.session(req.session_id)?;
+        let peer = session.peer()?;
+        let dp = self.dataplane()?;
+        let access = region_access(req.access)?;
+        if req.length == 0 || req.address.checked_add(req.length).is_none() {
+            return Err(Error::invalid("length", format!("{} bytes at {:#x} is not a region", req.length, req.address)).into());
+        }
+        if req.remote_key.is_empty() || req.remote_key.len() > 64 * 1024 {
+            return Err(Error::invalid("remote_key", format!("{} bytes: expected a packed remote key", req.remote_key.len())).into());
+        }
+        let limit = self.agent.limits().max_regions_per_session;
+        if session.region_count() >= limit as usize {
+            return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() }.into());
+        }
+        let id = session.next_region_id();
+        let region = blocking(move || {
+            let region = dp
+                .register_region(&peer, id, req.address, req.length, &req.remote_key, access)
+                .map_err(|e| Error::invalid("remote_key", format!("cannot use the region: {e}")))?;
+            session.add_region(region, limit)
+        })
+        .await?;
+        tracing::debug!(region = region.id, bytes = region.length, mapped = region.is_mapped(), "region registered");
+        Ok(Response::new(pb::RegisterRegionResponse { region_id: region.id }))
+    }
+
+    async fn deregister_region(
+        &self,
+        request: Request<pb::DeregisterRegionRequest>,
+    ) -> std::result::Result<Response<pb::DeregisterRegionResponse>, Status> {
+        let req = request.into_inner();
+        self.agent.session(req.session_id)?.remove_region(req.region_id)?;
+        Ok(Response::new(pb::DeregisterRegionResponse {}))
+    }
+
+    async fn register_ring(
+        &self,
+        request: Request<pb::RegisterRingRequest>,
+    ) -> std::result::Result<Response<pb::RegisterRingResponse>, Status> {
+        let req = request.into_inner();
+        let session = self.agent.session(req.session_id)?;
+        let peer = session.peer()?;
+        let dp = self.dataplane()?;
+        let region = session.host_region(req.region_id).ok_or_else(|| {
+            Error::invalid("region_id", format!("region {} is not registered in this session", req.region_id))
+        })?;
+        let limit = self.agent.limits().max_regions_per_session;
+        let id = session.next_region_id();
+        blocking(move || {
+            let ring = dp
+                .register_ring(&peer, id, region, req.offset, req.entries)
+                .map_err(|e| Error::invalid("entries", e.to_string()))?;
+            session.add_ring(ring, limit)
+        })
+        .await?;
+        Ok(Response::new(pb::RegisterRingResponse { ring_id: id }))
+    }
+
+    async fn deregister_ring(
+        &self,
+        request: Request<pb::DeregisterRingRequest>,
+    ) -> std::result::Result<Response<pb::DeregisterRingResponse>, Status> {
+        let req = request.into_inner();
+        self.agent.session(req.session_id)?.remove_ring(req.ring_id)?;
+        Ok(Response::new(pb::DeregisterRingResponse {}))
     }
 }

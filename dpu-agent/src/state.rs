@@ -11,6 +11,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use dpuio_backend::{Backend, Container, Object};
 
+use crate::dataplane::{DataPlane, HostRegion, HostRing, Peer};
+use crate::engine::{HandleInfo, RegionInfo, SessionView};
+
 use crate::config::{Config, Limits, TenantConfig};
 use crate::error::{Error, Result};
 
@@ -23,6 +26,7 @@ pub struct Agent {
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     draining: AtomicBool,
     pub started: Instant,
+    dataplane: std::sync::OnceLock<Arc<DataPlane>>,
 }
 
 /// One attached host process.
@@ -35,6 +39,10 @@ pub struct Session {
     container: Mutex<Option<Arc<dyn Container>>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     lease_deadline: Mutex<Instant>,
+    peer: Mutex<Option<Arc<Peer>>>,
+    regions: Mutex<HashMap<u32, Arc<HostRegion>>>,
+    rings: Mutex<HashMap<u32, Arc<HostRing>>>,
+    next_region_id: std::sync::atomic::AtomicU32,
 }
 
 /// An open file of a session.
@@ -70,6 +78,7 @@ impl Agent {
             sessions: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             started: Instant::now(),
+            dataplane: std::sync::OnceLock::new(),
         }
     }
 
@@ -140,6 +149,10 @@ impl Agent {
             container: Mutex::new(None),
             handles: Mutex::new(HashMap::new()),
             lease_deadline: Mutex::new(Instant::now() + self.lease()),
+            peer: Mutex::new(None),
+            regions: Mutex::new(HashMap::new()),
+            rings: Mutex::new(HashMap::new()),
+            next_region_id: std::sync::atomic::AtomicU32::new(1),
         });
         sessions.insert(session.id, session.clone());
         Ok(session)
@@ -209,6 +222,30 @@ impl Agent {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Install the data plane (once, at start).
+    pub fn set_dataplane(&self, dp: Arc<DataPlane>) {
+        let _ = self.dataplane.set(dp);
+    }
+
+    /// The data plane, if this agent runs one.
+    pub fn dataplane(&self) -> Option<&Arc<DataPlane>> {
+        self.dataplane.get()
+    }
+
+    /// Every ring of every session, for a full scan.
+    pub fn all_rings(&self) -> Vec<(u64, u32)> {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        sessions.iter().flat_map(|s| lock(&s.rings).keys().map(|r| (s.id, *r)).collect::<Vec<_>>()).collect()
+    }
+
+    /// A ring with its session and peer, if all still exist.
+    pub fn ring(&self, session_id: u64, ring_id: u32) -> Option<(Arc<Session>, Arc<Peer>, Arc<HostRing>)> {
+        let session = lock(&self.sessions).get(&session_id).cloned()?;
+        let peer = lock(&session.peer).clone()?;
+        let ring = lock(&session.rings).get(&ring_id).cloned()?;
+        Some((session, peer, ring))
+    }
+
     /// Number of sessions attached now.
     pub fn session_count(&self) -> usize {
         lock(&self.sessions).len()
@@ -247,11 +284,81 @@ impl Session {
         Ok(())
     }
 
+    /// Bind the session to its host's data-plane endpoint (Attach).
+    pub fn set_peer(&self, peer: Arc<Peer>) {
+        *lock(&self.peer) = Some(peer);
+    }
+
+    /// The data-plane endpoint, or why there is none.
+    pub fn peer(&self) -> Result<Arc<Peer>> {
+        lock(&self.peer).clone().ok_or_else(|| {
+            Error::invalid("session_id", "this session attached without a data-plane transport; attach with one to register memory")
+        })
+    }
+
+    /// A fresh region id (never 0, never reused within the session).
+    pub fn next_region_id(&self) -> u32 {
+        self.next_region_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Add a registered region; fails past the per-session limit.
+    pub fn add_region(&self, region: HostRegion, limit: u32) -> Result<Arc<HostRegion>> {
+        let mut regions = lock(&self.regions);
+        if regions.len() >= limit as usize {
+            return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() });
+        }
+        let region = Arc::new(region);
+        regions.insert(region.id, region.clone());
+        Ok(region)
+    }
+
+    /// A registered region of this session.
+    pub fn host_region(&self, id: u32) -> Option<Arc<HostRegion>> {
+        lock(&self.regions).get(&id).cloned()
+    }
+
+    /// Forget a region; refused while a ring lives in it.
+    pub fn remove_region(&self, id: u32) -> Result<()> {
+        if lock(&self.rings).values().any(|r| r.region_id() == id) {
+            return Err(Error::invalid("region_id", format!("region {id} holds a ring: deregister the ring first")));
+        }
+        lock(&self.regions)
+            .remove(&id)
+            .map(|_| ())
+            .ok_or_else(|| Error::invalid("region_id", format!("region {id} is not registered in this session")))
+    }
+
+    /// Add a ring; at most one per region offset, bounded by the region limit.
+    pub fn add_ring(&self, ring: HostRing, limit: u32) -> Result<()> {
+        let mut rings = lock(&self.rings);
+        if rings.len() >= limit as usize {
+            return Err(Error::Limit { what: "rings in this session", limit: limit.into() });
+        }
+        rings.insert(ring.id, Arc::new(ring));
+        Ok(())
+    }
+
+    /// Forget a ring.
+    pub fn remove_ring(&self, id: u32) -> Result<()> {
+        lock(&self.rings)
+            .remove(&id)
+            .map(|_| ())
+            .ok_or_else(|| Error::invalid("ring_id", format!("ring {id} is not registered in this session")))
+    }
+
+    pub fn region_count(&self) -> usize {
+        lock(&self.regions).len()
+    }
+
     pub fn handle_count(&self) -> usize {
         lock(&self.handles).len()
     }
 
     fn close_all(&self) -> Result<()> {
+        // Rings and regions first, so the engine stops touching this host's memory.
+        lock(&self.rings).clear();
+        lock(&self.regions).clear();
+        lock(&self.peer).take();
         let handles: Vec<Arc<Handle>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
         let mut first_error = None;
         for h in handles.into_iter().filter(|h| h.writable) {
@@ -260,5 +367,14 @@ impl Session {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl SessionView for Session {
+    fn handle(&self, id: u64) -> Option<HandleInfo> {
+        lock(&self.handles).get(&id).map(|h| HandleInfo { writable: h.writable })
+    }
+    fn region(&self, id: u32) -> Option<RegionInfo> {
+        lock(&self.regions).get(&id).map(|r| r.info())
     }
 }

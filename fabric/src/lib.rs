@@ -1,1 +1,179 @@
+//! The dpuio data plane: registered regions, remote keys, endpoints, one-sided
+//! put/get/flush and doorbells, behind one [`Transport`] trait, with UCX
+//! ([`ucx`], over our own `ucx-sys` bindings) as the first implementation.
+//!
+//! All `unsafe` of the data plane lives in this crate. It deliberately does *not*
+//! know the wire format of rings, entries or doorbells (the `proto` crate), sessions,
+//! rights or validation (the agent's engine), or any async runtime: it moves bytes,
+//! says when they have arrived, and hands out a file descriptor to sleep on.
+//!
+//! # Who uses what
+//!
+//! * **Host shim**: [`ucx::Worker::open`] with a [`FabricConfig`] preset;
+//!   [`ucx::Worker::alloc_region`] for each region (its [`SharedMemory::addr`], `len`
+//!   and [`ucx::Region::packed_key`] go into `RegisterRegion`); reads its rings with
+//!   [`SharedMemory::load_u64_acquire`] and payload with [`SharedMemory::as_slice`];
+//!   [`ucx::Worker::address`] goes into `Attach`; [`ucx::Worker::connect`] to the
+//!   agent's address and [`ucx::Endpoint::send_doorbell`]. Over TCP it runs a
+//!   [`ProgressThread`] and reports its [`ProgressReport`].
+//! * **Agent**: the same worker setup; per session [`ucx::Worker::connect`] to the
+//!   host's address and [`ucx::Endpoint::unpack_key`] per region (with the address
+//!   and length the host declared); then either [`ucx::RemoteKey::map`] (shared
+//!   memory: read files straight into host memory through [`MappedRemote`]) or
+//!   `put`/`get` from its own staging regions, [`ucx::Endpoint::flush`], then the
+//!   completion entry. Doorbells arrive during [`ucx::Worker::progress`] and are
+//!   drained with [`ucx::Worker::take_doorbells`]; sleep on
+//!   [`ucx::Worker::event_fd`] after [`ucx::Worker::arm`] returns `true` (tokio:
+//!   `AsyncFd`).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fabric::{FabricConfig, Transport, ucx::Worker};
+//!
+//! # fn host_says() -> (Vec<u8>, Vec<u8>, u64, u64) { unimplemented!() }
+//! # fn main() -> fabric::Result<()> {
+//! let agent = Worker::open(&FabricConfig::shm())?;
+//! let (host_address, packed_key, region_addr, region_len) = host_says();
+//! let ep = agent.connect(&host_address)?;
+//! let key = ep.unpack_key(&packed_key, region_addr, region_len)?;
+//!
+//! // Payload, flush, then the completion: the host never sees a completion
+//! // before its payload.
+//! let mut staging = agent.alloc_region(1 << 20)?;
+//! staging.as_mut_slice().fill(7);
+//! ep.put(&staging, 0, 1 << 20, region_addr + 4096, &key)?;
+//! ep.flush(Duration::from_secs(5))?;
+//! ep.put_bytes(&1u64.to_le_bytes(), region_addr, &key)?;
+//! ep.flush(Duration::from_secs(5))?;
+//!
+//! // Event loop: progress, drain doorbells, sleep when armed.
+//! let mut doorbells = Vec::new();
+//! loop {
+//!     while agent.progress() > 0 {}
+//!     if agent.take_doorbells(&mut doorbells) > 0 { /* scan every ring */ }
+//!     for d in doorbells.drain(..) { let _ = d.as_bytes(); /* validate, schedule */ }
+//!     agent.wait(Duration::from_millis(100))?; // arm + poll on the event fd
+//! }
+//! # }
+//! ```
+//!
+//! # Thread model
+//!
+//! Every handle is `Send + Sync` and every method takes `&self` (except the byte
+//! accessors that need `&mut`); no caller-side `Mutex` is needed.
+//!
+//! * The UCX context is created with `mt_workers_shared = 1`: regions can be
+//!   allocated, packed and dropped from any thread.
+//! * Workers are created with `UCS_THREAD_MODE_MULTI` (checked at creation;
+//!   [`Error::ThreadMode`] if UCX was built without `--enable-mt`): UCX serialises
+//!   calls on a worker with its own lock, so one thread may sleep on the event fd and
+//!   progress while others post puts, flush or connect. `flush` progresses the worker
+//!   itself, so it works whether or not another thread is progressing. The price is
+//!   an uncontended lock per call, small next to the operations; `SERIALIZED` would
+//!   save it but push a lock into every caller, held across blocking flushes.
+//! * UCX runs completion and doorbell callbacks inside `progress`, on whichever
+//!   thread called it. They only touch this crate's own queues (a bounded doorbell
+//!   queue, a list of finished operations); anything that could re-enter UCX (unmap a
+//!   region, close an endpoint) is released after `ucp_worker_progress` returns.
+//! * Lifetimes are reference counted: an endpoint keeps its worker, a remote key its
+//!   endpoint, a [`MappedRemote`] its key, a posted operation its local region,
+//!   remote key and copied bytes until UCX reports it complete. Dropping any handle
+//!   early is safe; the UCX object goes when its last user does. A [`ucx::Region`]
+//!   (not `Clone`) unmaps on drop; the *peer* must stop using it first, which is the
+//!   control plane's job (`DeregisterRegion`).
+//!
+//! # Which transports are one-sided (UCX 1.13.1, measured)
+//!
+//! `tests/two_process.rs` stops the host process with `SIGSTOP`, then has the agent
+//! connect, unpack the key, put 64 MiB, flush, put a completion word and flush, all
+//! while the host stays in state `T` with its CPU time (`/proc/<pid>/stat`) unchanged;
+//! after `SIGCONT` the host finds payload and completion in its region. The
+//! `explore_stop_matrix` test (ignored by default) repeats this per `UCX_TLS`:
+//!
+//! | `UCX_TLS` | put + flush into a stopped host | lanes UCX chose |
+//! |---|---|---|
+//! | `posix,self` | yes (16 MiB in ~10 ms) | posix (am) |
+//! | `posix,self` + host env `UCX_POSIX_USE_PROC_LINK=n` | yes | posix (am) |
+//! | `sysv,self` | yes | sysv (am) |
+//! | `sysv,posix,self` (the `shm` preset) | yes (16 MiB ~20 ms, 64 MiB ~85 ms) | sysv (am), posix |
+//! | `posix,cma,self`, `sysv,cma,self`, `posix,sysv,cma,self`, `sm,self` | yes | sysv or posix (am), cma (rendezvous only) |
+//! | `cma,self` | no endpoint: "no active messages transport" (cma has no AM) | — |
+//! | `cma,tcp,self` | no: flush times out, data lands after `SIGCONT` | tcp (am), cma (rendezvous) |
+//! | `tcp,self` (the `tcp` preset) | no: flush times out, data lands after `SIGCONT` | tcp/lo and tcp/eth0 |
+//!
+//! Why: `ucp_mem_map(ALLOCATE)` takes memory from the first memory domain in
+//! `UCX_ALLOC_PRIO` (default `md:sysv,md:posix,huge,thp,md:*,mmap,heap`), so with
+//! sysv or posix enabled a region *is* a shared segment (SysV shm, or a `/dev/shm`
+//! file). Unpacking its key attaches the segment in the agent, and a put is a
+//! `memcpy` into that mapping (mm `put_short`/`put_bcopy`), a get the reverse: the
+//! host's CPU is not involved, and flush completes at once. With cma enabled too,
+//! `strace` shows no `process_vm_writev` during a 64 MiB put (only cma's 8-byte
+//! self-test at start-up): cma is only used for rendezvous (large
+//! active messages), never for `ucp_put`, so memory that is not a shared segment
+//! (the shim's own `malloc`, or any memory over TCP) gets puts that need the
+//! target's progress. Hence the `shm` preset is `sysv,posix,self` and regions are
+//! always allocated through [`ucx::Context::alloc_region`].
+//!
+//! Deployment notes following from that: sysv needs agent and host in one IPC
+//! namespace; posix with `UCX_POSIX_USE_PROC_LINK=y` (the default) unlinks the
+//! `/dev/shm` file at once and the peer opens `/proc/<pid>/fd/<fd>`, so it needs one
+//! PID namespace and ptrace-read permission on the host; with `=n` the file keeps
+//! its name (and leaks if a process dies). If SysV allocation fails (small
+//! `kernel.shmmax`), UCX falls back to posix silently.
+//!
+//! Over TCP UCX carries a put as a message the target's worker writes into memory,
+//! so the host needs a [`ProgressThread`]; in the tests that thread used about 70 ms
+//! of CPU for an 8 MiB put plus get. On RDMA hardware, leave
+//! [`FabricConfig::transports`] `None` and UCX picks rc/dc, which is one-sided again
+//! (not testable here).
+//!
+//! # Other UCX 1.13 facts this crate is built around
+//!
+//! * **TCP crash**: a bulk put posted right after connecting, to a target that then
+//!   stalls (here: `SIGSTOP`), crashed the *target* in `uct_tcp_iface_progress`
+//!   (SIGSEGV at `0xfffffffffffffff8`) in 4 of 6 runs. The initiator's endpoint flush
+//!   completes before the target has finished its side of the handshake; a round trip
+//!   through the target avoids it (0 of 30 runs). Hence [`ucx::Worker::connect`]
+//!   flushes the new endpoint and [`ucx::Endpoint::unpack_key`] probes each key with
+//!   a one-byte get and a flush (which also rejects a bad key early).
+//! * `ucp_rkey_ptr` works where the memory domain says "rkey_ptr is supported"
+//!   (`ucx_info -d`: sysv, posix) and returns `UCS_ERR_UNREACHABLE` otherwise (tcp),
+//!   which [`ucx::RemoteKey::map`] turns into `None`. It takes no length, and mm puts
+//!   do no bounds checks: a host declaring a region longer than its segment would
+//!   steer the agent's writes past the mapping. [`ucx::Endpoint::unpack_key`]
+//!   therefore checks the declared range against `/proc/self/maps` whenever the key
+//!   maps, and every put/get/map is checked against the declared range. Shared memory
+//!   gives no isolation between processes of one user in any case; production relies
+//!   on RDMA keys, which the NIC enforces.
+//! * Transport-level options (`POSIX_USE_PROC_LINK`, `TCP_*`, `SYSV_*`) are *not*
+//!   applied through `ucp_config_modify`: UCX accepts the call and later warns
+//!   "invalid configuration". Set them as `UCX_*` environment variables of the process
+//!   (the side that allocates, for the posix/sysv ones). Context options (`TLS`,
+//!   `NET_DEVICES`, ...) do work through [`FabricConfig::ucx_options`].
+//! * Transport names: `posix`, `sysv`, `cma`, `self`, `tcp` here, plus the alias `sm`
+//!   (all shared-memory transports); `rc`, `dc`, `ud` (and `_x`/`_verbs` variants) on
+//!   RDMA NICs. Over TCP UCX uses every interface, so two processes on one host
+//!   spread RMA across `lo` and `eth0`; restrict with `NET_DEVICES`.
+//! * `ucp_request_free` on a request with a callback suppresses the callback; the
+//!   completion callback therefore frees the request itself. There is no
+//!   `UCP_AM_SEND_FLAG_COPY_HEADER` in 1.13: doorbell bytes are kept alive until the
+//!   send completes. `UCP_EP_CLOSE_FLAG_FORCE` needs error-handling mode `PEER` on
+//!   both sides, which the mm transports do not support, so endpoints close in flush
+//!   mode with a timeout (`FabricConfig::close_timeout_ms`).
+//! * A 64 MiB put into a fresh region takes ~85 ms (debug build; page faults on
+//!   first touch of the mapping), ~9 ms the second time.
 
+pub mod config;
+mod doorbell;
+mod error;
+mod memory;
+mod progress;
+pub mod transport;
+pub mod ucx;
+
+pub use config::{FabricConfig, SHM_TRANSPORTS, TCP_TRANSPORTS};
+pub use doorbell::{Doorbell, MAX_DOORBELL_BYTES};
+pub use error::{Error, Result};
+pub use memory::{MappedRemote, SharedMemory};
+pub use progress::{ProgressReport, ProgressThread};
+pub use transport::Transport;

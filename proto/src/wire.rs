@@ -295,7 +295,12 @@ impl Status {
 }
 
 /// One completion entry (32 bytes):
-/// `0 u64 user_data, 8 i32 status, 12 u32 reserved, 16 u64 result (bytes), 24 u64 reserved`.
+/// `0 u64 user_data, 8 i32 status, 12 u32 reserved, 16 u64 result (bytes), 24 u64 seq`.
+///
+/// `seq` is the completion's index plus one. The host knows which index it expects
+/// next, so it takes an entry as posted only when `seq` matches: no transport has to
+/// make the `cq_tail` write atomic, and an entry left from the previous lap of the ring
+/// is never mistaken for a new one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
     pub user_data: u64,
@@ -303,6 +308,8 @@ pub struct Completion {
     pub status: i32,
     /// Bytes transferred (a read at end of file is short).
     pub result: u64,
+    /// Completion index + 1 (see the type's docs).
+    pub seq: u64,
 }
 
 impl Completion {
@@ -311,6 +318,7 @@ impl Completion {
         b[0..8].copy_from_slice(&self.user_data.to_le_bytes());
         b[8..12].copy_from_slice(&self.status.to_le_bytes());
         b[16..24].copy_from_slice(&self.result.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
         b
     }
 
@@ -318,7 +326,7 @@ impl Completion {
         if b.len() < CQE_BYTES {
             return Err(WireError::Short { found: b.len(), expected: CQE_BYTES });
         }
-        Ok(Completion { user_data: u64_at(b, 0), status: u32_at(b, 8) as i32, result: u64_at(b, 16) })
+        Ok(Completion { user_data: u64_at(b, 0), status: u32_at(b, 8) as i32, result: u64_at(b, 16), seq: u64_at(b, 24) })
     }
 }
 
@@ -420,7 +428,7 @@ mod tests {
         assert_eq!(ring_bytes(4), 320 + 4 * 96);
         assert_eq!(sqe_offset(4, 5), 320 + 64);
         assert_eq!(cqe_offset(4, 6), 320 + 4 * 64 + 2 * 32);
-        let c = Completion { user_data: 9, status: Status::OutOfRange as i32, result: 3 };
+        let c = Completion { user_data: 9, status: Status::OutOfRange as i32, result: 3, seq: 12 };
         assert_eq!(Completion::decode(&c.encode()), Ok(c));
         assert_eq!(Status::from_i32(c.status), Some(Status::OutOfRange));
     }

@@ -1,0 +1,545 @@
+//! The data plane on the agent: the host's regions and rings, and the engine thread
+//! that serves them with one-sided RMA.
+//!
+//! The host writes submission entries into a ring in its own registered memory and
+//! rings a doorbell (a small active message naming its session and ring). The engine
+//! thread then, for each new entry: fetches it, decodes it strictly
+//! ([`dpuio_proto::wire`]), validates it against the session ([`crate::engine`]), runs
+//! the backend read or write chunk by chunk, moves the payload, and posts the
+//! completion entry. The host's CPU takes no part after the doorbell.
+//!
+//! How bytes reach host memory depends on what the transport allows:
+//!
+//! - **Mapped** (UCX shared memory, `ucp_rkey_ptr`): the host region is mapped into the
+//!   agent, so the backend reads the file *straight into host memory* and writes it
+//!   straight from there: one copy, the one `pread` does anyway. Completions are
+//!   published with a release store of their `seq` word.
+//! - **Remote** (TCP, RDMA): payload goes through a staging region of the agent with
+//!   put/get; the backend read of the next chunk overlaps the put of the previous
+//!   one, and a flush orders "payload, then completion entry, then its `seq` word".
+//!
+//! Thread model: one engine thread owns the staging region and does all ring work;
+//! gRPC handlers register peers, regions and rings (UCX serialises the worker inside
+//! [`fabric`]). Nothing the host writes is trusted: a ring whose indices make no sense
+//! is stopped, an entry that fails a check gets an error completion, and a peer that
+//! fails a transfer has its data plane closed, never the agent's.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use dpuio_proto::wire::{self, Completion, Opcode, Submission};
+use fabric::{FabricConfig, MappedRemote, Transport, ucx};
+
+use crate::engine::{self, RegionAccess};
+use crate::state::{Agent, Session};
+
+/// Bytes of the staging region used for ring entries and counters (1024 submissions).
+const SCRATCH_BYTES: usize = 64 * 1024;
+/// How long a flush may take before the peer is declared dead.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the engine sleeps with nothing to do before it scans every ring anyway
+/// (a safety net for a lost doorbell; doorbells wake it at once).
+const IDLE_SCAN: Duration = Duration::from_millis(200);
+/// Submissions the engine takes from one ring before turning to the next, so one busy
+/// ring cannot starve the others.
+const RING_BATCH: u64 = 64;
+
+/// Why a data-plane call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DataPlaneError {
+    #[error("data plane transport: {0}")]
+    Fabric(#[from] fabric::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A host region the agent may access.
+pub struct HostRegion {
+    pub id: u32,
+    pub addr: u64,
+    pub length: u64,
+    pub access: RegionAccess,
+    key: ucx::RemoteKey,
+    mapped: Option<Mutex<MappedRemote>>,
+}
+
+/// A ring pair the host registered.
+pub struct HostRing {
+    pub id: u32,
+    region: Arc<HostRegion>,
+    offset: u64,
+    entries: u32,
+    /// Next submission index the agent will take.
+    sq_head: AtomicU64,
+    /// Next completion index the agent will post.
+    cq_tail: AtomicU64,
+    /// Set when the host wrote indices that make no sense: the ring is not served again.
+    broken: AtomicBool,
+}
+
+/// The data-plane side of one session: the endpoint to the host's worker, and what it
+/// registered.
+pub struct Peer {
+    pub endpoint: ucx::Endpoint,
+    /// Set when a transfer to this host failed: its rings are not served again.
+    failed: AtomicBool,
+}
+
+impl HostRegion {
+    pub fn info(&self) -> engine::RegionInfo {
+        engine::RegionInfo { length: self.length, access: self.access }
+    }
+    pub fn is_mapped(&self) -> bool {
+        self.mapped.is_some()
+    }
+}
+
+impl HostRing {
+    pub fn region_id(&self) -> u32 {
+        self.region.id
+    }
+}
+
+/// The agent's data plane: one transport worker and the engine thread.
+pub struct DataPlane {
+    worker: Arc<ucx::Worker>,
+    address: Vec<u8>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl DataPlane {
+    /// Open the transport. The engine thread starts with [`DataPlane::start`].
+    pub fn open(config: &FabricConfig) -> Result<DataPlane, DataPlaneError> {
+        let worker = Arc::new(ucx::Worker::open(config)?);
+        let address = worker.address()?;
+        Ok(DataPlane { worker, address, stop: Arc::new(AtomicBool::new(false)), thread: Mutex::new(None) })
+    }
+
+    /// This agent's worker address, for `AttachResponse.agent_transport`.
+    pub fn address(&self) -> &[u8] {
+        &self.address
+    }
+
+    /// What the transport is (for logs and status).
+    pub fn describe(&self) -> String {
+        self.worker.context().describe()
+    }
+
+    /// Start the engine thread serving `agent`'s sessions.
+    pub fn start(self: &Arc<Self>, agent: Arc<Agent>, chunk_bytes: usize) -> Result<(), DataPlaneError> {
+        let staging = self.worker.alloc_region(SCRATCH_BYTES + 2 * chunk_bytes)?;
+        let mut engine = Engine { agent, worker: self.worker.clone(), staging, chunk_bytes, stop: self.stop.clone() };
+        let thread = std::thread::Builder::new()
+            .name("dpuio-engine".into())
+            .spawn(move || engine.run())
+            .map_err(|e| DataPlaneError::Invalid(format!("cannot start the engine thread: {e}")))?;
+        *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
+        Ok(())
+    }
+
+    /// Stop the engine thread after the work in hand.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.worker.wake();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Make an endpoint to a host worker (Attach).
+    pub fn connect(&self, host_address: &[u8]) -> Result<Arc<Peer>, DataPlaneError> {
+        if host_address.is_empty() || host_address.len() > 64 * 1024 {
+            return Err(DataPlaneError::Invalid(format!(
+                "worker_address of {} bytes: expected a UCX worker address (1 byte to 64 KiB)",
+                host_address.len()
+            )));
+        }
+        let endpoint = self.worker.connect(host_address)?;
+        Ok(Arc::new(Peer { endpoint, failed: AtomicBool::new(false) }))
+    }
+
+    /// Unpack and, where the transport allows, map a host region (Memory.RegisterRegion).
+    pub fn register_region(
+        &self,
+        peer: &Peer,
+        id: u32,
+        addr: u64,
+        length: u64,
+        packed_key: &[u8],
+        access: RegionAccess,
+    ) -> Result<HostRegion, DataPlaneError> {
+        let key = peer.endpoint.unpack_key(packed_key, addr, length)?;
+        let mapped = match usize::try_from(length) {
+            Ok(len) => key.map(addr, len)?.map(Mutex::new),
+            Err(_) => None,
+        };
+        Ok(HostRegion { id, addr, length, access, key, mapped })
+    }
+
+    /// Check a ring's header in host memory and start serving it (Memory.RegisterRing).
+    pub fn register_ring(
+        &self,
+        peer: &Peer,
+        id: u32,
+        region: Arc<HostRegion>,
+        offset: u64,
+        entries: u32,
+    ) -> Result<HostRing, DataPlaneError> {
+        let header = wire::RingHeader { entries }.encode();
+        let bytes = wire::ring_bytes(entries) as u64;
+        if !entries.is_power_of_two() || !(2..=wire::MAX_RING_ENTRIES).contains(&entries) {
+            return Err(DataPlaneError::Invalid(format!(
+                "entries = {entries}: a ring has a power of two from 2 to {} entries",
+                wire::MAX_RING_ENTRIES
+            )));
+        }
+        if offset % 64 != 0 || offset.checked_add(bytes).is_none_or(|end| end > region.length) {
+            return Err(DataPlaneError::Invalid(format!(
+                "a ring of {entries} entries needs {bytes} bytes at a 64-byte aligned offset inside region {} \
+                 ({} bytes); offset {offset} does not fit",
+                region.id, region.length
+            )));
+        }
+        if !(region.access.agent_reads && region.access.agent_writes) {
+            return Err(DataPlaneError::Invalid(format!(
+                "region {} must be registered REGION_ACCESS_READ_WRITE to hold a ring",
+                region.id
+            )));
+        }
+        // The header the host wrote must say the same thing as the request.
+        let mut found = [0u8; wire::HEADER_BYTES];
+        read_host_blocking(&self.worker, peer, &region, offset, &mut found)?;
+        let decoded = wire::RingHeader::decode(&found)
+            .map_err(|e| DataPlaneError::Invalid(format!("ring header at offset {offset}: {e}")))?;
+        if found != header || decoded.entries != entries {
+            return Err(DataPlaneError::Invalid(format!(
+                "ring header at offset {offset} says {} entries, the request {entries}",
+                decoded.entries
+            )));
+        }
+        Ok(HostRing {
+            id,
+            region,
+            offset,
+            entries,
+            sq_head: AtomicU64::new(0),
+            cq_tail: AtomicU64::new(0),
+            broken: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Drop for DataPlane {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Read host memory outside the engine (ring registration): mapped, or a get through a
+/// small temporary region.
+fn read_host_blocking(
+    worker: &ucx::Worker,
+    peer: &Peer,
+    region: &HostRegion,
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), DataPlaneError> {
+    if let Some(m) = &region.mapped {
+        m.lock().unwrap_or_else(|p| p.into_inner()).read_at(offset as usize, out);
+        return Ok(());
+    }
+    let tmp = worker.alloc_region(out.len().max(64))?;
+    peer.endpoint.get(&tmp, 0, out.len(), region.addr + offset, &region.key)?;
+    peer.endpoint.flush(FLUSH_TIMEOUT)?;
+    tmp.read_at(0, out);
+    Ok(())
+}
+
+/// A doorbell: `session_id: u64 LE, ring_id: u32 LE, reserved: u32`.
+pub const DOORBELL_BYTES: usize = 16;
+
+/// Encode a doorbell for a ring (the host side sends this).
+pub fn doorbell(session_id: u64, ring_id: u32) -> [u8; DOORBELL_BYTES] {
+    let mut b = [0u8; DOORBELL_BYTES];
+    b[..8].copy_from_slice(&session_id.to_le_bytes());
+    b[8..12].copy_from_slice(&ring_id.to_le_bytes());
+    b
+}
+
+fn parse_doorbell(b: &[u8]) -> Option<(u64, u32)> {
+    if b.len() != DOORBELL_BYTES || b[12..].iter().any(|&x| x != 0) {
+        return None;
+    }
+    Some((u64::from_le_bytes(b[..8].try_into().ok()?), u32::from_le_bytes(b[8..12].try_into().ok()?)))
+}
+
+struct Engine {
+    agent: Arc<Agent>,
+    worker: Arc<ucx::Worker>,
+    staging: ucx::Region,
+    chunk_bytes: usize,
+    stop: Arc<AtomicBool>,
+}
+
+/// Work for one ring, gathered from doorbells.
+type RingKey = (u64, u32);
+
+impl Engine {
+    fn run(&mut self) {
+        let mut bells = Vec::new();
+        let mut pending: HashSet<RingKey> = HashSet::new();
+        let mut scan_all = true;
+        while !self.stop.load(Ordering::SeqCst) {
+            while self.worker.progress() > 0 {}
+            bells.clear();
+            if self.worker.take_doorbells(&mut bells) > 0 {
+                scan_all = true; // some doorbells were lost: look at every ring
+            }
+            for bell in &bells {
+                match parse_doorbell(bell.as_bytes()) {
+                    Some(key) => {
+                        pending.insert(key);
+                    }
+                    None => tracing::debug!("malformed doorbell ignored"),
+                }
+            }
+            if scan_all {
+                pending.extend(self.agent.all_rings());
+                scan_all = false;
+            }
+            if pending.is_empty() {
+                match self.worker.wait(IDLE_SCAN) {
+                    Ok(true) => {}
+                    Ok(false) => scan_all = true,
+                    Err(e) => {
+                        tracing::error!(error = %e, "engine cannot wait on the transport; polling");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                continue;
+            }
+            let keys: Vec<RingKey> = pending.drain().collect();
+            for (session_id, ring_id) in keys {
+                let Some((session, peer, ring)) = self.agent.ring(session_id, ring_id) else { continue };
+                if peer.failed.load(Ordering::Relaxed) || ring.broken.load(Ordering::Relaxed) {
+                    continue;
+                }
+                match self.serve_ring(&session, &peer, &ring) {
+                    Ok(true) => {
+                        pending.insert((session_id, ring_id)); // more waiting: come back after the others
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        peer.failed.store(true, Ordering::Relaxed);
+                        tracing::warn!(session = format!("{session_id:#018x}"), error = %e,
+                            "data plane to this host failed; its rings are no longer served");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serve up to [`RING_BATCH`] submissions of one ring. Returns whether more remain.
+    fn serve_ring(&mut self, session: &Session, peer: &Peer, ring: &HostRing) -> Result<bool, DataPlaneError> {
+        let base = ring.offset;
+        let entries = u64::from(ring.entries);
+        let sq_tail = self.load_u64(peer, &ring.region, base + wire::SQ_TAIL_OFFSET as u64)?;
+        let cq_head = self.load_u64(peer, &ring.region, base + wire::CQ_HEAD_OFFSET as u64)?;
+        let mut head = ring.sq_head.load(Ordering::Relaxed);
+        let mut tail = ring.cq_tail.load(Ordering::Relaxed);
+        let submitted = sq_tail.wrapping_sub(head);
+        if submitted > entries || tail.wrapping_sub(cq_head) > entries {
+            ring.broken.store(true, Ordering::Relaxed);
+            tracing::warn!(session = format!("{:#018x}", session.id), ring = ring.id, sq_tail, cq_head,
+                "ring indices out of range: the host broke the ring protocol; ring no longer served");
+            return Ok(false);
+        }
+        // Take what was submitted, as far as the completion ring has room.
+        let room = entries - tail.wrapping_sub(cq_head);
+        let take = submitted.min(room).min(RING_BATCH);
+        if take == 0 {
+            return Ok(false);
+        }
+        let mut entry = [0u8; wire::SQE_BYTES];
+        for _ in 0..take {
+            let at = base + wire::sqe_offset(ring.entries, head) as u64;
+            self.read_host(peer, &ring.region, at, &mut entry)?;
+            let (status, result) = match Submission::decode(&entry) {
+                Err(_) => (wire::Status::Malformed, 0),
+                Ok(sub) => match engine::validate(&sub, session, self.agent.limits().max_io_bytes) {
+                    Err(status) => (status, 0),
+                    Ok(valid) => self.execute(session, peer, &valid.submission)?,
+                },
+            };
+            let completion = Completion {
+                user_data: Submission::peek_user_data(&entry),
+                status: status as i32,
+                result,
+                seq: tail + 1,
+            };
+            self.post_completion(peer, ring, tail, &completion)?;
+            head += 1;
+            tail += 1;
+        }
+        ring.sq_head.store(head, Ordering::Relaxed);
+        ring.cq_tail.store(tail, Ordering::Relaxed);
+        // Advisory copies for the host (it trusts the seq words, not these).
+        self.store_u64(peer, &ring.region, base + wire::SQ_HEAD_OFFSET as u64, head)?;
+        self.store_u64(peer, &ring.region, base + wire::CQ_TAIL_OFFSET as u64, tail)?;
+        Ok(sq_tail != head)
+    }
+
+    /// Run one validated request. Backend failures become error completions; only a
+    /// transport failure (the host is gone) is an `Err`.
+    fn execute(&mut self, session: &Session, peer: &Peer, sub: &Submission) -> Result<(wire::Status, u64), DataPlaneError> {
+        let (Ok(handle), Some(region)) = (session.handle(sub.handle), session.host_region(sub.region_id)) else {
+            return Ok((wire::Status::BadHandle, 0)); // closed between validation and now
+        };
+        let object = &handle.object;
+        let chunk_bytes = self.chunk_bytes as u64;
+        let mut done = 0u64;
+        match (&region.mapped, sub.opcode) {
+            (Some(mapped), Opcode::Read) => {
+                let mut m = mapped.lock().unwrap_or_else(|p| p.into_inner());
+                for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
+                    let dst = &mut m.as_mut_slice()[c.region_offset as usize..][..c.length as usize];
+                    match object.read_at(dst, c.file_offset) {
+                        Ok(n) => {
+                            done += n as u64;
+                            if (n as u64) < c.length {
+                                break; // end of file
+                            }
+                        }
+                        Err(e) => return Ok(io_failed(session, sub, &e)),
+                    }
+                }
+            }
+            (Some(mapped), Opcode::Write) => {
+                let m = mapped.lock().unwrap_or_else(|p| p.into_inner());
+                for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
+                    let src = &m.as_slice()[c.region_offset as usize..][..c.length as usize];
+                    if let Err(e) = object.write_at(src, c.file_offset) {
+                        return Ok(io_failed(session, sub, &e));
+                    }
+                    done += c.length;
+                }
+            }
+            (None, Opcode::Read) => {
+                // Double buffer: read chunk k into half k%2 while chunk k-1 is in flight.
+                for (k, c) in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes).enumerate() {
+                    let half = SCRATCH_BYTES + (k % 2) * self.chunk_bytes;
+                    if k >= 2 {
+                        peer.endpoint.flush(FLUSH_TIMEOUT)?; // half k%2 is free again
+                    }
+                    let n = match object.read_at(&mut self.staging.as_mut_slice()[half..][..c.length as usize], c.file_offset)
+                    {
+                        Ok(n) => n,
+                        Err(e) => return Ok(io_failed(session, sub, &e)),
+                    };
+                    if n > 0 {
+                        peer.endpoint.put(&self.staging, half, n, region.addr + c.region_offset, &region.key)?;
+                    }
+                    done += n as u64;
+                    if (n as u64) < c.length {
+                        break;
+                    }
+                }
+            }
+            (None, Opcode::Write) => {
+                for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
+                    peer.endpoint.get(&self.staging, SCRATCH_BYTES, c.length as usize, region.addr + c.region_offset, &region.key)?;
+                    peer.endpoint.flush(FLUSH_TIMEOUT)?;
+                    let src = &self.staging.as_slice()[SCRATCH_BYTES..][..c.length as usize];
+                    if let Err(e) = object.write_at(src, c.file_offset) {
+                        return Ok(io_failed(session, sub, &e));
+                    }
+                    done += c.length;
+                }
+            }
+        }
+        if sub.opcode == Opcode::Write && sub.flags & wire::FLAG_SYNC != 0 {
+            if let Err(e) = object.sync() {
+                return Ok(io_failed(session, sub, &e));
+            }
+        }
+        Ok((wire::Status::Ok, done))
+    }
+
+    /// Payload first, then the entry, then its `seq` word: a host that sees the seq
+    /// sees everything before it.
+    fn post_completion(&mut self, peer: &Peer, ring: &HostRing, index: u64, c: &Completion) -> Result<(), DataPlaneError> {
+        let at = ring.offset + wire::cqe_offset(ring.entries, index) as u64;
+        let bytes = c.encode();
+        match &ring.region.mapped {
+            Some(m) => {
+                let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+                m.write_at(at as usize, &bytes[..24]);
+                m.store_u64_release(at as usize + 24, c.seq);
+            }
+            None => {
+                peer.endpoint.flush(FLUSH_TIMEOUT)?; // payload puts of this request
+                peer.endpoint.put_bytes(&bytes[..24], ring.region.addr + at, &ring.region.key)?;
+                peer.endpoint.flush(FLUSH_TIMEOUT)?;
+                peer.endpoint.put_bytes(&bytes[24..], ring.region.addr + at + 24, &ring.region.key)?;
+                peer.endpoint.flush(FLUSH_TIMEOUT)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn read_host(&mut self, peer: &Peer, region: &HostRegion, offset: u64, out: &mut [u8]) -> Result<(), DataPlaneError> {
+        match &region.mapped {
+            Some(m) => m.lock().unwrap_or_else(|p| p.into_inner()).read_at(offset as usize, out),
+            None => {
+                peer.endpoint.get(&self.staging, 0, out.len(), region.addr + offset, &region.key)?;
+                peer.endpoint.flush(FLUSH_TIMEOUT)?;
+                self.staging.read_at(0, out);
+            }
+        }
+        Ok(())
+    }
+
+    fn load_u64(&mut self, peer: &Peer, region: &HostRegion, offset: u64) -> Result<u64, DataPlaneError> {
+        if let Some(m) = &region.mapped {
+            return Ok(m.lock().unwrap_or_else(|p| p.into_inner()).load_u64_acquire(offset as usize));
+        }
+        let mut b = [0u8; 8];
+        self.read_host(peer, region, offset, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn store_u64(&mut self, peer: &Peer, region: &HostRegion, offset: u64, value: u64) -> Result<(), DataPlaneError> {
+        match &region.mapped {
+            Some(m) => m.lock().unwrap_or_else(|p| p.into_inner()).store_u64_release(offset as usize, value),
+            None => {
+                peer.endpoint.put_bytes(&value.to_le_bytes(), region.addr + offset, &region.key)?;
+                peer.endpoint.flush(FLUSH_TIMEOUT)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn io_failed(session: &Session, sub: &Submission, e: &dpuio_backend::Error) -> (wire::Status, u64) {
+    tracing::warn!(session = format!("{:#018x}", session.id), handle = format!("{:#018x}", sub.handle), error = %e,
+        "backend I/O failed");
+    (wire::Status::Io, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doorbells_round_trip_and_reject_junk() {
+        assert_eq!(parse_doorbell(&doorbell(7, 3)), Some((7, 3)));
+        assert_eq!(parse_doorbell(&[0u8; 15]), None);
+        let mut b = doorbell(7, 3);
+        b[15] = 1;
+        assert_eq!(parse_doorbell(&b), None);
+    }
+}

@@ -1,0 +1,388 @@
+//! Bytes shared with a peer: local regions and direct mappings of remote ones.
+//!
+//! # Why safe slices over memory a peer writes are acceptable here
+//!
+//! A region is written by another process or a DMA engine at times Rust cannot see.
+//! Strictly, a `&[u8]` promises that nothing changes the bytes while it lives. We hand
+//! out such slices anyway, as a deliberate and bounded choice:
+//!
+//! * the bytes are `u8`, which has no invalid values: a racing writer can give a
+//!   reader stale or torn bytes, never an invalid value, and never memory outside the
+//!   region (every access is bounds-checked against the region's length);
+//! * the writer is not Rust code in this process, so no Rust reference is aliased:
+//!   the race is of the same kind as a device writing a DMA buffer;
+//! * the data-plane protocol gives each byte range one owner at a time (the agent
+//!   fills a payload range, *then* publishes a completion with release ordering; the
+//!   host reads a payload range only after an acquire load saw that completion), so
+//!   correct peers never race on a range a slice covers;
+//! * nothing here relies on reading back what was written (no check-then-use on the
+//!   slice), which is where a racing writer would turn into a logic bug.
+//!
+//! Ring indices are words both sides access concurrently by design; read and write
+//! them only through the atomic accessors (`load_u64_acquire`, `store_u64_release`,
+//! ...), never through a slice, and keep them in a range no slice is held over.
+
+use std::any::Any;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// A contiguous range of bytes that a peer may read or write (see the module docs for
+/// the access discipline). Reached through [`crate::ucx::Region`] (local memory,
+/// registered) or [`MappedRemote`] (a peer's region mapped into this process).
+///
+/// Offsets are relative to the start of the range. Accessors panic on out-of-range or
+/// misaligned offsets, like slice indexing: offsets come from validated entries, and a
+/// bad one is a bug in the caller.
+pub struct SharedMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: SharedMemory is a pointer and a length to memory that is not owned by any
+// thread; the owning type (Region, MappedRemote) keeps it mapped. All accesses are
+// bounds-checked and the concurrency discipline is documented on the module.
+unsafe impl Send for SharedMemory {}
+// SAFETY: shared (&self) access only reads the bytes, or writes them through atomics
+// or raw copies that the module docs restrict to ranges no slice covers.
+unsafe impl Sync for SharedMemory {}
+
+impl SharedMemory {
+    /// # Safety
+    ///
+    /// `ptr` must be non-null and valid for reads and writes of `len` bytes for as long
+    /// as the returned value (and anything borrowing from it) lives; the caller's type
+    /// must keep the mapping alive that long. `len` must not exceed `isize::MAX`.
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> Self {
+        SharedMemory { ptr: NonNull::new(ptr).expect("SharedMemory::new with a null pointer"), len }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if the range is empty (never for regions: they are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the range in this process's address space, for handing to C (the shim's
+    /// C ABI) or to `read(2)`-style calls.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Start of the range as the integer address a peer needs for remote access to a
+    /// local region (what goes into `RegisterRegion`).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// The bytes, for reading. See the module docs: the peer may be writing them.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr/len describe a live mapping (constructor contract); u8 has no
+        // invalid values; concurrent foreign writes are the documented, accepted race.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, for filling (e.g. a write payload before submission). `&mut self`
+    /// excludes other Rust access in this process; the peer is governed by the protocol.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in as_slice, and &mut self guarantees no other Rust reference to
+        // these bytes exists in this process for the lifetime of the result.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` into `out`.
+    ///
+    /// # Panics
+    /// If the range lies outside the memory.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) {
+        let src = self.checked(offset, out.len(), 1);
+        // SAFETY: checked() proved src..src+len lies inside the mapping; out is a
+        // distinct Rust buffer, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Copies `data` into the memory at `offset`.
+    ///
+    /// # Panics
+    /// If the range lies outside the memory.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) {
+        let dst = self.checked(offset, data.len(), 1);
+        // SAFETY: checked() proved the destination lies inside the mapping; &mut self
+        // excludes Rust readers; data is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) }
+    }
+
+    /// Atomically loads the naturally aligned `u64` at `offset` with acquire ordering:
+    /// everything the writer stored before its release store of this word is visible
+    /// afterwards. For ring indices written by the peer.
+    ///
+    /// # Panics
+    /// If `offset` is out of range or the address is not 8-byte aligned.
+    pub fn load_u64_acquire(&self, offset: usize) -> u64 {
+        self.atomic_u64(offset).load(Ordering::Acquire)
+    }
+
+    /// Atomically stores `value` at `offset` with release ordering (for ring indices).
+    ///
+    /// # Panics
+    /// If `offset` is out of range or the address is not 8-byte aligned.
+    pub fn store_u64_release(&self, offset: usize, value: u64) {
+        self.atomic_u64(offset).store(value, Ordering::Release)
+    }
+
+    /// 32-bit twin of [`SharedMemory::load_u64_acquire`].
+    ///
+    /// # Panics
+    /// If `offset` is out of range or the address is not 4-byte aligned.
+    pub fn load_u32_acquire(&self, offset: usize) -> u32 {
+        self.atomic_u32(offset).load(Ordering::Acquire)
+    }
+
+    /// 32-bit twin of [`SharedMemory::store_u64_release`].
+    ///
+    /// # Panics
+    /// If `offset` is out of range or the address is not 4-byte aligned.
+    pub fn store_u32_release(&self, offset: usize, value: u32) {
+        self.atomic_u32(offset).store(value, Ordering::Release)
+    }
+
+    /// The `u64` at `offset` as an atomic, for orderings or read-modify-write
+    /// operations the shortcuts above do not cover. Atomic RMW is atomic only against
+    /// CPU accesses (shared memory); an RDMA NIC writing the word is not covered.
+    ///
+    /// # Panics
+    /// If `offset` is out of range or the address is not 8-byte aligned.
+    pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        let p = self.checked(offset, 8, 8);
+        // SAFETY: checked() proved 8 in-range bytes at an 8-aligned address, valid for
+        // the lifetime of &self; AtomicU64 has the size and alignment of u64 and all
+        // concurrent accesses to index words are atomic by the module's discipline.
+        unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }
+    }
+
+    /// The `u32` at `offset` as an atomic; see [`SharedMemory::atomic_u64`].
+    ///
+    /// # Panics
+    /// If `offset` is out of range or the address is not 4-byte aligned.
+    pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
+        let p = self.checked(offset, 4, 4);
+        // SAFETY: as in atomic_u64, with 4 bytes and 4-byte alignment.
+        unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }
+    }
+
+    /// Pointer to `len` in-range bytes at `offset`, aligned to `align`, or a panic.
+    fn checked(&self, offset: usize, len: usize, align: usize) -> *mut u8 {
+        let end = offset.checked_add(len);
+        assert!(
+            end.is_some_and(|end| end <= self.len),
+            "shared memory access {offset}+{len} outside {} bytes",
+            self.len
+        );
+        // The pointer is derived inside the allocation, so wrapping_add stays in it.
+        let p = self.ptr.as_ptr().wrapping_add(offset);
+        assert!(
+            (p as usize).is_multiple_of(align),
+            "shared memory access at offset {offset} is not {align}-byte aligned"
+        );
+        p
+    }
+}
+
+impl fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedMemory")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// A peer's region mapped directly into this process (UCX `ucp_rkey_ptr` over shared
+/// memory). The agent uses it to `read(2)` a file straight into host memory, with no
+/// staging copy and no put. Dereferences to [`SharedMemory`]; `as_mut_slice` is the
+/// write path, `store_u64_release` publishes ring tails.
+///
+/// Keeps the remote key (and so UCX's attachment of the segment) alive. The mapping
+/// stays valid even if the peer exits: the segment is freed when the last process
+/// detaches it.
+pub struct MappedRemote {
+    mem: SharedMemory,
+    remote_addr: u64,
+    _key: Arc<dyn Any + Send + Sync>,
+}
+
+impl MappedRemote {
+    /// # Safety
+    ///
+    /// Same as [`SharedMemory::new`]; `key` must keep the mapping of `ptr..ptr+len`
+    /// alive for as long as it is alive.
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize, remote_addr: u64, key: Arc<dyn Any + Send + Sync>) -> Self {
+        MappedRemote {
+            // SAFETY: forwarded contract.
+            mem: unsafe { SharedMemory::new(ptr, len) },
+            remote_addr,
+            _key: key,
+        }
+    }
+
+    /// The peer's address of the first mapped byte (what the mapping was asked for).
+    pub fn remote_addr(&self) -> u64 {
+        self.remote_addr
+    }
+}
+
+impl Deref for MappedRemote {
+    type Target = SharedMemory;
+    fn deref(&self) -> &SharedMemory {
+        &self.mem
+    }
+}
+
+impl DerefMut for MappedRemote {
+    fn deref_mut(&mut self) -> &mut SharedMemory {
+        &mut self.mem
+    }
+}
+
+impl fmt::Debug for MappedRemote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MappedRemote")
+            .field("remote_addr", &format_args!("{:#x}", self.remote_addr))
+            .field("local", &self.mem)
+            .finish()
+    }
+}
+
+/// True if `[addr, addr+len)` lies inside shared (`s`) mappings of this process that
+/// are contiguous and back the same object (device and inode), per `/proc/self/maps`.
+///
+/// UCX maps a peer's shared-memory segment whole when it unpacks the key, and its
+/// shared-memory put is a plain `memcpy` to `mapping + offset` with no bounds check.
+/// A peer that declares a region longer than its segment would otherwise direct our
+/// writes past the end of that mapping, into whatever the agent has mapped next.
+pub(crate) fn shared_mapping_covers(addr: usize, len: usize) -> std::io::Result<bool> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    Ok(mapping_covers(&maps, addr, len))
+}
+
+fn mapping_covers(maps: &str, addr: usize, len: usize) -> bool {
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    // (start, end, shared, device+inode) per line.
+    let parsed = maps.lines().filter_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (start, stop) = fields.next()?.split_once('-')?;
+        let perms = fields.next()?;
+        let _offset = fields.next()?;
+        let dev = fields.next()?;
+        let inode = fields.next()?;
+        Some((
+            usize::from_str_radix(start, 16).ok()?,
+            usize::from_str_radix(stop, 16).ok()?,
+            perms.as_bytes().get(3) == Some(&b's') && perms.starts_with("rw"),
+            (dev, inode),
+        ))
+    });
+    let mut covered_to: Option<(usize, (&str, &str))> = None;
+    for (start, stop, shared, object) in parsed {
+        match covered_to {
+            None if start <= addr && addr < stop => {
+                if !shared {
+                    return false;
+                }
+                if end <= stop {
+                    return true;
+                }
+                covered_to = Some((stop, object));
+            }
+            Some((upto, obj)) if start == upto => {
+                if !shared || obj != object {
+                    return false;
+                }
+                if end <= stop {
+                    return true;
+                }
+                covered_to = Some((stop, obj));
+            }
+            Some(_) => return false,
+            None => {}
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(buf: &mut [u64]) -> SharedMemory {
+        // SAFETY: the test keeps `buf` alive and unaliased while the value is used.
+        unsafe { SharedMemory::new(buf.as_mut_ptr().cast(), buf.len() * 8) }
+    }
+
+    #[test]
+    fn atomics_and_copies_round_trip() {
+        let mut buf = [0u64; 4];
+        let mut m = mem(&mut buf);
+        m.store_u64_release(8, 0x1122_3344_5566_7788);
+        assert_eq!(m.load_u64_acquire(8), 0x1122_3344_5566_7788);
+        m.store_u32_release(4, 7);
+        assert_eq!(m.load_u32_acquire(4), 7);
+        m.write_at(16, b"hello");
+        let mut out = [0u8; 5];
+        m.read_at(16, &mut out);
+        assert_eq!(&out, b"hello");
+        assert_eq!(&m.as_slice()[16..21], b"hello");
+        m.as_mut_slice()[31] = 9;
+        assert_eq!(m.as_slice()[31], 9);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn out_of_range_panics() {
+        let mut buf = [0u64; 2];
+        mem(&mut buf).load_u64_acquire(9);
+    }
+
+    #[test]
+    #[should_panic(expected = "aligned")]
+    fn misaligned_panics() {
+        let mut buf = [0u64; 2];
+        mem(&mut buf).load_u64_acquire(4);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn offset_overflow_panics() {
+        let mut buf = [0u64; 2];
+        let mut out = [0u8; 2];
+        mem(&mut buf).read_at(usize::MAX, &mut out);
+    }
+
+    const MAPS: &str = "\
+7f0000000000-7f0000001000 rw-s 00000000 00:01 42   /SYSV00000000 (deleted)
+7f0000001000-7f0000002000 rw-s 00001000 00:01 42   /SYSV00000000 (deleted)
+7f0000002000-7f0000003000 rw-p 00000000 00:00 0
+7f0000003000-7f0000004000 rw-s 00000000 00:19 77   /dev/shm/ucx_posix (deleted)
+";
+
+    #[test]
+    fn mapping_cover_rules() {
+        let base = 0x7f00_0000_0000usize;
+        assert!(mapping_covers(MAPS, base, 0x1000));
+        assert!(mapping_covers(MAPS, base + 0x800, 0x1000), "spans same-object pieces");
+        assert!(!mapping_covers(MAPS, base + 0x800, 0x1900), "runs into a private mapping");
+        assert!(!mapping_covers(MAPS, base + 0x2000, 8), "private mapping");
+        assert!(!mapping_covers(MAPS, base + 0x3000, 0x1001), "past the last mapping");
+        assert!(mapping_covers(MAPS, base + 0x3000, 0x1000));
+        assert!(!mapping_covers(MAPS, 0x1000, 8), "unmapped");
+        assert!(!mapping_covers(MAPS, usize::MAX, 2), "overflow");
+    }
+}

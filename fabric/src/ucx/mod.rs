@@ -1,0 +1,193 @@
+//! The UCX implementation of [`crate::Transport`]: [`Context`], [`Worker`],
+//! [`Region`], [`Endpoint`], [`RemoteKey`].
+//!
+//! Ownership is reference-counted so handles can move into tasks freely, and the
+//! order UCX needs is kept by the references themselves: a region and a worker keep
+//! their context, an endpoint keeps its worker, a remote key keeps its endpoint, a
+//! mapping keeps its remote key, and a posted operation keeps everything it touches
+//! (local region, remote key, copied bytes) until UCX reports it complete. Dropping a
+//! handle early is therefore always safe; the UCX object goes away when the last user
+//! does.
+//!
+//! Completions are delivered by UCX inside `ucp_worker_progress`. Releasing what an
+//! operation kept alive can destroy UCX objects (unmap a region, close an endpoint),
+//! which must not happen inside UCX's own callback, so completion callbacks only move
+//! those references to a per-worker list that [`Worker::progress`] empties after UCX
+//! returns.
+
+mod endpoint;
+mod region;
+mod worker;
+
+pub use endpoint::{Endpoint, RemoteKey};
+pub use region::Region;
+pub use worker::Worker;
+
+use std::ffi::{CString, c_char};
+use std::ptr;
+use std::sync::Arc;
+
+use ucx_sys as sys;
+
+use crate::config::FabricConfig;
+use crate::error::{Error, Result, check};
+
+/// A UCX application context (`ucp_context_h`): the set of transports and the memory
+/// registrations. Cheap to clone (a reference); the context is cleaned up when the
+/// last clone, worker and region are gone.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+pub(crate) struct ContextInner {
+    handle: sys::ucp_context_h,
+    config: FabricConfig,
+}
+
+// SAFETY: the context is created with mt_workers_shared = 1, which makes UCX guard
+// the context-level calls we make through it (ucp_mem_map/unmap, ucp_rkey_pack,
+// ucp_worker_create) with the context lock; the handle is only destroyed in Drop.
+unsafe impl Send for ContextInner {}
+// SAFETY: as above; shared use goes through UCX's own locking.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from ucp_init; every worker and region holds an Arc
+        // to this inner value, so none is left when it drops.
+        unsafe { sys::ucp_cleanup(self.handle) };
+    }
+}
+
+impl Context {
+    /// Reads UCX's configuration (environment `UCX_*` variables), applies
+    /// `config.transports` as `TLS` and `config.ucx_options`, and initialises UCX
+    /// with the RMA, active-message and wakeup features.
+    pub fn new(config: &FabricConfig) -> Result<Context> {
+        config.validate()?;
+        let ucx_config = UcxConfig::read()?;
+        if let Some(tls) = &config.transports {
+            ucx_config.modify("TLS", tls)?;
+        }
+        for (name, value) in &config.ucx_options {
+            ucx_config.modify(name, value)?;
+        }
+
+        let params = sys::ucp_params_t {
+            field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED),
+            features: u64::from(sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP),
+            mt_workers_shared: 1,
+            ..Default::default()
+        };
+        let mut handle: sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: params is initialised and its field_mask names only set fields;
+        // ucx_config is live until the end of this function; handle is writable.
+        let status = unsafe { sys::ucp_init(&params, ucx_config.ptr, &mut handle) };
+        check("initialise UCX (ucp_init)", status)?;
+        Ok(Context { inner: Arc::new(ContextInner { handle, config: config.clone() }) })
+    }
+
+    /// The configuration this context was built from.
+    pub fn config(&self) -> &FabricConfig {
+        &self.inner.config
+    }
+
+    /// Creates a worker (the unit of progress and the thing peers connect to).
+    pub fn create_worker(&self) -> Result<Worker> {
+        Worker::new(self.clone())
+    }
+
+    /// Allocates a region of `len` bytes through UCX (`ucp_mem_map` with
+    /// `UCP_MEM_MAP_ALLOCATE`), so that on shared-memory transports the memory is a
+    /// segment peers attach to and write without this process's help. Contents are
+    /// unspecified (zero on shared-memory segments).
+    pub fn alloc_region(&self, len: usize) -> Result<Region> {
+        Region::allocate(self.inner.clone(), len)
+    }
+
+    /// UCX's own description of the context (`ucp_context_print_info`): enabled
+    /// transports and memory domains. For logs at start-up.
+    pub fn describe(&self) -> String {
+        capture_stream(|stream| {
+            // SAFETY: the context handle is live (self holds it) and stream is a valid
+            // FILE* for the duration of the call.
+            unsafe { sys::ucp_context_print_info(self.inner.handle, stream) }
+        })
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<ContextInner> {
+        &self.inner
+    }
+}
+
+impl ContextInner {
+    pub(crate) fn handle(&self) -> sys::ucp_context_h {
+        self.handle
+    }
+}
+
+/// A `ucp_config_t` released on drop.
+struct UcxConfig {
+    ptr: *mut sys::ucp_config_t,
+}
+
+impl UcxConfig {
+    fn read() -> Result<Self> {
+        let mut ptr = ptr::null_mut();
+        // SAFETY: null prefix and file mean "UCX_ environment variables only"; ptr is
+        // writable.
+        let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut ptr) };
+        check("read UCX configuration (ucp_config_read)", status)?;
+        Ok(UcxConfig { ptr })
+    }
+
+    fn modify(&self, name: &str, value: &str) -> Result<()> {
+        let c_name = CString::new(name).map_err(|_| Error::Config(format!("{name:?}")))?;
+        let c_value = CString::new(value).map_err(|_| Error::Config(format!("{value:?}")))?;
+        // SAFETY: self.ptr is a live config; both strings are NUL-terminated and live
+        // for the call; UCX copies the value.
+        let status = unsafe { sys::ucp_config_modify(self.ptr, c_name.as_ptr(), c_value.as_ptr()) };
+        if status == sys::UCS_OK {
+            Ok(())
+        } else {
+            let err = Error::ucx("ucp_config_modify", status);
+            Err(Error::Config(format!("UCX rejected option {name}={value}: {err}")))
+        }
+    }
+}
+
+impl Drop for UcxConfig {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from ucp_config_read and is released exactly once.
+        unsafe { sys::ucp_config_release(self.ptr) }
+    }
+}
+
+/// Runs a UCX `*_print_info(…, FILE*)` function against an in-memory stream and
+/// returns what it printed.
+pub(crate) fn capture_stream(print: impl FnOnce(*mut sys::FILE)) -> String {
+    let mut buf: *mut c_char = ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: buf and size are valid out-parameters that stay alive until after
+    // fclose, which is when glibc last updates them.
+    let stream = unsafe { libc::open_memstream(&mut buf, &mut size) };
+    if stream.is_null() {
+        return String::new();
+    }
+    // bindgen's FILE and libc's FILE are the same C type, declared twice.
+    print(stream.cast::<sys::FILE>());
+    // SAFETY: stream came from open_memstream and is closed exactly once.
+    unsafe { libc::fclose(stream) };
+    if buf.is_null() {
+        return String::new();
+    }
+    // SAFETY: after fclose, buf points to size bytes written by the stream (plus a
+    // NUL), allocated with malloc.
+    let text = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) };
+    let text = String::from_utf8_lossy(text).into_owned();
+    // SAFETY: open_memstream's buffer is owned by the caller after fclose and is
+    // released with free.
+    unsafe { libc::free(buf.cast()) };
+    text
+}

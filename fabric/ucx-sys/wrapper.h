@@ -1,0 +1,2 @@
+/* Everything the fabric crate needs from UCX: the UCP API pulls in ucs types. */
+#include <ucp/api/ucp.h>
