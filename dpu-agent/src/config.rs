@@ -310,12 +310,18 @@ impl Checker {
             match dp.get("enabled") {
                 None => {}
                 Some(toml::Value::Boolean(b)) => config.data_plane.enabled = *b,
-                Some(other) => self.issue("data_plane.enabled", format!("expected true or false, found {}", other.type_str())),
+                Some(other) => {
+                    self.issue("data_plane.enabled", format!("expected true or false, found {}", other.type_str()))
+                }
             }
             if let Some(t) = self.string(dp, "data_plane", "transports") {
-                let known = ["posix", "sysv", "cma", "knem", "xpmem", "tcp", "self", "rc", "rc_x", "rc_v", "dc", "dc_x", "ud", "ud_x", "ud_v", "sm", "shm", "ib", "all", "cuda", "rocm"];
+                let known = [
+                    "posix", "sysv", "cma", "knem", "xpmem", "tcp", "self", "rc", "rc_x", "rc_v", "dc", "dc_x", "ud",
+                    "ud_x", "ud_v", "sm", "shm", "ib", "all", "cuda", "rocm",
+                ];
                 let preset = fabric::FabricConfig::PRESETS.contains(&t.as_str());
-                let unknown: Vec<&str> = t.split(',').map(str::trim).filter(|n| !known.contains(&n.trim_start_matches('^'))).collect();
+                let unknown: Vec<&str> =
+                    t.split(',').map(str::trim).filter(|n| !known.contains(&n.trim_start_matches('^'))).collect();
                 if t.is_empty() || (!preset && !unknown.is_empty()) {
                     self.issue(
                         "data_plane.transports",

@@ -354,8 +354,13 @@ impl Engine {
         let submitted = sq_tail.wrapping_sub(head);
         if submitted > entries || tail.wrapping_sub(cq_head) > entries {
             ring.broken.store(true, Ordering::Relaxed);
-            tracing::warn!(session = format!("{:#018x}", session.id), ring = ring.id, sq_tail, cq_head,
-                "ring indices out of range: the host broke the ring protocol; ring no longer served");
+            tracing::warn!(
+                session = format!("{:#018x}", session.id),
+                ring = ring.id,
+                sq_tail,
+                cq_head,
+                "ring indices out of range: the host broke the ring protocol; ring no longer served"
+            );
             return Ok(false);
         }
         // Take what was submitted, as far as the completion ring has room.
@@ -395,7 +400,12 @@ impl Engine {
 
     /// Run one validated request. Backend failures become error completions; only a
     /// transport failure (the host is gone) is an `Err`.
-    fn execute(&mut self, session: &Session, peer: &Peer, sub: &Submission) -> Result<(wire::Status, u64), DataPlaneError> {
+    fn execute(
+        &mut self,
+        session: &Session,
+        peer: &Peer,
+        sub: &Submission,
+    ) -> Result<(wire::Status, u64), DataPlaneError> {
         let (Ok(handle), Some(region)) = (session.handle(sub.handle), session.host_region(sub.region_id)) else {
             return Ok((wire::Status::BadHandle, 0)); // closed between validation and now
         };
@@ -435,7 +445,8 @@ impl Engine {
                     if k >= 2 {
                         peer.endpoint.flush(FLUSH_TIMEOUT)?; // half k%2 is free again
                     }
-                    let n = match object.read_at(&mut self.staging.as_mut_slice()[half..][..c.length as usize], c.file_offset)
+                    let n = match object
+                        .read_at(&mut self.staging.as_mut_slice()[half..][..c.length as usize], c.file_offset)
                     {
                         Ok(n) => n,
                         Err(e) => return Ok(io_failed(session, sub, &e)),
@@ -451,7 +462,13 @@ impl Engine {
             }
             (None, Opcode::Write) => {
                 for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
-                    peer.endpoint.get(&self.staging, SCRATCH_BYTES, c.length as usize, region.addr + c.region_offset, &region.key)?;
+                    peer.endpoint.get(
+                        &self.staging,
+                        SCRATCH_BYTES,
+                        c.length as usize,
+                        region.addr + c.region_offset,
+                        &region.key,
+                    )?;
                     peer.endpoint.flush(FLUSH_TIMEOUT)?;
                     let src = &self.staging.as_slice()[SCRATCH_BYTES..][..c.length as usize];
                     if let Err(e) = object.write_at(src, c.file_offset) {
@@ -471,7 +488,13 @@ impl Engine {
 
     /// Payload first, then the entry, then its `seq` word: a host that sees the seq
     /// sees everything before it.
-    fn post_completion(&mut self, peer: &Peer, ring: &HostRing, index: u64, c: &Completion) -> Result<(), DataPlaneError> {
+    fn post_completion(
+        &mut self,
+        peer: &Peer,
+        ring: &HostRing,
+        index: u64,
+        c: &Completion,
+    ) -> Result<(), DataPlaneError> {
         let at = ring.offset + wire::cqe_offset(ring.entries, index) as u64;
         let bytes = c.encode();
         match &ring.region.mapped {
@@ -491,7 +514,13 @@ impl Engine {
         Ok(())
     }
 
-    fn read_host(&mut self, peer: &Peer, region: &HostRegion, offset: u64, out: &mut [u8]) -> Result<(), DataPlaneError> {
+    fn read_host(
+        &mut self,
+        peer: &Peer,
+        region: &HostRegion,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), DataPlaneError> {
         match &region.mapped {
             Some(m) => m.lock().unwrap_or_else(|p| p.into_inner()).read_at(offset as usize, out),
             None => {

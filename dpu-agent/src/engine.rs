@@ -80,10 +80,7 @@ pub fn validate(sub: &Submission, session: &impl SessionView, max_io_bytes: u64)
     if file_end > i64::MAX as u64 {
         return Err(Status::OutOfRange);
     }
-    Ok(Validated {
-        submission: *sub,
-        region,
-    })
+    Ok(Validated { submission: *sub, region })
 }
 
 /// One backend operation of a request: `length` bytes at `file_offset`, to or from
@@ -108,11 +105,7 @@ pub fn chunks(file_offset: u64, region_offset: u64, length: u64, chunk_bytes: u6
         }
         let boundary = (at / chunk_bytes + 1).saturating_mul(chunk_bytes);
         let next = boundary.min(end);
-        let chunk = Chunk {
-            file_offset: at,
-            region_offset: region_offset + (at - file_offset),
-            length: next - at,
-        };
+        let chunk = Chunk { file_offset: at, region_offset: region_offset + (at - file_offset), length: next - at };
         at = next;
         Some(chunk)
     })
@@ -217,7 +210,8 @@ mod tests {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         for _ in 0..2000 {
-            let (off, len, chunk) = (rng.random_range(0..10_000u64), rng.random_range(0..5_000u64), rng.random_range(1..700u64));
+            let (off, len, chunk) =
+                (rng.random_range(0..10_000u64), rng.random_range(0..5_000u64), rng.random_range(1..700u64));
             let mut next = off;
             for c in chunks(off, 7, len, chunk) {
                 assert_eq!(c.file_offset, next);

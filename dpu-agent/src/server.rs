@@ -36,7 +36,9 @@ pub enum ServeError {
     Signal(#[source] std::io::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    #[error("cannot start the data plane: {0} (set [data_plane] transports, or enabled = false for a control-plane-only agent)")]
+    #[error(
+        "cannot start the data plane: {0} (set [data_plane] transports, or enabled = false for a control-plane-only agent)"
+    )]
     DataPlane(#[source] crate::dataplane::DataPlaneError),
     #[error("shutting down: {0}")]
     Shutdown(#[source] crate::error::Error),

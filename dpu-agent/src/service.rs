@@ -93,7 +93,11 @@ impl pb::session_server::Session for SessionService {
             None => None,
             Some(t) => {
                 let Some(dp) = self.agent.dataplane().cloned() else {
-                    return Err(Error::invalid("transport", "this agent runs no data plane; attach without a transport").into());
+                    return Err(Error::invalid(
+                        "transport",
+                        "this agent runs no data plane; attach without a transport",
+                    )
+                    .into());
                 };
                 if t.provider != "ucx" {
                     return Err(Error::invalid(
@@ -109,7 +113,11 @@ impl pb::session_server::Session for SessionService {
         let mut agent_transport = None;
         if let Some((dp, host_address)) = dataplane {
             let connecting = dp.clone();
-            match blocking(move || connecting.connect(&host_address).map_err(|e| Error::invalid("transport.worker_address", e.to_string()))).await {
+            match blocking(move || {
+                connecting.connect(&host_address).map_err(|e| Error::invalid("transport.worker_address", e.to_string()))
+            })
+            .await
+            {
                 Ok(peer) => session.set_peer(peer),
                 Err(e) => {
                     let _ = self.agent.detach(session.id);
@@ -524,10 +532,18 @@ impl pb::memory_server::Memory for MemoryService {
         let dp = self.dataplane()?;
         let access = region_access(req.access)?;
         if req.length == 0 || req.address.checked_add(req.length).is_none() {
-            return Err(Error::invalid("length", format!("{} bytes at {:#x} is not a region", req.length, req.address)).into());
+            return Err(Error::invalid(
+                "length",
+                format!("{} bytes at {:#x} is not a region", req.length, req.address),
+            )
+            .into());
         }
         if req.remote_key.is_empty() || req.remote_key.len() > 64 * 1024 {
-            return Err(Error::invalid("remote_key", format!("{} bytes: expected a packed remote key", req.remote_key.len())).into());
+            return Err(Error::invalid(
+                "remote_key",
+                format!("{} bytes: expected a packed remote key", req.remote_key.len()),
+            )
+            .into());
         }
         let limit = self.agent.limits().max_regions_per_session;
         if session.region_count() >= limit as usize {

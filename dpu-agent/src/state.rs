@@ -292,7 +292,10 @@ impl Session {
     /// The data-plane endpoint, or why there is none.
     pub fn peer(&self) -> Result<Arc<Peer>> {
         lock(&self.peer).clone().ok_or_else(|| {
-            Error::invalid("session_id", "this session attached without a data-plane transport; attach with one to register memory")
+            Error::invalid(
+                "session_id",
+                "this session attached without a data-plane transport; attach with one to register memory",
+            )
         })
     }
 

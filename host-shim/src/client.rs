@@ -9,7 +9,9 @@ use pb::session_client::SessionClient;
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::dataplane::{self, DataPlane, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
 use crate::error::{Error, Result};
+use dpuio_proto::wire::Opcode;
 
 /// Where the CLI and library look for the agent when nothing says otherwise.
 pub const DEFAULT_AGENT: &str = "http://127.0.0.1:7300";
@@ -56,6 +58,9 @@ pub struct ConnectOptions {
     /// Shown in the agent's logs and session list.
     pub client_name: String,
     pub connect_timeout: Duration,
+    /// Set up the data plane (regions, rings) so files can be read and written; `None`
+    /// attaches a control-only session (enough for `ls`, `mkdir`, ...).
+    pub data_plane: Option<DataPlaneOptions>,
 }
 
 impl Default for ConnectOptions {
@@ -69,6 +74,7 @@ impl Default for ConnectOptions {
                 std::process::id()
             ),
             connect_timeout: Duration::from_secs(5),
+            data_plane: None,
         }
     }
 }
@@ -78,6 +84,7 @@ struct Inner {
     session: SessionClient<Channel>,
     namespace: NamespaceClient<Channel>,
     keepalive: tokio::task::JoinHandle<()>,
+    data: Option<DataPlane>,
 }
 
 impl Drop for Inner {
@@ -136,11 +143,24 @@ impl Client {
             .await
             .map_err(|source| Error::Connect { address: options.agent.clone(), source })?;
         let mut session = SessionClient::new(channel.clone());
-        let mut namespace = NamespaceClient::new(channel);
+        let mut namespace = NamespaceClient::new(channel.clone());
+        let prepared = match options.data_plane.clone() {
+            Some(dp) => Some(
+                tokio::task::spawn_blocking(move || dataplane::prepare(dp))
+                    .await
+                    .map_err(|e| Error::DataPlane { op: "open the transport".into(), reason: e.to_string() })??,
+            ),
+            None => None,
+        };
         let attached = session
             .attach(pb::AttachRequest {
                 client_name: options.client_name.clone(),
                 tenant: options.tenant.clone(),
+                transport: prepared.as_ref().map(|p| pb::TransportInfo {
+                    provider: "ucx".into(),
+                    worker_address: p.address.clone(),
+                    transports: vec![],
+                }),
                 ..Default::default()
             })
             .await
@@ -152,9 +172,19 @@ impl Client {
             .await
             .map_err(|s| Error::from_status("mount", s))?
             .into_inner();
+        let data = match prepared {
+            Some(p) => {
+                let agent = attached.agent_transport.as_ref().ok_or_else(|| Error::Protocol {
+                    op: "attach".into(),
+                    reason: "the agent accepted a transport but sent no worker address".into(),
+                })?;
+                Some(p.finish(session_id, &agent.worker_address, channel).await?)
+            }
+            None => None,
+        };
         let keepalive = tokio::spawn(keep_alive(session.clone(), session_id, attached.lease_ms));
         Ok(Client {
-            inner: Arc::new(Inner { session_id, session, namespace, keepalive }),
+            inner: Arc::new(Inner { session_id, session, namespace, keepalive, data }),
             tenant: attached.tenant,
             container: mounted.container,
             chunk_bytes: mounted.chunk_bytes,
@@ -366,6 +396,55 @@ impl Client {
         Ok(())
     }
 
+    fn data(&self) -> Result<&DataPlane> {
+        self.inner.data.as_ref().ok_or_else(|| Error::DataPlane {
+            op: "data plane".into(),
+            reason: "this client attached without a data plane; set ConnectOptions::data_plane".into(),
+        })
+    }
+
+    /// Allocate `length` bytes through the transport and register them with the agent.
+    /// `access` says which way the agent may move data (reads land in WRITE_BY_AGENT
+    /// regions, writes come from READ_BY_AGENT ones; READ_WRITE for both).
+    pub async fn register_region(&self, length: usize, access: pb::RegionAccess) -> Result<RegisteredRegion> {
+        self.data()?.register(length, access).await
+    }
+
+    /// Tell the agent to forget a region, then free it.
+    pub async fn deregister_region(&self, region: RegisteredRegion) -> Result<()> {
+        self.data()?.deregister(region).await
+    }
+
+    /// A pool of `count` registered buffers of `buffer_bytes` each.
+    pub async fn region_pool(&self, buffer_bytes: usize, count: usize) -> Result<RegionPool> {
+        let mut free = Vec::with_capacity(count);
+        for _ in 0..count {
+            free.push(self.register_region(buffer_bytes, pb::RegionAccess::ReadWrite).await?);
+        }
+        Ok(RegionPool {
+            shared: Arc::new(PoolShared { free: std::sync::Mutex::new(free), returned: std::sync::Condvar::new() }),
+        })
+    }
+
+    /// Submit a batch of requests through one ring and wait for all of them (blocking:
+    /// from async code use [`Client::submit`]).
+    pub fn submit_blocking(&self, requests: &[Request]) -> Result<Vec<Done>> {
+        self.data()?.run(requests)
+    }
+
+    /// [`Client::submit_blocking`] on the blocking pool.
+    pub async fn submit(&self, requests: Vec<Request>) -> Result<Vec<Done>> {
+        let client = self.clone();
+        tokio::task::spawn_blocking(move || client.submit_blocking(&requests))
+            .await
+            .map_err(|e| Error::DataPlane { op: "submit".into(), reason: e.to_string() })?
+    }
+
+    /// CPU time the data plane's progress thread has used (zero on shared memory).
+    pub fn data_plane_stats(&self) -> DataPlaneStats {
+        self.inner.data.as_ref().map(|d| d.stats()).unwrap_or_default()
+    }
+
     /// End the session now (its written handles are synced by the agent).
     pub async fn detach(self) -> Result<()> {
         let mut session = self.inner.session.clone();
@@ -434,6 +513,58 @@ impl File {
         Ok(())
     }
 
+    /// A request reading `length` bytes at `file_offset` into `region` at `region_offset`.
+    pub fn read_request(
+        &self,
+        region: &RegisteredRegion,
+        region_offset: u64,
+        length: u64,
+        file_offset: u64,
+    ) -> Request {
+        Request {
+            opcode: Opcode::Read,
+            handle: self.handle,
+            region_id: region.id(),
+            region_offset,
+            file_offset,
+            length,
+            sync: false,
+            user_data: file_offset,
+        }
+    }
+
+    /// A request writing `length` bytes from `region` at `region_offset` to `file_offset`.
+    pub fn write_request(
+        &self,
+        region: &RegisteredRegion,
+        region_offset: u64,
+        length: u64,
+        file_offset: u64,
+    ) -> Request {
+        Request { opcode: Opcode::Write, ..self.read_request(region, region_offset, length, file_offset) }
+    }
+
+    fn one(&self, op: &str, request: Request) -> Result<u64> {
+        let data = self.inner.data.as_ref().ok_or_else(|| Error::DataPlane {
+            op: op.into(),
+            reason: "this client attached without a data plane; set ConnectOptions::data_plane".into(),
+        })?;
+        let done = data.run(&[request])?;
+        let d = done.first().ok_or_else(|| Error::Protocol { op: op.into(), reason: "no completion".into() })?;
+        d.result.map_err(|status| Error::Io { op: format!("{op} {}", self.path), status })
+    }
+
+    /// Read into the whole region at `file_offset`; returns the bytes read (short only
+    /// at end of file). Blocking: the agent puts the bytes straight into the region.
+    pub fn read_at(&self, region: &RegisteredRegion, file_offset: u64) -> Result<u64> {
+        self.one("read", self.read_request(region, 0, region.len() as u64, file_offset))
+    }
+
+    /// Write `length` bytes from the start of the region at `file_offset`. Blocking.
+    pub fn write_at(&self, region: &RegisteredRegion, length: u64, file_offset: u64) -> Result<u64> {
+        self.one("write", self.write_request(region, 0, length, file_offset))
+    }
+
     /// Close the handle; a written file is durable once this returns.
     pub async fn close(self) -> Result<()> {
         self.inner
@@ -461,7 +592,10 @@ async fn keep_alive(mut session: SessionClient<Channel>, session_id: u64, lease_
 
 impl std::fmt::Debug for File {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("File").field("handle", &format_args!("{:#018x}", self.handle)).field("path", &self.path).finish()
+        f.debug_struct("File")
+            .field("handle", &format_args!("{:#018x}", self.handle))
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -472,5 +606,64 @@ impl std::fmt::Debug for Client {
             .field("tenant", &self.tenant)
             .field("container", &self.container)
             .finish()
+    }
+}
+
+struct PoolShared {
+    free: std::sync::Mutex<Vec<RegisteredRegion>>,
+    returned: std::sync::Condvar,
+}
+
+/// Registered buffers handed out without a round trip to the agent; a [`Buffer`]
+/// goes back to the pool when dropped.
+#[derive(Clone)]
+pub struct RegionPool {
+    shared: Arc<PoolShared>,
+}
+
+impl RegionPool {
+    /// A free buffer, waiting for one if all are in use.
+    pub fn get(&self) -> Buffer {
+        let mut free = self.shared.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(region) = free.pop() {
+                return Buffer { region: Some(region), pool: self.shared.clone() };
+            }
+            free = self.shared.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// A free buffer, or `None` if all are in use.
+    pub fn try_get(&self) -> Option<Buffer> {
+        let region = self.shared.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        Some(Buffer { region: Some(region), pool: self.shared.clone() })
+    }
+}
+
+/// A registered buffer from a [`RegionPool`].
+pub struct Buffer {
+    region: Option<RegisteredRegion>,
+    pool: Arc<PoolShared>,
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = RegisteredRegion;
+    fn deref(&self) -> &RegisteredRegion {
+        self.region.as_ref().expect("a live buffer holds its region")
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut RegisteredRegion {
+        self.region.as_mut().expect("a live buffer holds its region")
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some(region) = self.region.take() {
+            self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(region);
+            self.pool.returned.notify_one();
+        }
     }
 }

@@ -19,6 +19,12 @@ pub enum Error {
     /// The agent answered with an error; `message` is its reason.
     #[error("{op}: {}: {message}", code_name(*code))]
     Agent { op: String, code: tonic::Code, message: String },
+    /// The data plane could not be set up or used.
+    #[error("{op}: {reason}")]
+    DataPlane { op: String, reason: String },
+    /// The agent completed a data-plane request with an error.
+    #[error("{op}: {} ({status:?})", status.describe())]
+    Io { op: String, status: dpuio_proto::wire::Status },
     /// The agent answered something this shim cannot use.
     #[error("{op}: unexpected answer from the agent: {reason}")]
     Protocol { op: String, reason: String },

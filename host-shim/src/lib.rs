@@ -11,7 +11,11 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod dataplane;
 mod error;
 
-pub use client::{Access, Attr, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File};
+pub use client::{Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool};
+pub use dataplane::{DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
+pub use dpuio_proto::v1::RegionAccess;
+pub use dpuio_proto::wire::{Opcode, Status as IoStatus};
 pub use error::{Error, Result};

@@ -4,7 +4,14 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dpuio_shim::{Attr, Client, ConnectOptions, DEFAULT_AGENT, EntryKind};
+use std::io::{Read, Write};
+
+use dpuio_shim::{Access, Attr, Client, ConnectOptions, DEFAULT_AGENT, DataPlaneOptions, EntryKind};
+
+/// Bytes per data-plane request of put/get/cat.
+const TRANSFER_CHUNK_BYTES: usize = 4 << 20;
+/// Requests in flight per batch.
+const TRANSFER_DEPTH: usize = 4;
 
 /// Work with the files of your tenant's container through the dpuio agent.
 #[derive(Parser)]
@@ -16,6 +23,9 @@ struct Cli {
     /// Tenant to attach as (agents without client authentication only; default: the agent's default tenant).
     #[arg(long, env = "DPUIO_TENANT", default_value = "", hide_default_value = true, global = true)]
     tenant: String,
+    /// Data-plane transports for put/get/cat: shm, tcp, auto, or a UCX_TLS list.
+    #[arg(long, env = "DPUIO_TRANSPORT", default_value = "auto", global = true)]
+    transport: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,6 +63,15 @@ enum Command {
     },
     /// Rename a file or directory (fails if the destination exists).
     Mv { from: String, to: String },
+    /// Copy a local file into the container (replacing REMOTE if it exists).
+    Put { local: std::path::PathBuf, remote: String },
+    /// Copy a file of the container to a local file.
+    Get { remote: String, local: std::path::PathBuf },
+    /// Write files of the container to stdout.
+    Cat {
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
     /// Create empty files, or leave existing ones as they are.
     Touch {
         #[arg(required = true)]
@@ -79,10 +98,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> dpuio_shim::Result<()> {
+    let moves_data = matches!(cli.command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
     let client = Client::connect(ConnectOptions {
         agent: cli.agent,
         tenant: cli.tenant,
         client_name: "dpuio cli".into(),
+        data_plane: moves_data.then(|| DataPlaneOptions { transports: cli.transport, rings: 1, ..Default::default() }),
         ..ConnectOptions::default()
     })
     .await?;
@@ -125,6 +146,16 @@ async fn command(client: &Client, command: Command) -> dpuio_shim::Result<()> {
             }
         }
         Command::Mv { from, to } => client.rename(&from, &to).await?,
+        Command::Put { local, remote } => put(client, &local, &remote).await?,
+        Command::Get { remote, local } => {
+            let out = std::fs::File::create(&local).map_err(|e| local_error(&local, e))?;
+            get(client, &remote, out, &local.display().to_string()).await?;
+        }
+        Command::Cat { paths } => {
+            for path in paths {
+                get(client, &path, std::io::stdout().lock(), "stdout").await?;
+            }
+        }
         Command::Touch { paths } => {
             for path in paths {
                 match client.create(&path, true).await {
@@ -145,4 +176,89 @@ fn long_line(a: &Attr, name: &str) -> String {
     };
     let secs = a.mtime_ns.div_euclid(1_000_000_000);
     format!("{kind}{:04o} {:>14} {:>12} {name}", a.mode & 0o7777, a.size, secs)
+}
+
+fn local_error(path: &std::path::Path, e: std::io::Error) -> dpuio_shim::Error {
+    dpuio_shim::Error::DataPlane { op: format!("local file {}", path.display()), reason: e.to_string() }
+}
+
+/// Read a local file into registered buffers and have the agent write them: each batch
+/// fills up to TRANSFER_DEPTH buffers and waits for all of them.
+async fn put(client: &Client, local: &std::path::Path, remote: &str) -> dpuio_shim::Result<()> {
+    let mut input = std::fs::File::open(local).map_err(|e| local_error(local, e))?;
+    let file = client.create(remote, false).await?;
+    let pool = client.region_pool(TRANSFER_CHUNK_BYTES, TRANSFER_DEPTH).await?;
+    let mut offset = 0u64;
+    loop {
+        let mut buffers = Vec::new();
+        let mut requests = Vec::new();
+        for _ in 0..TRANSFER_DEPTH {
+            let mut buf = pool.get();
+            let n = read_full(&mut input, buf.memory_mut().as_mut_slice()).map_err(|e| local_error(local, e))?;
+            if n == 0 {
+                break;
+            }
+            requests.push(file.write_request(&buf, 0, n as u64, offset));
+            offset += n as u64;
+            buffers.push(buf);
+            if n < TRANSFER_CHUNK_BYTES {
+                break;
+            }
+        }
+        if requests.is_empty() {
+            break;
+        }
+        let last =
+            requests.len() < TRANSFER_DEPTH || requests.last().is_some_and(|r| r.length < TRANSFER_CHUNK_BYTES as u64);
+        for done in client.submit(requests).await? {
+            done.result.map_err(|status| dpuio_shim::Error::Io { op: format!("write {remote}"), status })?;
+        }
+        drop(buffers);
+        if last {
+            break;
+        }
+    }
+    file.close().await // durable once this returns
+}
+
+/// Have the agent read a file into registered buffers, then copy them to `out`.
+async fn get(client: &Client, remote: &str, mut out: impl Write, name: &str) -> dpuio_shim::Result<()> {
+    let file = client.open(remote, Access::ReadOnly).await?;
+    let size = file.attr().size;
+    let pool = client.region_pool(TRANSFER_CHUNK_BYTES, TRANSFER_DEPTH).await?;
+    let mut offset = 0u64;
+    while offset < size {
+        let buffers: Vec<_> = (0..TRANSFER_DEPTH)
+            .map(|k| offset + (k * TRANSFER_CHUNK_BYTES) as u64)
+            .take_while(|&at| at < size)
+            .map(|at| (at, pool.get()))
+            .collect();
+        let requests = buffers
+            .iter()
+            .map(|(at, buf)| file.read_request(buf, 0, (size - at).min(TRANSFER_CHUNK_BYTES as u64), *at))
+            .collect();
+        let done = client.submit(requests).await?;
+        for ((_, buf), d) in buffers.iter().zip(&done) {
+            let n = d.result.map_err(|status| dpuio_shim::Error::Io { op: format!("read {remote}"), status })?;
+            out.write_all(&buf.memory().as_slice()[..n as usize])
+                .map_err(|e| dpuio_shim::Error::DataPlane { op: format!("write to {name}"), reason: e.to_string() })?;
+            offset += n;
+            if n == 0 {
+                offset = size; // the file shrank under us
+            }
+        }
+    }
+    out.flush().map_err(|e| dpuio_shim::Error::DataPlane { op: format!("write to {name}"), reason: e.to_string() })?;
+    file.close().await
+}
+
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
 }

@@ -1,0 +1,406 @@
+//! The host side of the data plane: registered memory, rings, and I/O through them.
+//!
+//! The shim allocates every region *through the transport* (UCX `ucp_mem_map` with
+//! `ALLOCATE`), so on shared memory the agent writes it with no help from this process.
+//! A request is a 64-byte submission entry written into a ring in this process's
+//! memory, published with a release store of the ring's `sq_tail`, and announced with
+//! a doorbell. The agent moves the payload and writes the completion entry back into
+//! this process's memory; the shim finds it by polling its own memory (no syscall, no
+//! payload byte touched).
+//!
+//! Over TCP, UCX carries puts as messages this process must receive, so the shim runs
+//! a progress thread; its CPU time is reported by [`DataPlaneStats`], never hidden.
+//!
+//! Rings: one per thread doing I/O, up to [`DataPlaneOptions::rings`]; a call takes a
+//! free ring for the duration of its submit-and-wait, so threads never share a ring at
+//! the same time and need no lock on the fast path beyond taking it.
+
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use dpuio_proto::v1 as pb;
+use dpuio_proto::wire::{self, Completion, Opcode, Submission};
+use fabric::{FabricConfig, ProgressThread, ucx};
+use pb::memory_client::MemoryClient;
+use tonic::transport::Channel;
+
+use crate::error::{Error, Result};
+
+/// Doorbell layout the agent expects: `session_id u64 LE, ring_id u32 LE, 0u32`.
+fn doorbell(session_id: u64, ring_id: u32) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&session_id.to_le_bytes());
+    b[8..12].copy_from_slice(&ring_id.to_le_bytes());
+    b
+}
+
+/// How the host side of the data plane is set up.
+#[derive(Debug, Clone)]
+pub struct DataPlaneOptions {
+    /// Transports: `"shm"`, `"tcp"`, `"auto"` or a UCX_TLS list.
+    pub transports: String,
+    /// Rings (one per concurrently submitting thread).
+    pub rings: usize,
+    /// Entries per ring (a power of two): the queue depth one thread can reach.
+    pub ring_entries: u32,
+    /// How long a wait for a completion may take before it fails.
+    pub timeout: Duration,
+}
+
+impl Default for DataPlaneOptions {
+    fn default() -> Self {
+        DataPlaneOptions {
+            transports: std::env::var("DPUIO_TRANSPORT").unwrap_or_else(|_| "auto".into()),
+            rings: std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(2, 16),
+            ring_entries: 128,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl DataPlaneOptions {
+    pub(crate) fn fabric(&self) -> Result<FabricConfig> {
+        let config =
+            FabricConfig::preset(&self.transports).unwrap_or_else(|| FabricConfig::with_transports(&self.transports));
+        config
+            .validate()
+            .map_err(|e| Error::DataPlane { op: "configure the transport".into(), reason: e.to_string() })?;
+        Ok(config)
+    }
+
+    /// Whether this process must progress the transport for the agent's puts to land:
+    /// everything but the one-sided shared-memory preset.
+    fn needs_progress_thread(&self) -> bool {
+        self.transports != "shm"
+    }
+}
+
+/// What the data plane cost this process so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DataPlaneStats {
+    /// CPU time of the progress thread (zero on shared memory, where there is none).
+    pub progress_cpu: Duration,
+}
+
+/// A region of this process's memory registered with the agent.
+pub struct RegisteredRegion {
+    region: ucx::Region,
+    id: u32,
+}
+
+impl RegisteredRegion {
+    /// Region id in ring entries.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.region.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+    /// The bytes (see [`fabric::SharedMemory`] for why a slice over memory the agent
+    /// writes is sound: only read a range after its completion).
+    pub fn memory(&self) -> &fabric::SharedMemory {
+        &self.region
+    }
+    /// The bytes, writable (to prepare a write's payload).
+    pub fn memory_mut(&mut self) -> &mut fabric::SharedMemory {
+        &mut self.region
+    }
+}
+
+struct Ring {
+    id: u32,
+    region: RegisteredRegion,
+    entries: u32,
+    sq_tail: u64,
+    cq_head: u64,
+}
+
+impl Ring {
+    fn mem(&self) -> &fabric::SharedMemory {
+        &self.region.region
+    }
+
+    /// Requests submitted and not yet reaped.
+    fn in_flight(&self) -> u64 {
+        self.sq_tail - self.cq_head
+    }
+
+    fn push(&mut self, sub: &Submission) {
+        debug_assert!(self.in_flight() < u64::from(self.entries));
+        let at = wire::sqe_offset(self.entries, self.sq_tail);
+        self.region.region.write_at(at, &sub.encode());
+        self.sq_tail += 1;
+    }
+
+    fn publish(&self) {
+        self.mem().store_u64_release(wire::SQ_TAIL_OFFSET, self.sq_tail);
+    }
+
+    /// The next completion, if the agent has posted it.
+    fn reap(&mut self) -> Option<Completion> {
+        if self.cq_head == self.sq_tail {
+            return None;
+        }
+        let at = wire::cqe_offset(self.entries, self.cq_head);
+        if self.mem().load_u64_acquire(at + 24) != self.cq_head + 1 {
+            return None;
+        }
+        let mut bytes = [0u8; wire::CQE_BYTES];
+        self.mem().read_at(at, &mut bytes);
+        let c = Completion::decode(&bytes).ok()?;
+        self.cq_head += 1;
+        self.mem().store_u64_release(wire::CQ_HEAD_OFFSET, self.cq_head);
+        Some(c)
+    }
+}
+
+/// The data plane of one session.
+pub(crate) struct DataPlane {
+    worker: ucx::Worker,
+    endpoint: ucx::Endpoint,
+    progress: Mutex<Option<ProgressThread>>,
+    session_id: u64,
+    memory: MemoryClient<Channel>,
+    rings: Mutex<Vec<Ring>>,
+    ring_freed: Condvar,
+    options: DataPlaneOptions,
+}
+
+/// The host's transport before Attach: its worker address goes into the request.
+pub(crate) struct Prepared {
+    worker: ucx::Worker,
+    progress: Option<ProgressThread>,
+    pub(crate) address: Vec<u8>,
+    options: DataPlaneOptions,
+}
+
+pub(crate) fn prepare(options: DataPlaneOptions) -> Result<Prepared> {
+    let fabric_error = |op: &str| {
+        let op = op.to_owned();
+        move |e: fabric::Error| Error::DataPlane { op: op.clone(), reason: e.to_string() }
+    };
+    let worker = ucx::Worker::open(&options.fabric()?).map_err(fabric_error("open the transport"))?;
+    let address = worker.address().map_err(fabric_error("get the worker address"))?;
+    // Start progress before Attach: over TCP the agent's connect needs this side's answer.
+    let progress = if options.needs_progress_thread() {
+        Some(
+            ProgressThread::spawn(worker.clone(), "dpuio-progress")
+                .map_err(fabric_error("start the progress thread"))?,
+        )
+    } else {
+        None
+    };
+    Ok(Prepared { worker, progress, address, options })
+}
+
+impl Prepared {
+    /// Connect to the agent's worker and register the rings (after Attach).
+    pub(crate) async fn finish(self, session_id: u64, agent_address: &[u8], channel: Channel) -> Result<DataPlane> {
+        let worker = self.worker.clone();
+        let address = agent_address.to_vec();
+        let endpoint = tokio::task::spawn_blocking(move || worker.connect(&address))
+            .await
+            .map_err(|e| Error::DataPlane { op: "connect to the agent".into(), reason: e.to_string() })?
+            .map_err(|e| Error::DataPlane { op: "connect to the agent".into(), reason: e.to_string() })?;
+        let dp = DataPlane {
+            worker: self.worker,
+            endpoint,
+            progress: Mutex::new(self.progress),
+            session_id,
+            memory: MemoryClient::new(channel),
+            rings: Mutex::new(Vec::new()),
+            ring_freed: Condvar::new(),
+            options: self.options,
+        };
+        for _ in 0..dp.options.rings {
+            let ring = dp.new_ring().await?;
+            dp.rings.lock().unwrap_or_else(|p| p.into_inner()).push(ring);
+        }
+        Ok(dp)
+    }
+}
+
+/// One request in a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    pub opcode: Opcode,
+    pub handle: u64,
+    pub region_id: u32,
+    pub region_offset: u64,
+    pub file_offset: u64,
+    pub length: u64,
+    /// Make a write durable before it completes.
+    pub sync: bool,
+    /// Echoed in the completion.
+    pub user_data: u64,
+}
+
+/// How one request ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Done {
+    pub user_data: u64,
+    /// Bytes moved, or the agent's reason.
+    pub result: std::result::Result<u64, wire::Status>,
+}
+
+impl DataPlane {
+    pub(crate) async fn register(&self, length: usize, access: pb::RegionAccess) -> Result<RegisteredRegion> {
+        let region = self
+            .worker
+            .alloc_region(length)
+            .map_err(|e| Error::DataPlane { op: format!("allocate a {length}-byte region"), reason: e.to_string() })?;
+        let remote_key = region
+            .packed_key()
+            .map_err(|e| Error::DataPlane { op: "pack the region's key".into(), reason: e.to_string() })?;
+        let r = self
+            .memory
+            .clone()
+            .register_region(pb::RegisterRegionRequest {
+                session_id: self.session_id,
+                address: region.addr(),
+                length: length as u64,
+                remote_key,
+                access: access as i32,
+            })
+            .await
+            .map_err(|s| Error::from_status("register region", s))?;
+        Ok(RegisteredRegion { region, id: r.into_inner().region_id })
+    }
+
+    pub(crate) async fn deregister(&self, region: RegisteredRegion) -> Result<()> {
+        self.memory
+            .clone()
+            .deregister_region(pb::DeregisterRegionRequest { session_id: self.session_id, region_id: region.id })
+            .await
+            .map_err(|s| Error::from_status("deregister region", s))?;
+        drop(region); // unmapped only after the agent forgot it
+        Ok(())
+    }
+
+    async fn new_ring(&self) -> Result<Ring> {
+        let entries = self.options.ring_entries;
+        let mut region = self.register(wire::ring_bytes(entries), pb::RegionAccess::ReadWrite).await?;
+        region.region.write_at(0, &wire::RingHeader { entries }.encode());
+        let r = self
+            .memory
+            .clone()
+            .register_ring(pb::RegisterRingRequest {
+                session_id: self.session_id,
+                region_id: region.id,
+                offset: 0,
+                entries,
+            })
+            .await
+            .map_err(|s| Error::from_status("register ring", s))?;
+        Ok(Ring { id: r.into_inner().ring_id, region, entries, sq_tail: 0, cq_head: 0 })
+    }
+
+    fn take_ring(&self) -> Ring {
+        let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = rings.pop() {
+                return r;
+            }
+            rings = self.ring_freed.wait(rings).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn give_ring(&self, ring: Ring) {
+        self.rings.lock().unwrap_or_else(|p| p.into_inner()).push(ring);
+        self.ring_freed.notify_one();
+    }
+
+    fn ring_doorbell(&self, ring: &Ring) -> Result<()> {
+        ring.publish();
+        self.endpoint
+            .send_doorbell(&doorbell(self.session_id, ring.id))
+            .map_err(|e| Error::DataPlane { op: "ring the doorbell".into(), reason: e.to_string() })?;
+        // Push the doorbell out now (on shared memory nobody else progresses this side).
+        self.worker.progress();
+        Ok(())
+    }
+
+    /// Submit `requests` (any number: they go in ring-sized waves) and wait for all of
+    /// them. Blocking; never call from an async task (use `spawn_blocking`).
+    pub(crate) fn run(&self, requests: &[Request]) -> Result<Vec<Done>> {
+        let mut ring = self.take_ring();
+        let result = self.run_on(&mut ring, requests);
+        self.give_ring(ring);
+        result
+    }
+
+    fn run_on(&self, ring: &mut Ring, requests: &[Request]) -> Result<Vec<Done>> {
+        let mut done = Vec::with_capacity(requests.len());
+        let mut next = 0;
+        let deadline = Instant::now() + self.options.timeout;
+        let mut idle_spins = 0u32;
+        while done.len() < requests.len() {
+            // Fill the ring as far as it has room, then ring once for the whole wave.
+            let before = next;
+            while next < requests.len() && ring.in_flight() < u64::from(ring.entries) {
+                let r = &requests[next];
+                ring.push(&Submission {
+                    opcode: r.opcode,
+                    flags: if r.sync { wire::FLAG_SYNC } else { 0 },
+                    user_data: r.user_data,
+                    handle: r.handle,
+                    region_id: r.region_id,
+                    file_offset: r.file_offset,
+                    region_offset: r.region_offset,
+                    length: r.length,
+                });
+                next += 1;
+            }
+            if next > before {
+                self.ring_doorbell(ring)?;
+            }
+            let mut got = false;
+            while let Some(c) = ring.reap() {
+                got = true;
+                done.push(Done {
+                    user_data: c.user_data,
+                    result: match wire::Status::from_i32(c.status) {
+                        Some(wire::Status::Ok) => Ok(c.result),
+                        Some(s) => Err(s),
+                        None => Err(wire::Status::Malformed),
+                    },
+                });
+            }
+            if got {
+                idle_spins = 0;
+                continue;
+            }
+            // Nothing yet: spin briefly (completions of small requests come in
+            // microseconds), then sleep in growing steps so a long request costs
+            // this host almost no CPU.
+            idle_spins += 1;
+            if idle_spins < 200 {
+                std::hint::spin_loop();
+            } else {
+                let step = (idle_spins - 200).min(8);
+                std::thread::sleep(Duration::from_micros(5 << step));
+                if Instant::now() > deadline {
+                    return Err(Error::DataPlane {
+                        op: "wait for completions".into(),
+                        reason: format!(
+                            "{} of {} requests still pending after {:?} (is the agent alive?)",
+                            requests.len() - done.len(),
+                            requests.len(),
+                            self.options.timeout
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    pub(crate) fn stats(&self) -> DataPlaneStats {
+        let progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        DataPlaneStats { progress_cpu: progress.as_ref().map(|p| p.report().cpu_time).unwrap_or_default() }
+    }
+}
