@@ -9,7 +9,7 @@ use pb::session_client::SessionClient;
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::dataplane::{self, DataPlane, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
+use crate::dataplane::{self, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
 use crate::error::{Error, Result};
 use dpuio_proto::wire::Opcode;
 
@@ -84,7 +84,7 @@ struct Inner {
     session: SessionClient<Channel>,
     namespace: NamespaceClient<Channel>,
     keepalive: tokio::task::JoinHandle<()>,
-    data: Option<DataPlane>,
+    data: Option<Arc<DataPlane>>,
 }
 
 impl Drop for Inner {
@@ -178,7 +178,7 @@ impl Client {
                     op: "attach".into(),
                     reason: "the agent accepted a transport but sent no worker address".into(),
                 })?;
-                Some(p.finish(session_id, &agent.worker_address, channel).await?)
+                Some(Arc::new(p.finish(session_id, &agent.worker_address, channel).await?))
             }
             None => None,
         };
@@ -396,7 +396,12 @@ impl Client {
         Ok(())
     }
 
-    fn data(&self) -> Result<&DataPlane> {
+    /// A batch of data-plane requests on a ring of its own (blocking calls).
+    pub fn batch(&self) -> Result<Batch> {
+        Ok(self.data()?.batch())
+    }
+
+    fn data(&self) -> Result<&Arc<DataPlane>> {
         self.inner.data.as_ref().ok_or_else(|| Error::DataPlane {
             op: "data plane".into(),
             reason: "this client attached without a data plane; set ConnectOptions::data_plane".into(),

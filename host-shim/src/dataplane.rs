@@ -129,13 +129,6 @@ impl Ring {
         self.sq_tail - self.cq_head
     }
 
-    fn push(&mut self, sub: &Submission) {
-        debug_assert!(self.in_flight() < u64::from(self.entries));
-        let at = wire::sqe_offset(self.entries, self.sq_tail);
-        self.region.region.write_at(at, &sub.encode());
-        self.sq_tail += 1;
-    }
-
     fn publish(&self) {
         self.mem().store_u64_release(wire::SQ_TAIL_OFFSET, self.sq_tail);
     }
@@ -324,77 +317,25 @@ impl DataPlane {
         Ok(())
     }
 
-    /// Submit `requests` (any number: they go in ring-sized waves) and wait for all of
-    /// them. Blocking; never call from an async task (use `spawn_blocking`).
-    pub(crate) fn run(&self, requests: &[Request]) -> Result<Vec<Done>> {
-        let mut ring = self.take_ring();
-        let result = self.run_on(&mut ring, requests);
-        self.give_ring(ring);
-        result
+    /// A batch on a ring of its own (see [`Batch`]).
+    pub(crate) fn batch(self: &std::sync::Arc<Self>) -> Batch {
+        let ring = self.take_ring();
+        Batch { dp: self.clone(), ring: Some(ring), staged: 0 }
     }
 
-    fn run_on(&self, ring: &mut Ring, requests: &[Request]) -> Result<Vec<Done>> {
+    /// Submit `requests` (any number: they go in ring-sized waves) and wait for all of
+    /// them. Blocking; never call from an async task (use `spawn_blocking`).
+    pub(crate) fn run(self: &std::sync::Arc<Self>, requests: &[Request]) -> Result<Vec<Done>> {
+        let mut batch = self.batch();
         let mut done = Vec::with_capacity(requests.len());
         let mut next = 0;
-        let deadline = Instant::now() + self.options.timeout;
-        let mut idle_spins = 0u32;
         while done.len() < requests.len() {
-            // Fill the ring as far as it has room, then ring once for the whole wave.
-            let before = next;
-            while next < requests.len() && ring.in_flight() < u64::from(ring.entries) {
-                let r = &requests[next];
-                ring.push(&Submission {
-                    opcode: r.opcode,
-                    flags: if r.sync { wire::FLAG_SYNC } else { 0 },
-                    user_data: r.user_data,
-                    handle: r.handle,
-                    region_id: r.region_id,
-                    file_offset: r.file_offset,
-                    region_offset: r.region_offset,
-                    length: r.length,
-                });
+            while next < requests.len() && batch.room() > 0 {
+                batch.push(&requests[next])?;
                 next += 1;
             }
-            if next > before {
-                self.ring_doorbell(ring)?;
-            }
-            let mut got = false;
-            while let Some(c) = ring.reap() {
-                got = true;
-                done.push(Done {
-                    user_data: c.user_data,
-                    result: match wire::Status::from_i32(c.status) {
-                        Some(wire::Status::Ok) => Ok(c.result),
-                        Some(s) => Err(s),
-                        None => Err(wire::Status::Malformed),
-                    },
-                });
-            }
-            if got {
-                idle_spins = 0;
-                continue;
-            }
-            // Nothing yet: spin briefly (completions of small requests come in
-            // microseconds), then sleep in growing steps so a long request costs
-            // this host almost no CPU.
-            idle_spins += 1;
-            if idle_spins < 200 {
-                std::hint::spin_loop();
-            } else {
-                let step = (idle_spins - 200).min(8);
-                std::thread::sleep(Duration::from_micros(5 << step));
-                if Instant::now() > deadline {
-                    return Err(Error::DataPlane {
-                        op: "wait for completions".into(),
-                        reason: format!(
-                            "{} of {} requests still pending after {:?} (is the agent alive?)",
-                            requests.len() - done.len(),
-                            requests.len(),
-                            self.options.timeout
-                        ),
-                    });
-                }
-            }
+            batch.submit()?;
+            done.extend(batch.wait(1, self.options.timeout)?);
         }
         Ok(done)
     }
@@ -402,5 +343,148 @@ impl DataPlane {
     pub(crate) fn stats(&self) -> DataPlaneStats {
         let progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
         DataPlaneStats { progress_cpu: progress.as_ref().map(|p| p.report().cpu_time).unwrap_or_default() }
+    }
+}
+
+/// Requests prepared, submitted and completed through one ring, in the shape of 3FS
+/// USRBIO and cuFile's batch API: [`Batch::push`] entries, [`Batch::submit`] them
+/// (one doorbell for all), then [`Batch::poll`] or [`Batch::wait`] for completions.
+///
+/// A batch holds its ring until dropped; dropping it with requests in flight waits for
+/// them (the agent may still be writing into their regions).
+pub struct Batch {
+    dp: std::sync::Arc<DataPlane>,
+    ring: Option<Ring>,
+    staged: u64,
+}
+
+impl Batch {
+    fn ring(&mut self) -> &mut Ring {
+        self.ring.as_mut().expect("a live batch holds its ring")
+    }
+
+    /// Entries that can still be pushed before completions must be reaped.
+    pub fn room(&self) -> usize {
+        let r = self.ring.as_ref().expect("a live batch holds its ring");
+        (u64::from(r.entries) - r.in_flight()) as usize
+    }
+
+    /// Requests pushed or submitted and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.ring.as_ref().map_or(0, |r| r.in_flight() as usize)
+    }
+
+    /// Add a request (not yet visible to the agent: see [`Batch::submit`]).
+    pub fn push(&mut self, r: &Request) -> Result<()> {
+        self.push_raw_entry(
+            &Submission {
+                opcode: r.opcode,
+                flags: if r.sync { wire::FLAG_SYNC } else { 0 },
+                user_data: r.user_data,
+                handle: r.handle,
+                region_id: r.region_id,
+                file_offset: r.file_offset,
+                region_offset: r.region_offset,
+                length: r.length,
+            }
+            .encode(),
+        )
+    }
+
+    /// Add 64 raw bytes as a submission entry, exactly as given: for tools and tests
+    /// that exercise the agent's checks. A malformed entry completes with
+    /// [`wire::Status::Malformed`].
+    pub fn push_raw_entry(&mut self, entry: &[u8; wire::SQE_BYTES]) -> Result<()> {
+        if self.room() == 0 {
+            return Err(Error::DataPlane {
+                op: "push".into(),
+                reason: "the ring is full: submit and reap completions first".into(),
+            });
+        }
+        let ring = self.ring();
+        let at = wire::sqe_offset(ring.entries, ring.sq_tail);
+        ring.region.region.write_at(at, entry);
+        ring.sq_tail += 1;
+        self.staged += 1;
+        Ok(())
+    }
+
+    /// Make the pushed entries visible to the agent and ring its doorbell once.
+    /// Returns how many were submitted.
+    pub fn submit(&mut self) -> Result<usize> {
+        let staged = std::mem::take(&mut self.staged) as usize;
+        if staged > 0 {
+            let dp = self.dp.clone();
+            dp.ring_doorbell(self.ring())?;
+        }
+        Ok(staged)
+    }
+
+    /// Completions available now, without waiting.
+    pub fn poll(&mut self) -> Vec<Done> {
+        let mut out = Vec::new();
+        let ring = self.ring();
+        while let Some(c) = ring.reap() {
+            out.push(Done {
+                user_data: c.user_data,
+                result: match wire::Status::from_i32(c.status) {
+                    Some(wire::Status::Ok) => Ok(c.result),
+                    Some(s) => Err(s),
+                    None => Err(wire::Status::Malformed),
+                },
+            });
+        }
+        out
+    }
+
+    /// Wait until at least `min` completions are available (fewer if fewer are in
+    /// flight), or `timeout` passes; returns every completion available then.
+    pub fn wait(&mut self, min: usize, timeout: Duration) -> Result<Vec<Done>> {
+        let min = min.min(self.in_flight() - self.staged as usize);
+        let deadline = Instant::now() + timeout;
+        let mut done = self.poll();
+        let mut idle = 0u32;
+        while done.len() < min {
+            let more = self.poll();
+            if !more.is_empty() {
+                done.extend(more);
+                idle = 0;
+                continue;
+            }
+            // Spin briefly (small requests complete in microseconds), then sleep in
+            // growing steps so a long request costs this host almost no CPU.
+            idle += 1;
+            if idle < 200 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::DataPlane {
+                    op: "wait for completions".into(),
+                    reason: format!(
+                        "{} of {min} completions still missing after {timeout:?} (is the agent alive?)",
+                        min - done.len()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(5 << (idle - 200).min(8)));
+        }
+        Ok(done)
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        let submitted = self.in_flight() - self.staged as usize;
+        if submitted > 0 && self.wait(submitted, self.dp.options.timeout).is_err() {
+            // The agent may still write into this ring: never hand it out again.
+            let _ = self.ring.take().map(std::mem::forget);
+            return;
+        }
+        if let Some(mut ring) = self.ring.take() {
+            // Entries pushed but never submitted are withdrawn.
+            ring.sq_tail -= self.staged;
+            self.dp.give_ring(ring);
+        }
     }
 }

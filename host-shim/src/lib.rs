@@ -15,7 +15,14 @@ mod dataplane;
 mod error;
 
 pub use client::{Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool};
-pub use dataplane::{DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
+pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
 pub use dpuio_proto::v1::RegionAccess;
 pub use dpuio_proto::wire::{Opcode, Status as IoStatus};
 pub use error::{Error, Result};
+
+/// CPU time this process has used so far (all threads: the caller's and the shim's
+/// progress thread), for reporting host CPU per GiB moved.
+pub fn process_cpu_time() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}

@@ -1,0 +1,170 @@
+//! A host process for the data-plane end-to-end tests: it attaches through the shim and
+//! does what a test needs done from *another process* than the test itself (so the
+//! test can stop it, or run two at once). Not a test double: it uses the real shim.
+//!
+//! ```text
+//! dpuio-test-host stopped-read AGENT PATH BYTES
+//!     read PATH into a fresh region; print "submitted", wait for a line on stdin
+//!     (the test stops and resumes this process meanwhile), then look for the
+//!     completion once, without waiting, and check the payload pattern.
+//! dpuio-test-host integrity AGENT TRANSPORT PATH FILE_BYTES IO_BYTES SEED
+//!     random-offset writes and reads on PATH checked against a model of the file.
+//! ```
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, Write};
+use std::time::Duration;
+
+use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, RegionAccess, process_cpu_time};
+use rand::{Rng, SeedableRng};
+
+/// The byte the tests put at file offset `i`.
+pub fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(7).wrapping_add(3) % 251) as u8
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let result = match args.first().map(String::as_str) {
+        Some("stopped-read") if args.len() == 4 => {
+            runtime.block_on(stopped_read(&args[1], &args[2], args[3].parse().expect("BYTES")))
+        }
+        Some("integrity") if args.len() == 7 => runtime.block_on(integrity(
+            &args[1],
+            &args[2],
+            &args[3],
+            args[4].parse().expect("FILE_BYTES"),
+            args[5].parse().expect("IO_BYTES"),
+            args[6].parse().expect("SEED"),
+        )),
+        _ => Err("usage: see the module docs of tests/src/bin/dpuio-test-host.rs".to_owned()),
+    };
+    if let Err(e) = result {
+        eprintln!("dpuio-test-host: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn connect(agent: &str, transports: &str) -> Result<Client, String> {
+    Client::connect(ConnectOptions {
+        agent: agent.to_owned(),
+        client_name: "dpuio-test-host".into(),
+        data_plane: Some(DataPlaneOptions { transports: transports.to_owned(), rings: 2, ..Default::default() }),
+        ..ConnectOptions::default()
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+async fn stopped_read(agent: &str, path: &str, bytes: usize) -> Result<(), String> {
+    let client = connect(agent, "shm").await?;
+    let file = client.open(path, Access::ReadOnly).await.map_err(|e| e.to_string())?;
+    let region = client.register_region(bytes, RegionAccess::WriteByAgent).await.map_err(|e| e.to_string())?;
+    let mut batch = client.batch().map_err(|e| e.to_string())?;
+    batch.push(&file.read_request(&region, 0, bytes as u64, 0)).map_err(|e| e.to_string())?;
+    let cpu_before = process_cpu_time();
+    batch.submit().map_err(|e| e.to_string())?;
+    println!("submitted");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).map_err(|e| e.to_string())?;
+    // One look, no waiting: the completion must already be in this process's memory.
+    let done = batch.poll();
+    let cpu_ns = (process_cpu_time() - cpu_before).as_nanos();
+    let present = done.len() == 1;
+    let result = done.first().map(|d| d.result);
+    let payload_ok = region.memory().as_slice().iter().enumerate().all(|(i, &b)| b == pattern(i as u64));
+    println!("present={present} result={result:?} payload_ok={payload_ok} cpu_ns={cpu_ns}");
+    if !present {
+        // Let the request finish before the region goes away.
+        batch.wait(1, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    }
+    drop(batch);
+    client.detach().await.map_err(|e| e.to_string())
+}
+
+/// Random writes and reads through the data plane, checked against a model.
+async fn integrity(
+    agent: &str,
+    transports: &str,
+    path: &str,
+    file_bytes: u64,
+    io_bytes: u64,
+    seed: u64,
+) -> Result<(), String> {
+    let client = connect(agent, transports).await?;
+    let file = client.create(path, false).await.map_err(|e| e.to_string())?;
+    let mut model = vec![0u8; file_bytes as usize];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    const MAX_IO: u64 = 1 << 20;
+    let mut region =
+        client.register_region(MAX_IO as usize, RegionAccess::ReadWrite).await.map_err(|e| e.to_string())?;
+    let cpu_before = process_cpu_time();
+    let mut moved = 0u64;
+    let mut checked = 0u64;
+    let c = client.clone();
+    while moved < io_bytes {
+        let len = rng.random_range(1..=MAX_IO.min(file_bytes));
+        let off = rng.random_range(0..=file_bytes - len);
+        if rng.random_bool(0.5) {
+            let data = &mut region.memory_mut().as_mut_slice()[..len as usize];
+            rng.fill(data);
+            model[off as usize..][..len as usize].copy_from_slice(data);
+            let req = file.write_request(&region, 0, len, off);
+            let done = tokio::task::block_in_place(|| c.submit_blocking(&[req])).map_err(|e| e.to_string())?;
+            if done[0].result != Ok(len) {
+                return Err(format!("write {len} at {off}: {:?}", done[0].result));
+            }
+        } else {
+            let req = file.read_request(&region, 0, len, off);
+            let done = tokio::task::block_in_place(|| c.submit_blocking(&[req])).map_err(|e| e.to_string())?;
+            let got = done[0].result.map_err(|s| format!("read {len} at {off}: {s:?}"))?;
+            // The file only grows through our writes; past its end a read is short.
+            let want = &model[off as usize..][..got as usize];
+            if &region.memory().as_slice()[..got as usize] != want {
+                return Err(format!("read {len} at {off}: data differs from what was written"));
+            }
+            checked += got;
+        }
+        moved += len;
+    }
+    // A final full read, checksummed against the model.
+    let mut reread = 0u64;
+    let mut digest_file = 0u64;
+    let mut digest_model = 0u64;
+    while reread < file_bytes {
+        let len = MAX_IO.min(file_bytes - reread);
+        let req = file.read_request(&region, 0, len, reread);
+        let done = tokio::task::block_in_place(|| c.submit_blocking(&[req])).map_err(|e| e.to_string())?;
+        let got = done[0].result.map_err(|s| format!("final read at {reread}: {s:?}"))?;
+        digest_file = fnv(digest_file, &region.memory().as_slice()[..got as usize]);
+        let expect_len = got as usize;
+        digest_model = fnv(digest_model, &model[reread as usize..][..expect_len]);
+        if got == 0 {
+            break;
+        }
+        reread += got;
+    }
+    let cpu = process_cpu_time() - cpu_before;
+    println!(
+        "moved={moved} checked={checked} digest_file={digest_file:016x} digest_model={digest_model:016x} cpu_ms={}",
+        cpu.as_millis()
+    );
+    file.close().await.map_err(|e| e.to_string())?;
+    if digest_file != digest_model {
+        return Err("final checksum differs".into());
+    }
+    Ok(())
+}
+
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    if h == 0 {
+        h = 0xcbf2_9ce4_8422_2325;
+    }
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
