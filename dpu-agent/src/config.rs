@@ -55,11 +55,14 @@ pub struct DataPlaneConfig {
     /// `"auto"` (UCX chooses: rc/dc on RDMA hardware, shared memory and TCP here),
     /// `"shm"`, `"tcp"`, or a UCX_TLS-style list such as `"posix,sysv,cma,tcp,self"`.
     pub transports: String,
+    /// Threads that run backend I/O for requests whose host memory is mapped.
+    pub io_threads: u32,
 }
 
 impl Default for DataPlaneConfig {
     fn default() -> Self {
-        DataPlaneConfig { enabled: true, transports: "auto".into() }
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
+        DataPlaneConfig { enabled: true, transports: "auto".into(), io_threads: cores.clamp(1, 16) }
     }
 }
 
@@ -306,7 +309,10 @@ impl Checker {
         config.backend = BackendConfig::Local { path: backend_path.unwrap_or_else(|| config.data_dir.clone()) };
 
         if let Some(dp) = self.section(root, "data_plane") {
-            self.unknown_keys("data_plane", dp, &["enabled", "transports"]);
+            self.unknown_keys("data_plane", dp, &["enabled", "transports", "io_threads"]);
+            if let Some(n) = self.integer(dp, "data_plane", "io_threads", 1, 256) {
+                config.data_plane.io_threads = n as u32;
+            }
             match dp.get("enabled") {
                 None => {}
                 Some(toml::Value::Boolean(b)) => config.data_plane.enabled = *b,

@@ -63,7 +63,7 @@ pub struct HostRegion {
     pub length: u64,
     pub access: RegionAccess,
     key: ucx::RemoteKey,
-    mapped: Option<Mutex<MappedRemote>>,
+    mapped: Option<MappedRemote>,
 }
 
 /// A ring pair the host registered.
@@ -130,9 +130,23 @@ impl DataPlane {
     }
 
     /// Start the engine thread serving `agent`'s sessions.
-    pub fn start(self: &Arc<Self>, agent: Arc<Agent>, chunk_bytes: usize) -> Result<(), DataPlaneError> {
+    pub fn start(
+        self: &Arc<Self>,
+        agent: Arc<Agent>,
+        chunk_bytes: usize,
+        io_threads: usize,
+    ) -> Result<(), DataPlaneError> {
         let staging = self.worker.alloc_region(SCRATCH_BYTES + 2 * chunk_bytes)?;
-        let mut engine = Engine { agent, worker: self.worker.clone(), staging, chunk_bytes, stop: self.stop.clone() };
+        let (jobs, queue) = crossbeam_channel::bounded::<Job>(IO_QUEUE);
+        for i in 0..io_threads.max(1) {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("dpuio-io-{i}"))
+                .spawn(move || io_worker(queue))
+                .map_err(|e| DataPlaneError::Invalid(format!("cannot start an I/O thread: {e}")))?;
+        }
+        let mut engine =
+            Engine { agent, worker: self.worker.clone(), staging, chunk_bytes, stop: self.stop.clone(), jobs };
         let thread = std::thread::Builder::new()
             .name("dpuio-engine".into())
             .spawn(move || engine.run())
@@ -174,7 +188,7 @@ impl DataPlane {
     ) -> Result<HostRegion, DataPlaneError> {
         let key = peer.endpoint.unpack_key(packed_key, addr, length)?;
         let mapped = match usize::try_from(length) {
-            Ok(len) => key.map(addr, len)?.map(Mutex::new),
+            Ok(len) => key.map(addr, len)?,
             Err(_) => None,
         };
         Ok(HostRegion { id, addr, length, access, key, mapped })
@@ -221,6 +235,10 @@ impl DataPlane {
                 decoded.entries
             )));
         }
+        if let Some(m) = &region.mapped {
+            // This agent can wake the host's waiters on this ring (see wire::AGENT_WAKES_OFFSET).
+            m.store_u32_release(offset as usize + wire::AGENT_WAKES_OFFSET, 1);
+        }
         Ok(HostRing {
             id,
             region,
@@ -249,7 +267,7 @@ fn read_host_blocking(
     out: &mut [u8],
 ) -> Result<(), DataPlaneError> {
     if let Some(m) = &region.mapped {
-        m.lock().unwrap_or_else(|p| p.into_inner()).read_at(offset as usize, out);
+        m.read_at(offset as usize, out);
         return Ok(());
     }
     let tmp = worker.alloc_region(out.len().max(64))?;
@@ -283,6 +301,123 @@ struct Engine {
     staging: ucx::Region,
     chunk_bytes: usize,
     stop: Arc<AtomicBool>,
+    /// Chunks of mapped requests, for the I/O workers (bounded: in-flight work is).
+    jobs: crossbeam_channel::Sender<Job>,
+}
+
+/// Chunk jobs queued for the I/O workers at most; the engine waits when it is full.
+const IO_QUEUE: usize = 1024;
+/// Mapped requests are split into pieces of this size so the I/O workers share one
+/// large request (a chunk boundary of the backend is always a piece boundary).
+const SPLIT_BYTES: u64 = 256 * 1024;
+/// How long the engine keeps polling after its last piece of work before it sleeps:
+/// a doorbell arriving meanwhile costs no wake-up (on a DPU the agent owns its cores).
+const ENGINE_SPIN: Duration = Duration::from_micros(50);
+
+/// A mapped request in flight on the I/O workers.
+struct InFlight {
+    session_id: u64,
+    ring: Arc<HostRing>,
+    region: Arc<HostRegion>,
+    handle: Arc<crate::state::Handle>,
+    sub: Submission,
+    cq_index: u64,
+    pieces_left: std::sync::atomic::AtomicUsize,
+    /// Lowest file offset where a read came up short (end of file); u64::MAX if none.
+    short_end: AtomicU64,
+    failed: AtomicBool,
+}
+
+struct Job {
+    request: Arc<InFlight>,
+    piece: engine::Chunk,
+}
+
+fn io_worker(queue: crossbeam_channel::Receiver<Job>) {
+    while let Ok(job) = queue.recv() {
+        run_piece(job);
+    }
+}
+
+/// Run one piece of a mapped request; the last piece posts the completion.
+fn run_piece(Job { request: r, piece }: Job) {
+    {
+        let mapped = r.region.mapped.as_ref().expect("only mapped requests are queued");
+        let object = &r.handle.object;
+        let outcome = match r.sub.opcode {
+            Opcode::Read => {
+                let dst = mapped.slice_mut_shared(piece.region_offset as usize, piece.length as usize);
+                object.read_at(dst, piece.file_offset).map(|n| {
+                    if (n as u64) < piece.length {
+                        r.short_end.fetch_min(piece.file_offset + n as u64, Ordering::Relaxed);
+                    }
+                })
+            }
+            Opcode::Write => {
+                let src = mapped.slice_shared(piece.region_offset as usize, piece.length as usize);
+                object.write_at(src, piece.file_offset)
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "backend I/O failed");
+            r.failed.store(true, Ordering::Relaxed);
+        }
+        if r.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            finish_mapped(&r);
+        }
+    }
+}
+
+/// The last piece of a mapped request is done: sync if asked, post the completion.
+fn finish_mapped(r: &InFlight) {
+    let mut failed = r.failed.load(Ordering::Relaxed);
+    if !failed && r.sub.opcode == Opcode::Write && r.sub.flags & wire::FLAG_SYNC != 0 {
+        if let Err(e) = r.handle.object.sync() {
+            tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
+            failed = true;
+        }
+    }
+    let short_end = r.short_end.load(Ordering::Relaxed);
+    let result = if short_end == u64::MAX { r.sub.length } else { short_end.saturating_sub(r.sub.file_offset) };
+    let c = Completion {
+        user_data: r.sub.user_data,
+        status: if failed { wire::Status::Io as i32 } else { wire::Status::Ok as i32 },
+        result: if failed { 0 } else { result },
+        seq: r.cq_index + 1,
+    };
+    let mem = r.ring.region.mapped.as_ref().expect("mapped requests live in mapped rings");
+    let at = r.ring.offset as usize + wire::cqe_offset(r.ring.entries, r.cq_index);
+    mem.slice_mut_shared(at, 24).copy_from_slice(&c.encode()[..24]);
+    mem.store_u64_release(at + 24, c.seq);
+    wake_waiters(&r.ring);
+}
+
+/// Whether a mapped ring has submissions the engine has not taken.
+fn ring_has_work(ring: &HostRing) -> bool {
+    ring.region.mapped.as_ref().is_some_and(|m| {
+        m.load_u64_acquire(ring.offset as usize + wire::SQ_TAIL_OFFSET) != ring.sq_head.load(Ordering::Relaxed)
+    })
+}
+
+/// Tell the host whether the engine is polling this ring (see wire::AGENT_POLLING_OFFSET).
+fn set_polling(ring: &HostRing, on: bool) {
+    if let Some(m) = &ring.region.mapped {
+        m.store_u32_release(ring.offset as usize + wire::AGENT_POLLING_OFFSET, u32::from(on));
+    }
+}
+
+/// Wake host threads sleeping on this ring's futex word, if any (shared memory only).
+fn wake_waiters(ring: &HostRing) {
+    let Some(m) = &ring.region.mapped else { return };
+    let base = ring.offset as usize;
+    // Pairs with the host's fence between setting cq_waiters and re-checking the ring.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if m.load_u32_acquire(base + wire::CQ_WAITERS_OFFSET) != 0 {
+        let word = m.atomic_u32(base + wire::CQ_FUTEX_OFFSET);
+        word.fetch_add(1, Ordering::SeqCst);
+        // Not FUTEX_PRIVATE: the word lives in memory shared with the host process.
+        let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
+    }
 }
 
 /// Work for one ring, gathered from doorbells.
@@ -292,7 +427,12 @@ impl Engine {
     fn run(&mut self) {
         let mut bells = Vec::new();
         let mut pending: HashSet<RingKey> = HashSet::new();
+        // Mapped rings with recent work: polled directly while the engine spins, with
+        // agent_polling set so their hosts skip the doorbell.
+        let mut hot: Vec<(RingKey, Arc<HostRing>)> = Vec::new();
         let mut scan_all = true;
+        let mut last_work = std::time::Instant::now();
+        let mut spins = 0u32;
         while !self.stop.load(Ordering::SeqCst) {
             while self.worker.progress() > 0 {}
             bells.clear();
@@ -311,7 +451,29 @@ impl Engine {
                 pending.extend(self.agent.all_rings());
                 scan_all = false;
             }
+            for (key, ring) in &hot {
+                if ring_has_work(ring) {
+                    pending.insert(*key);
+                }
+            }
             if pending.is_empty() {
+                spins += 1;
+                if spins % 64 != 0 || last_work.elapsed() < ENGINE_SPIN {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                // Going to sleep: hosts must ring again. Clear the flags, then look
+                // once more (pairs with the host's fence after publishing sq_tail).
+                for (_, ring) in &hot {
+                    set_polling(ring, false);
+                }
+                std::sync::atomic::fence(Ordering::SeqCst);
+                let missed: Vec<RingKey> = hot.iter().filter(|(_, r)| ring_has_work(r)).map(|(k, _)| *k).collect();
+                hot.clear();
+                if !missed.is_empty() {
+                    pending.extend(missed);
+                    continue;
+                }
                 match self.worker.wait(IDLE_SCAN) {
                     Ok(true) => {}
                     Ok(false) => scan_all = true,
@@ -322,15 +484,21 @@ impl Engine {
                 }
                 continue;
             }
+            last_work = std::time::Instant::now();
             let keys: Vec<RingKey> = pending.drain().collect();
-            for (session_id, ring_id) in keys {
+            for key in keys {
+                let (session_id, ring_id) = key;
                 let Some((session, peer, ring)) = self.agent.ring(session_id, ring_id) else { continue };
                 if peer.failed.load(Ordering::Relaxed) || ring.broken.load(Ordering::Relaxed) {
                     continue;
                 }
+                if ring.region.mapped.is_some() && !hot.iter().any(|(k, _)| *k == key) {
+                    set_polling(&ring, true);
+                    hot.push((key, ring.clone()));
+                }
                 match self.serve_ring(&session, &peer, &ring) {
                     Ok(true) => {
-                        pending.insert((session_id, ring_id)); // more waiting: come back after the others
+                        pending.insert(key); // more waiting: come back after the others
                     }
                     Ok(false) => {}
                     Err(e) => {
@@ -341,10 +509,13 @@ impl Engine {
                 }
             }
         }
+        for (_, ring) in &hot {
+            set_polling(ring, false);
+        }
     }
 
     /// Serve up to [`RING_BATCH`] submissions of one ring. Returns whether more remain.
-    fn serve_ring(&mut self, session: &Session, peer: &Peer, ring: &HostRing) -> Result<bool, DataPlaneError> {
+    fn serve_ring(&mut self, session: &Session, peer: &Peer, ring: &Arc<HostRing>) -> Result<bool, DataPlaneError> {
         let base = ring.offset;
         let entries = u64::from(ring.entries);
         let sq_tail = self.load_u64(peer, &ring.region, base + wire::SQ_TAIL_OFFSET as u64)?;
@@ -370,32 +541,80 @@ impl Engine {
             return Ok(false);
         }
         let mut entry = [0u8; wire::SQE_BYTES];
+        let mut posted_inline = false;
         for _ in 0..take {
             let at = base + wire::sqe_offset(ring.entries, head) as u64;
             self.read_host(peer, &ring.region, at, &mut entry)?;
-            let (status, result) = match Submission::decode(&entry) {
-                Err(_) => (wire::Status::Malformed, 0),
-                Ok(sub) => match engine::validate(&sub, session, self.agent.limits().max_io_bytes) {
-                    Err(status) => (status, 0),
-                    Ok(valid) => self.execute(session, peer, &valid.submission)?,
+            let cq_index = tail;
+            head += 1;
+            tail += 1;
+            let checked = match Submission::decode(&entry) {
+                Err(_) => Err(wire::Status::Malformed),
+                Ok(sub) => engine::validate(&sub, session, self.agent.limits().max_io_bytes).map(|v| v.submission),
+            };
+            let (status, result) = match checked {
+                Err(status) => (status, 0),
+                Ok(sub) => match self.dispatch(session, ring, &sub, cq_index) {
+                    Some(()) => continue, // the I/O workers complete it
+                    None => self.execute(session, peer, &sub)?,
                 },
             };
             let completion = Completion {
                 user_data: Submission::peek_user_data(&entry),
                 status: status as i32,
                 result,
-                seq: tail + 1,
+                seq: cq_index + 1,
             };
-            self.post_completion(peer, ring, tail, &completion)?;
-            head += 1;
-            tail += 1;
+            self.post_completion(peer, ring, cq_index, &completion)?;
+            posted_inline = true;
         }
         ring.sq_head.store(head, Ordering::Relaxed);
         ring.cq_tail.store(tail, Ordering::Relaxed);
-        // Advisory copies for the host (it trusts the seq words, not these).
+        // Advisory for the host (it trusts the seq words, not this).
         self.store_u64(peer, &ring.region, base + wire::SQ_HEAD_OFFSET as u64, head)?;
-        self.store_u64(peer, &ring.region, base + wire::CQ_TAIL_OFFSET as u64, tail)?;
+        if posted_inline {
+            wake_waiters(ring);
+        }
         Ok(sq_tail != head)
+    }
+
+    /// Queue a request whose region and ring are mapped on the I/O workers, split in
+    /// pieces. `None` when it must run inline (an unmapped region: put/get).
+    fn dispatch(&mut self, session: &Session, ring: &Arc<HostRing>, sub: &Submission, cq_index: u64) -> Option<()> {
+        let region = session.host_region(sub.region_id)?;
+        region.mapped.as_ref()?;
+        ring.region.mapped.as_ref()?;
+        let handle = session.handle(sub.handle).ok()?;
+        let split = SPLIT_BYTES.min(self.chunk_bytes as u64);
+        let mut pieces = engine::chunks(sub.file_offset, sub.region_offset, sub.length, split);
+        let first = pieces.next()?;
+        let rest: Vec<engine::Chunk> = pieces.collect();
+        if rest.is_empty() {
+            return None; // one piece: cheaper inline than a hand-off to a worker
+        }
+        let request = Arc::new(InFlight {
+            session_id: session.id,
+            ring: ring.clone(),
+            region,
+            handle,
+            sub: *sub,
+            cq_index,
+            pieces_left: std::sync::atomic::AtomicUsize::new(rest.len() + 1),
+            short_end: AtomicU64::new(u64::MAX),
+            failed: AtomicBool::new(false),
+        });
+        for piece in rest {
+            if let Err(crossbeam_channel::SendError(job)) = self.jobs.send(Job { request: request.clone(), piece }) {
+                // The workers are gone (shutdown): fail this piece.
+                job.request.failed.store(true, Ordering::Relaxed);
+                if job.request.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    finish_mapped(&job.request);
+                }
+            }
+        }
+        // The engine takes the first piece itself rather than idling while workers wake.
+        run_piece(Job { request, piece: first });
+        Some(())
     }
 
     /// Run one validated request. Backend failures become error completions; only a
@@ -414,9 +633,8 @@ impl Engine {
         let mut done = 0u64;
         match (&region.mapped, sub.opcode) {
             (Some(mapped), Opcode::Read) => {
-                let mut m = mapped.lock().unwrap_or_else(|p| p.into_inner());
                 for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
-                    let dst = &mut m.as_mut_slice()[c.region_offset as usize..][..c.length as usize];
+                    let dst = mapped.slice_mut_shared(c.region_offset as usize, c.length as usize);
                     match object.read_at(dst, c.file_offset) {
                         Ok(n) => {
                             done += n as u64;
@@ -429,9 +647,8 @@ impl Engine {
                 }
             }
             (Some(mapped), Opcode::Write) => {
-                let m = mapped.lock().unwrap_or_else(|p| p.into_inner());
                 for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
-                    let src = &m.as_slice()[c.region_offset as usize..][..c.length as usize];
+                    let src = mapped.slice_shared(c.region_offset as usize, c.length as usize);
                     if let Err(e) = object.write_at(src, c.file_offset) {
                         return Ok(io_failed(session, sub, &e));
                     }
@@ -499,8 +716,7 @@ impl Engine {
         let bytes = c.encode();
         match &ring.region.mapped {
             Some(m) => {
-                let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
-                m.write_at(at as usize, &bytes[..24]);
+                m.slice_mut_shared(at as usize, 24).copy_from_slice(&bytes[..24]);
                 m.store_u64_release(at as usize + 24, c.seq);
             }
             None => {
@@ -522,7 +738,7 @@ impl Engine {
         out: &mut [u8],
     ) -> Result<(), DataPlaneError> {
         match &region.mapped {
-            Some(m) => m.lock().unwrap_or_else(|p| p.into_inner()).read_at(offset as usize, out),
+            Some(m) => m.read_at(offset as usize, out),
             None => {
                 peer.endpoint.get(&self.staging, 0, out.len(), region.addr + offset, &region.key)?;
                 peer.endpoint.flush(FLUSH_TIMEOUT)?;
@@ -534,7 +750,7 @@ impl Engine {
 
     fn load_u64(&mut self, peer: &Peer, region: &HostRegion, offset: u64) -> Result<u64, DataPlaneError> {
         if let Some(m) = &region.mapped {
-            return Ok(m.lock().unwrap_or_else(|p| p.into_inner()).load_u64_acquire(offset as usize));
+            return Ok(m.load_u64_acquire(offset as usize));
         }
         let mut b = [0u8; 8];
         self.read_host(peer, region, offset, &mut b)?;
@@ -543,7 +759,7 @@ impl Engine {
 
     fn store_u64(&mut self, peer: &Peer, region: &HostRegion, offset: u64, value: u64) -> Result<(), DataPlaneError> {
         match &region.mapped {
-            Some(m) => m.lock().unwrap_or_else(|p| p.into_inner()).store_u64_release(offset as usize, value),
+            Some(m) => m.store_u64_release(offset as usize, value),
             None => {
                 peer.endpoint.put_bytes(&value.to_le_bytes(), region.addr + offset, &region.key)?;
                 peer.endpoint.flush(FLUSH_TIMEOUT)?;

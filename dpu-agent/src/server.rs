@@ -54,7 +54,8 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     agent.prepare_containers().map_err(ServeError::Containers)?;
     if data_plane.enabled {
         let dp = Arc::new(DataPlane::open(&data_plane.fabric()).map_err(ServeError::DataPlane)?);
-        dp.start(agent.clone(), dpuio_backend::local::DEFAULT_CHUNK_BYTES as usize).map_err(ServeError::DataPlane)?;
+        dp.start(agent.clone(), dpuio_backend::local::DEFAULT_CHUNK_BYTES as usize, data_plane.io_threads as usize)
+            .map_err(ServeError::DataPlane)?;
         tracing::info!(transport = %dp.describe(), "data plane up");
         agent.set_dataplane(dp);
     }

@@ -107,6 +107,39 @@ impl SharedMemory {
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) }
     }
 
+    /// A writable view of `len` bytes at `offset`, from a shared reference: several
+    /// threads fill *disjoint* ranges of one mapped host region at once (the agent's
+    /// I/O workers read files straight into it with `pread`).
+    ///
+    /// This hands out `&mut [u8]` over memory that others may write too, on the same
+    /// bounded terms as the rest of this module (see the module docs): the bytes are
+    /// `u8` with no invalid values; the range is bounds-checked; the memory belongs to a
+    /// peer that writes it at times Rust cannot see anyway; and the protocol gives each
+    /// range one owner at a time, so only a host that submits overlapping requests can
+    /// make two such views overlap, which changes which bytes *it* receives and nothing
+    /// in this process (the views are only ever filled, never read back).
+    ///
+    /// # Panics
+    /// If the range lies outside the memory.
+    #[allow(clippy::mut_from_ref)] // deliberate: see above
+    pub fn slice_mut_shared(&self, offset: usize, len: usize) -> &mut [u8] {
+        let p = self.checked(offset, len, 1);
+        // SAFETY: checked() proved p..p+len lies inside the mapping, which the owning
+        // type keeps alive at least as long as &self; aliasing is bounded as the doc
+        // comment explains (plain bytes, fill-only, peer-owned memory).
+        unsafe { std::slice::from_raw_parts_mut(p, len) }
+    }
+
+    /// A view of `len` bytes at `offset` (for writing a range to a file).
+    ///
+    /// # Panics
+    /// If the range lies outside the memory.
+    pub fn slice_shared(&self, offset: usize, len: usize) -> &[u8] {
+        let p = self.checked(offset, len, 1);
+        // SAFETY: checked() proved p..p+len lies inside the mapping, kept alive by &self.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+
     /// Copies `data` into the memory at `offset`.
     ///
     /// # Panics

@@ -75,6 +75,11 @@ impl DataPlaneOptions {
     }
 }
 
+/// Polls of the completion ring before a waiting thread sleeps. Measured: one futex
+/// sleep and wake per wait is the host's main cost at queue depth 1, and a longer spin
+/// only adds to it, so the spin is short.
+const SPIN_POLLS: u32 = 32;
+
 /// What the data plane cost this process so far.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DataPlaneStats {
@@ -131,6 +136,36 @@ impl Ring {
 
     fn publish(&self) {
         self.mem().store_u64_release(wire::SQ_TAIL_OFFSET, self.sq_tail);
+    }
+
+    /// Whether the next completion is there (without taking it).
+    fn completion_ready(&self) -> bool {
+        self.cq_head != self.sq_tail
+            && self.mem().load_u64_acquire(wire::cqe_offset(self.entries, self.cq_head) + 24) == self.cq_head + 1
+    }
+
+    /// Sleep until the agent posts a completion or `timeout` passes, if the agent
+    /// wakes this ring's waiters (shared memory); returns false if it does not, and the
+    /// caller must poll.
+    fn sleep_on_futex(&self, timeout: Duration) -> bool {
+        use rustix::thread::futex;
+        let mem = self.mem();
+        if mem.load_u32_acquire(wire::AGENT_WAKES_OFFSET) != 1 {
+            return false;
+        }
+        let word = mem.atomic_u32(wire::CQ_FUTEX_OFFSET);
+        let seen = word.load(std::sync::atomic::Ordering::Acquire);
+        mem.store_u32_release(wire::CQ_WAITERS_OFFSET, 1);
+        // Pairs with the agent's fence between posting a completion and reading cq_waiters.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if !self.completion_ready() {
+            let ts =
+                rustix::time::Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: i64::from(timeout.subsec_nanos()) };
+            // Shared (not FUTEX_PRIVATE): the agent wakes it from another process.
+            let _ = futex::wait(word, futex::Flags::empty(), seen, Some(&ts));
+        }
+        mem.store_u32_release(wire::CQ_WAITERS_OFFSET, 0);
+        true
     }
 
     /// The next completion, if the agent has posted it.
@@ -309,6 +344,12 @@ impl DataPlane {
 
     fn ring_doorbell(&self, ring: &Ring) -> Result<()> {
         ring.publish();
+        // Pairs with the agent's fence between clearing agent_polling and its last look
+        // at sq_tail: if it still polls, it will see this tail without a doorbell.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if ring.mem().load_u32_acquire(wire::AGENT_POLLING_OFFSET) != 0 {
+            return Ok(());
+        }
         self.endpoint
             .send_doorbell(&doorbell(self.session_id, ring.id))
             .map_err(|e| Error::DataPlane { op: "ring the doorbell".into(), reason: e.to_string() })?;
@@ -451,10 +492,11 @@ impl Batch {
                 idle = 0;
                 continue;
             }
-            // Spin briefly (small requests complete in microseconds), then sleep in
-            // growing steps so a long request costs this host almost no CPU.
+            // Spin briefly (small requests complete in microseconds), then sleep: on the
+            // ring's futex where the agent wakes it, else in growing steps, so a long
+            // request costs this host almost no CPU.
             idle += 1;
-            if idle < 200 {
+            if idle < SPIN_POLLS {
                 std::hint::spin_loop();
                 continue;
             }
@@ -467,7 +509,10 @@ impl Batch {
                     ),
                 });
             }
-            std::thread::sleep(Duration::from_micros(5 << (idle - 200).min(8)));
+            let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(100));
+            if !self.ring().sleep_on_futex(left) {
+                std::thread::sleep(Duration::from_micros(5 << (idle - SPIN_POLLS).min(8)));
+            }
         }
         Ok(done)
     }

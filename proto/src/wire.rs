@@ -11,6 +11,7 @@
 //! 128   sq_head: u64          64               agent: entries [0, sq_head) consumed
 //! 192   cq_tail: u64          64               agent: completions [0, cq_tail) posted
 //! 256   cq_head: u64          64               host: completions [0, cq_head) reaped
+//!       (136: agent_wakes u32, 264: cq_waiters u32, 268: cq_futex u32: see below)
 //! 320   SQ: entries x 64 B
 //! ...   CQ: entries x 32 B
 //! ```
@@ -36,6 +37,22 @@ pub const SQ_TAIL_OFFSET: usize = 64;
 pub const SQ_HEAD_OFFSET: usize = 128;
 pub const CQ_TAIL_OFFSET: usize = 192;
 pub const CQ_HEAD_OFFSET: usize = 256;
+/// Agent-owned (in the `sq_head` line): 1 when the agent wakes this ring's waiters
+/// through [`CQ_FUTEX_OFFSET`] (it has the ring mapped, i.e. shared memory); 0 means
+/// the host must poll.
+pub const AGENT_WAKES_OFFSET: usize = 136;
+/// Agent-owned (in the `sq_head` line): non-zero while the agent polls this ring's
+/// `sq_tail` by itself; the host then needs no doorbell. The host fences (SeqCst)
+/// between publishing `sq_tail` and reading this word, the agent between clearing it
+/// and its last look at `sq_tail`, so a submission is never left unseen.
+pub const AGENT_POLLING_OFFSET: usize = 140;
+/// Host-owned (in the `cq_head` line): non-zero while a host thread sleeps on
+/// [`CQ_FUTEX_OFFSET`] waiting for completions.
+pub const CQ_WAITERS_OFFSET: usize = 264;
+/// Agent-owned u32 futex word: bumped (and woken) after completions are posted while
+/// [`CQ_WAITERS_OFFSET`] is set. Both sides fence (SeqCst) between their store and
+/// their load of the other's word, so a wake-up is never lost.
+pub const CQ_FUTEX_OFFSET: usize = 268;
 /// Where the submission entries start.
 pub const SQ_OFFSET: usize = 320;
 /// Size of one submission entry.
@@ -326,7 +343,12 @@ impl Completion {
         if b.len() < CQE_BYTES {
             return Err(WireError::Short { found: b.len(), expected: CQE_BYTES });
         }
-        Ok(Completion { user_data: u64_at(b, 0), status: u32_at(b, 8) as i32, result: u64_at(b, 16), seq: u64_at(b, 24) })
+        Ok(Completion {
+            user_data: u64_at(b, 0),
+            status: u32_at(b, 8) as i32,
+            result: u64_at(b, 16),
+            seq: u64_at(b, 24),
+        })
     }
 }
 

@@ -60,6 +60,13 @@ pub enum Error {
         /// The versions the source does know for this tenant, ascending.
         known: Vec<u32>,
     },
+    /// The key source has no key-encryption key at all for this tenant, so no new
+    /// file of it can be encrypted.
+    #[error("tenant {tenant:?} has no key-encryption key; add a key (file) for it to the key source")]
+    NoKeys {
+        /// The tenant.
+        tenant: String,
+    },
     /// A key source was given the same tenant and version twice.
     #[error("tenant {tenant:?} key version {key_version} is defined twice in the key source")]
     DuplicateKey {
@@ -130,9 +137,7 @@ pub enum Error {
         supported: u16,
     },
     /// A block size outside what the format allows.
-    #[error(
-        "invalid encryption block size {block_bytes}: it must be a power of two from {min} to {max} bytes"
-    )]
+    #[error("invalid encryption block size {block_bytes}: it must be a power of two from {min} to {max} bytes")]
     InvalidBlockSize {
         /// The size asked for.
         block_bytes: u64,
@@ -204,6 +209,16 @@ pub enum Error {
         /// Names of the built-in providers.
         known: &'static [&'static str],
     },
+}
+
+impl Error {
+    /// Whether stored bytes failed authentication: [`Error::Integrity`],
+    /// [`Error::HeaderIntegrity`], or [`Error::WrongKey`] (a wrong key and an altered
+    /// wrapped key look the same). The agent maps these to one status (data loss),
+    /// never to "not found" or "retry".
+    pub fn is_integrity(&self) -> bool {
+        matches!(self, Self::Integrity { .. } | Self::HeaderIntegrity { .. } | Self::WrongKey { .. })
+    }
 }
 
 /// Result with this crate's [`Error`].

@@ -30,7 +30,7 @@ use crate::provider::{CryptoProvider, KEY_BYTES};
 pub(crate) struct Secret(Box<[u8; KEY_BYTES]>);
 
 impl Secret {
-    fn zeroed() -> Self {
+    pub(crate) fn zeroed() -> Self {
         Self(Box::new([0; KEY_BYTES]))
     }
 
@@ -159,11 +159,7 @@ pub trait KeySource: Send + Sync {
     /// The version new files of `tenant` are wrapped under: the highest known. Files
     /// keep the version they were wrapped under until they are re-wrapped.
     fn current_key_version(&self, tenant: &str) -> Result<u32> {
-        self.key_versions(tenant)?.last().copied().ok_or_else(|| Error::KeyNotFound {
-            tenant: tenant.to_owned(),
-            key_version: 0,
-            known: Vec::new(),
-        })
+        self.key_versions(tenant)?.last().copied().ok_or_else(|| Error::NoKeys { tenant: tenant.to_owned() })
     }
 }
 
@@ -186,12 +182,11 @@ impl FileKeySource {
     /// Read the key file at `path` as `tenant`'s key of `key_version`.
     pub fn add_key_file(&mut self, tenant: &str, key_version: u32, path: impl Into<PathBuf>) -> Result<()> {
         let path = path.into();
-        let versions = self.tenants.entry(tenant.to_owned()).or_default();
-        if versions.contains_key(&key_version) {
+        if self.key_file(tenant, key_version).is_some() {
             return Err(Error::DuplicateKey { tenant: tenant.to_owned(), key_version });
         }
         let kek = Kek::from_file(tenant, key_version, &path)?;
-        versions.insert(key_version, (path, Arc::new(kek)));
+        self.tenants.entry(tenant.to_owned()).or_default().insert(key_version, (path, Arc::new(kek)));
         Ok(())
     }
 
@@ -205,11 +200,9 @@ impl KeySource for FileKeySource {
     fn key_encryption_key(&self, tenant: &str, key_version: u32) -> Result<Arc<Kek>> {
         match self.tenants.get(tenant).and_then(|versions| versions.get(&key_version)) {
             Some((_, kek)) => Ok(Arc::clone(kek)),
-            None => Err(Error::KeyNotFound {
-                tenant: tenant.to_owned(),
-                key_version,
-                known: self.key_versions(tenant)?,
-            }),
+            None => {
+                Err(Error::KeyNotFound { tenant: tenant.to_owned(), key_version, known: self.key_versions(tenant)? })
+            }
         }
     }
 
@@ -360,7 +353,10 @@ mod tests {
         }
         let missing = dir.path().join("missing");
         assert!(matches!(read_key_file(&missing), Err(Error::KeyFileRead { .. })));
-        assert!(matches!(read_key_file(dir.path()), Err(Error::KeyFileFormat { .. } | Error::KeyFilePermissions { .. })));
+        assert!(matches!(
+            read_key_file(dir.path()),
+            Err(Error::KeyFileFormat { .. } | Error::KeyFilePermissions { .. })
+        ));
     }
 
     #[test]
@@ -378,8 +374,11 @@ mod tests {
         assert_eq!(source.key_encryption_key("vision", 1).unwrap().version(), 1);
         let err = source.key_encryption_key("vision", 2).err().unwrap();
         let message = err.to_string();
-        assert!(message.contains("\"vision\"") && message.contains("version 2") && message.contains("[1, 3]"), "{message}");
-        assert!(matches!(source.current_key_version("nlp"), Err(Error::KeyNotFound { .. })));
+        assert!(
+            message.contains("\"vision\"") && message.contains("version 2") && message.contains("[1, 3]"),
+            "{message}"
+        );
+        assert!(matches!(source.current_key_version("nlp"), Err(Error::NoKeys { .. })));
         assert!(format!("{source:?}").contains("vision/v3"));
     }
 

@@ -88,9 +88,10 @@ impl Layout {
         plaintext_bytes.min(MAX_PLAINTEXT_BYTES).div_ceil(self.b())
     }
 
-    /// Plaintext offset where block `index` starts.
+    /// Plaintext offset where block `index` starts (saturating for indices past
+    /// [`Layout::max_block_index`]).
     pub fn block_offset(&self, index: u64) -> u64 {
-        index.min(self.max_block_index()) * self.b()
+        index.saturating_mul(self.b())
     }
 
     /// The last block index any file can have.
@@ -106,9 +107,10 @@ impl Layout {
         plaintext_bytes.min(MAX_PLAINTEXT_BYTES).saturating_sub(start).min(self.b()) as usize
     }
 
-    /// Offset of block `index` in the stored file.
+    /// Offset of block `index` in the stored file (saturating for indices past
+    /// [`Layout::max_block_index`]).
     pub fn stored_offset(&self, index: u64) -> u64 {
-        HEADER_BYTES as u64 + index.min(self.max_block_index() + 1) * self.stored_block_bytes() as u64
+        index.saturating_mul(self.stored_block_bytes() as u64).saturating_add(HEADER_BYTES as u64)
     }
 
     /// Stored bytes of block `index` in a file of `plaintext_bytes` (0 past the end).
@@ -119,10 +121,25 @@ impl Layout {
         }
     }
 
-    /// Where block `index` of a file of `plaintext_bytes` lies in the stored file.
-    pub fn stored_range(&self, index: u64, plaintext_bytes: u64) -> Range<u64> {
+    /// The stored bytes to read for block `index` of a file of `plaintext_bytes`
+    /// whose stored file is `stored_file_bytes` long: a full stored block, except for
+    /// the last block, which runs to the end of the stored file (at most a full
+    /// block). Empty past the end of the file.
+    ///
+    /// In a consistent file the last block ends exactly at the end of the stored file.
+    /// After an agent crash between a block write and the header write it can be
+    /// longer than the header's size says; reading to the end of the stored file lets
+    /// [`crate::FileCipher::read_block`] still open it (it tries the exact length
+    /// first) and trim it.
+    pub fn read_range(&self, index: u64, plaintext_bytes: u64, stored_file_bytes: u64) -> Range<u64> {
         let start = self.stored_offset(index);
-        start..start + self.stored_block_len(index, plaintext_bytes) as u64
+        let count = self.block_count(plaintext_bytes);
+        if index >= count {
+            return start..start;
+        }
+        let full_end = start.saturating_add(self.stored_block_bytes() as u64);
+        let end = if index + 1 == count { full_end.min(stored_file_bytes.max(start)) } else { full_end };
+        start..end
     }
 
     /// Stored size of a file of `plaintext_bytes` (header included).
@@ -167,22 +184,45 @@ impl Layout {
         Ok(WritePlan { layout: *self, old, new, write: offset..end, next: first, end: end.div_ceil(self.b()) })
     }
 
-    /// The blocks to seal when a file of `old_plaintext_bytes` is truncated or
-    /// extended to `new_plaintext_bytes`. Shrinking re-seals at most the new last
-    /// block (cut short); growing seals zeros up to the new size. After the blocks,
-    /// the caller writes the header with the new size and then cuts the stored file to
-    /// [`Layout::stored_bytes`] of the new size.
+    /// The blocks to seal when a file of `old_plaintext_bytes` is resized to
+    /// `new_plaintext_bytes`.
+    ///
+    /// Growing seals zeros up to the new size (the old last block extended, then zero
+    /// blocks), like a write past the end: seal the blocks, then write the header.
+    /// Shrinking re-seals at most the new last block, cut short: write the header
+    /// first, then the block, then cut the stored file to [`Layout::stored_bytes`] of
+    /// the new size. Every crash point in between leaves a file that reads back
+    /// (see [`crate::FileCipher::read_block`]) and that [`Layout::repair_plan`] makes
+    /// consistent again.
     pub fn resize_plan(&self, old_plaintext_bytes: u64, new_plaintext_bytes: u64) -> Result<WritePlan> {
         let old = Self::check("file size", old_plaintext_bytes)?;
         let new = Self::check("new file size", new_plaintext_bytes)?;
+        let b = self.b();
         let (next, end) = if new > old {
-            (old / self.b(), new.div_ceil(self.b()))
-        } else if new % self.b() != 0 {
-            (new / self.b(), new / self.b() + 1)
+            (old / b, new.div_ceil(b))
+        } else if new < old && new % b != 0 {
+            (new / b, new / b + 1)
         } else {
             (0, 0)
         };
         Ok(WritePlan { layout: *self, old, new, write: new..new, next, end })
+    }
+
+    /// What makes a file consistent again after an agent crash left its stored size
+    /// different from [`Layout::stored_bytes`] of its (header) size: re-seal the last
+    /// block at its exact length (when it is partial), then cut the stored file to
+    /// [`Layout::stored_bytes`]. Empty when the file is consistent. Run it before the
+    /// first write to a file opened for writing. (A stored file *shorter* than its
+    /// size cannot be repaired: its reads report [`Error::Integrity`].)
+    pub fn repair_plan(&self, plaintext_bytes: u64, stored_file_bytes: u64) -> Result<WritePlan> {
+        let size = Self::check("file size", plaintext_bytes)?;
+        let b = self.b();
+        let (next, end) = if stored_file_bytes > self.stored_bytes(size) && size % b != 0 {
+            (size / b, size / b + 1)
+        } else {
+            (0, 0)
+        };
+        Ok(WritePlan { layout: *self, old: size, new: size, write: size..size, next, end })
     }
 }
 
@@ -194,6 +234,9 @@ impl Layout {
 pub struct BlockWrite {
     /// The block.
     pub index: u64,
+    /// Plaintext bytes of the block under the old size (what the old stored block
+    /// holds in a consistent file).
+    pub old_len: usize,
     /// Bytes of the old block's plaintext to keep (0: the old block need not be read).
     pub keep_bytes: usize,
     /// Offset inside the block where the written data goes.
@@ -244,8 +287,9 @@ impl Iterator for WritePlan {
         let start = layout.block_offset(index);
         let old_len = layout.block_len(index, self.old);
         let new_len = layout.block_len(index, self.new);
-        let block = start..start + layout.b();
-        let (write_at, data, covers_old) = if self.write.start < block.end && self.write.end > block.start {
+        let block = start..start.saturating_add(layout.b());
+        let overlaps = !self.write.is_empty() && self.write.start < block.end && self.write.end > block.start;
+        let (write_at, data, covers_old) = if overlaps {
             let from = self.write.start.max(block.start);
             let to = self.write.end.min(block.end);
             let data = (from - self.write.start) as usize..(to - self.write.start) as usize;
@@ -255,7 +299,7 @@ impl Iterator for WritePlan {
             (0, 0..0, false)
         };
         let keep_bytes = if covers_old { 0 } else { old_len.min(new_len) };
-        Some(BlockWrite { index, keep_bytes, write_at, data, new_len })
+        Some(BlockWrite { index, old_len, keep_bytes, write_at, data, new_len })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -313,7 +357,16 @@ mod tests {
         assert_eq!(l.block_len(2, 2 * B + 10), 10);
         assert_eq!(l.block_len(3, 2 * B + 10), 0);
         assert_eq!(l.stored_block_len(1, 2 * B + 10), S as usize);
-        assert_eq!(l.stored_range(2, 2 * B + 10), H + 2 * S..H + 2 * S + 38);
+        // The last block runs to the end of the stored file, at most a full block.
+        let size = 2 * B + 10;
+        let stored = l.stored_bytes(size);
+        assert_eq!(l.read_range(1, size, stored), H + S..H + 2 * S);
+        assert_eq!(l.read_range(2, size, stored), H + 2 * S..H + 2 * S + 38);
+        assert_eq!(l.read_range(2, size, stored + 50), H + 2 * S..H + 2 * S + 88);
+        assert_eq!(l.read_range(2, size, stored + S), H + 2 * S..H + 3 * S);
+        assert_eq!(l.read_range(2, size, 0), H + 2 * S..H + 2 * S);
+        assert_eq!(l.read_range(3, size, stored + S), H + 3 * S..H + 3 * S);
+
         for size in [0, 1, 27, 28, 29, B - 1, B, B + 1, 7 * B + 100, MAX_PLAINTEXT_BYTES] {
             assert_eq!(l.plaintext_bytes_for_stored(l.stored_bytes(size)), Some(size), "{size}");
         }
@@ -327,11 +380,16 @@ mod tests {
     }
 
     fn plan(offset: u64, len: u64, old: u64) -> Vec<BlockWrite> {
-        layout().write_plan(offset, len, old).unwrap().collect()
+        no_old(layout().write_plan(offset, len, old).unwrap())
     }
 
+    /// A block write; `old_len` is checked separately where it matters.
     fn bw(index: u64, keep_bytes: usize, write_at: usize, data: Range<usize>, new_len: usize) -> BlockWrite {
-        BlockWrite { index, keep_bytes, write_at, data, new_len }
+        BlockWrite { index, old_len: 0, keep_bytes, write_at, data, new_len }
+    }
+
+    fn no_old(plan: WritePlan) -> Vec<BlockWrite> {
+        plan.map(|w| BlockWrite { old_len: 0, ..w }).collect()
     }
 
     const BU: usize = B as usize;
@@ -351,27 +409,39 @@ mod tests {
         // Write into an empty file at an offset: zeros before it, nothing to read.
         assert_eq!(plan(10, 5, 0), [bw(0, 0, 10, 0..5, 15)]);
         // Write past the end: extend the old last block, a zero block, then the data.
-        assert_eq!(
-            plan(2 * B + 1, 2, 100),
-            [bw(0, 100, 0, 0..0, BU), bw(1, 0, 0, 0..0, BU), bw(2, 0, 1, 0..2, 3)]
-        );
+        assert_eq!(plan(2 * B + 1, 2, 100), [bw(0, 100, 0, 0..0, BU), bw(1, 0, 0, 0..0, BU), bw(2, 0, 1, 0..2, 3)]);
         // Writing exactly at the old end of a full block starts a new block.
         assert_eq!(plan(B, 1, B), [bw(1, 0, 0, 0..1, 1)]);
         assert!(plan(7, 0, 100).is_empty());
         let p = layout().write_plan(2 * B + 1, 2, 100).unwrap();
-        assert_eq!((p.new_plaintext_bytes(), p.len()), (2 * B + 3, 3));
+        assert_eq!((p.new_plaintext_bytes(), p.clone().count()), (2 * B + 3, 3));
         assert!(bw(0, 1, 0, 0..0, 1).needs_read() && !bw(0, 0, 0, 0..0, 1).needs_read());
     }
 
     #[test]
     fn resize_plans() {
         let l = layout();
-        let resize = |old, new| l.resize_plan(old, new).unwrap().collect::<Vec<_>>();
+        let resize = |old, new| no_old(l.resize_plan(old, new).unwrap());
         assert!(resize(3 * B, 2 * B).is_empty());
         assert_eq!(resize(3 * B, 2 * B + 7), [bw(2, 7, 0, 0..0, 7)]);
+        assert_eq!(l.resize_plan(3 * B, 2 * B + 7).unwrap().next().unwrap().old_len, BU);
+        assert_eq!(l.resize_plan(2 * B + 9, 2 * B + 7).unwrap().next().unwrap().old_len, 9);
+        assert_eq!(l.resize_plan(3 * B, 7).unwrap().new_plaintext_bytes(), 7);
         assert_eq!(resize(10, 2 * B + 7), [bw(0, 10, 0, 0..0, BU), bw(1, 0, 0, 0..0, BU), bw(2, 0, 0, 0..0, 7)]);
         assert_eq!(resize(B, B + 1), [bw(1, 0, 0, 0..0, 1)]);
         assert!(resize(5, 5).is_empty());
         assert!(l.resize_plan(0, MAX_PLAINTEXT_BYTES + 1).is_err());
+    }
+
+    #[test]
+    fn repair_plans() {
+        let l = layout();
+        let size = 2 * B + 7;
+        let repair = |stored| no_old(l.repair_plan(size, stored).unwrap());
+        assert!(repair(l.stored_bytes(size)).is_empty());
+        assert!(repair(l.stored_bytes(size) - 1).is_empty(), "a short file cannot be repaired");
+        assert_eq!(repair(l.stored_bytes(size) + 1), [bw(2, 7, 0, 0..0, 7)]);
+        assert_eq!(l.repair_plan(size, l.stored_bytes(size) + 1).unwrap().next().unwrap().old_len, 7);
+        assert!(l.repair_plan(2 * B, l.stored_bytes(2 * B) + S).unwrap().next().is_none());
     }
 }

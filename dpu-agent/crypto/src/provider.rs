@@ -57,8 +57,13 @@ pub trait Aes256GcmKey: Send + Sync {
     fn seal_in_place(&self, nonce: &Nonce, aad: &[u8], buf: &mut [u8]) -> Result<Tag>;
 
     /// Check `tag` and decrypt `buf` in place. On failure `buf` is zeroed.
-    fn open_in_place(&self, nonce: &Nonce, aad: &[u8], buf: &mut [u8], tag: &Tag)
-    -> std::result::Result<(), TagMismatch>;
+    fn open_in_place(
+        &self,
+        nonce: &Nonce,
+        aad: &[u8],
+        buf: &mut [u8],
+        tag: &Tag,
+    ) -> std::result::Result<(), TagMismatch>;
 
     /// Encrypt `plaintext` into `out` (same length); returns the tag. The default
     /// copies, then seals in place.
@@ -73,8 +78,14 @@ pub trait Aes256GcmKey: Send + Sync {
     /// Check `tag` and decrypt `ciphertext` into `out`. `out` must be exactly as long
     /// as `ciphertext`; a length mismatch fails like a bad tag (closed). On failure
     /// `out` is zeroed. The default copies, then opens in place.
-    fn open(&self, nonce: &Nonce, aad: &[u8], ciphertext: &[u8], tag: &Tag, out: &mut [u8])
-    -> std::result::Result<(), TagMismatch> {
+    fn open(
+        &self,
+        nonce: &Nonce,
+        aad: &[u8],
+        ciphertext: &[u8],
+        tag: &Tag,
+        out: &mut [u8],
+    ) -> std::result::Result<(), TagMismatch> {
         if out.len() != ciphertext.len() {
             out.zeroize();
             return Err(TagMismatch);
@@ -134,7 +145,8 @@ mod aws {
         }
 
         fn aes_256_gcm(&self, key: &[u8; KEY_BYTES]) -> Result<Box<dyn Aes256GcmKey>> {
-            let key = UnboundKey::new(&AES_256_GCM, key).map_err(|_| Error::Provider { provider: NAME, op: "load a key" })?;
+            let key =
+                UnboundKey::new(&AES_256_GCM, key).map_err(|_| Error::Provider { provider: NAME, op: "load a key" })?;
             Ok(Box::new(Key(LessSafeKey::new(key))))
         }
 
@@ -181,7 +193,14 @@ mod aws {
             }
             let mut tag = [0u8; TAG_BYTES];
             self.0
-                .seal_out_of_place_scatter(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), plaintext, out, &[], &mut tag)
+                .seal_out_of_place_scatter(
+                    Nonce::assume_unique_for_key(*nonce),
+                    Aad::from(aad),
+                    plaintext,
+                    out,
+                    &[],
+                    &mut tag,
+                )
                 .map_err(|_| Error::Provider { provider: NAME, op: "seal" })?;
             Ok(tag)
         }
@@ -195,7 +214,10 @@ mod aws {
             out: &mut [u8],
         ) -> std::result::Result<(), TagMismatch> {
             let opened = out.len() == ciphertext.len()
-                && self.0.open_separate_gather(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), ciphertext, tag, out).is_ok();
+                && self
+                    .0
+                    .open_separate_gather(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), ciphertext, tag, out)
+                    .is_ok();
             if opened {
                 Ok(())
             } else {
@@ -292,6 +314,10 @@ mod tests {
             key.open(&nonce, &aad, &ct, &tag, &mut out).unwrap();
             assert_eq!(out, msg, "{name:?} open out of place");
         } else {
+            // The ciphertext is right; only the tag was altered.
+            let mut buf = msg.clone();
+            assert_ne!(key.seal_in_place(&nonce, &aad, &mut buf).unwrap(), tag, "{name:?}");
+            assert_eq!(buf, ct, "{name:?} ciphertext");
             let mut buf = ct.clone();
             assert_eq!(key.open_in_place(&nonce, &aad, &mut buf, &tag), Err(TagMismatch), "{name:?}");
             assert!(buf.iter().all(|&b| b == 0), "{name:?}: buffer not wiped");

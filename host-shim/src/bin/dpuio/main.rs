@@ -4,6 +4,8 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+mod bench;
+
 use std::io::{Read, Write};
 
 use dpuio_shim::{Access, Attr, Client, ConnectOptions, DEFAULT_AGENT, DataPlaneOptions, EntryKind};
@@ -72,6 +74,8 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<String>,
     },
+    /// Measure a workload through the shim and through POSIX on the same file.
+    Bench(bench::BenchArgs),
     /// Create empty files, or leave existing ones as they are.
     Touch {
         #[arg(required = true)]
@@ -98,7 +102,11 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> dpuio_shim::Result<()> {
-    let moves_data = matches!(cli.command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
+    let command = match cli.command {
+        Command::Bench(args) => return bench::run(&cli.agent, &cli.tenant, args).await,
+        other => other,
+    };
+    let moves_data = matches!(command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
     let client = Client::connect(ConnectOptions {
         agent: cli.agent,
         tenant: cli.tenant,
@@ -107,13 +115,13 @@ async fn run(cli: Cli) -> dpuio_shim::Result<()> {
         ..ConnectOptions::default()
     })
     .await?;
-    let result = command(&client, cli.command).await;
+    let result = run_command(&client, command).await;
     // Detach even after a failed command, so the agent frees the session at once.
     let detached = client.detach().await;
     result.and(detached)
 }
 
-async fn command(client: &Client, command: Command) -> dpuio_shim::Result<()> {
+async fn run_command(client: &Client, command: Command) -> dpuio_shim::Result<()> {
     match command {
         Command::Ls { long, path } => {
             client
@@ -156,6 +164,8 @@ async fn command(client: &Client, command: Command) -> dpuio_shim::Result<()> {
                 get(client, &path, std::io::stdout().lock(), "stdout").await?;
             }
         }
+        // Runs on its own connections, before this client attaches (see run).
+        Command::Bench(_) => {}
         Command::Touch { paths } => {
             for path in paths {
                 match client.create(&path, true).await {
