@@ -114,7 +114,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
         .add_service(session)
         .add_service(namespace)
         .add_optional_service(memory)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), stop)
+        .serve_with_incoming_shutdown(incoming(listener), stop)
         .await?;
 
     reaper.abort();
@@ -129,6 +129,17 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
     }
     tracing::info!(sessions, "stopped: sessions closed, containers synced");
     Ok(())
+}
+
+/// Accepted connections with Nagle off: every control-plane call is a small request
+/// that must not wait for a delayed ACK.
+fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
+        let stream = stream?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
 }
 
 fn shutdown_signal(agent: Arc<Agent>) -> Result<impl std::future::Future<Output = ()>, ServeError> {

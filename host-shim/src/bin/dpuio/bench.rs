@@ -1,6 +1,11 @@
 //! `dpuio bench`: the same workload through the shim (UCX shared memory, UCX TCP) and
-//! through plain POSIX `pread` on the same file, interleaved in one run so the ratios
-//! are measured under the same machine load.
+//! through plain POSIX calls on the same file system, interleaved in one run so the
+//! ratios are measured under the same machine load.
+//!
+//! Workloads: `seq-read`, `seq-write`, `rand-read` (block size, queue depth), `metadata`
+//! (create, stat, readdir, remove rates), `unet3d` (DLIO's 3D U-Net shape: accelerator
+//! utilisation and the most simulated accelerators kept at AU >= 90%) and `checkpoint`
+//! (write with fsync, then read back).
 //!
 //! POSIX queue depth is emulated the way fio's psync engine does it: `queue_depth`
 //! threads each doing blocking `pread`s. Host CPU is this process's CPU time
@@ -8,6 +13,7 @@
 //! `--agent-pid` is given, comes from `/proc/PID/stat` (10 ms resolution).
 
 use std::os::unix::fs::FileExt;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,18 +23,44 @@ use rand::{Rng, SeedableRng};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// A byte count with an optional binary suffix: `4096`, `4KiB`, `1MiB`, `2GiB` (`K`, `M`,
+/// `G` mean the same).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a byte count such as 4096, 64KiB or 1GiB"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" | "k" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        other => return Err(format!("unknown unit {other:?} in {s:?}; use KiB, MiB, GiB or TiB")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
+}
+
 /// Which way the bytes go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
     SeqRead,
+    SeqWrite,
     RandRead,
+    Metadata,
+    Unet3d,
+    Checkpoint,
 }
 
 impl Workload {
     fn name(self) -> &'static str {
         match self {
             Workload::SeqRead => "seq-read",
+            Workload::SeqWrite => "seq-write",
             Workload::RandRead => "rand-read",
+            Workload::Metadata => "metadata",
+            Workload::Unet3d => "unet3d",
+            Workload::Checkpoint => "checkpoint",
         }
     }
 }
@@ -36,17 +68,17 @@ impl Workload {
 /// Options of `dpuio bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Workload to run.
-    #[arg(value_enum)]
-    pub workload: Workload,
+    /// Workloads to run, in order.
+    #[arg(value_enum, required = true)]
+    pub workloads: Vec<Workload>,
     /// Block size in bytes (default: 1 MiB for seq-read, 4 KiB for rand-read).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_bytes)]
     pub block_bytes: Option<u64>,
     /// Requests in flight (POSIX: this many threads).
     #[arg(long)]
     pub queue_depth: Option<usize>,
     /// Size of the benchmark file in the container.
-    #[arg(long, default_value_t = 1 << 30)]
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     pub file_bytes: u64,
     /// Seconds per measurement; each path is measured `--rounds` times, interleaved.
     #[arg(long, default_value_t = 2.0)]
@@ -66,12 +98,23 @@ pub struct BenchArgs {
     /// One JSON object per result on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Write a PNG of throughput and host CPU per GiB, shim against POSIX.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// metadata: files created, stated, listed and removed per path.
+    #[arg(long, default_value_t = 2000)]
+    pub metadata_files: usize,
+    #[command(flatten)]
+    pub unet3d: crate::bench_dlio::Unet3dArgs,
+    /// checkpoint: size of the checkpoint written and read back.
+    #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
+    pub checkpoint_bytes: u64,
 }
 
 /// One measured cell.
 #[derive(Debug, Clone, Default)]
 pub struct Figures {
-    pub workload: &'static str,
+    pub workload: String,
     pub path: String,
     pub block_bytes: u64,
     pub queue_depth: usize,
@@ -81,16 +124,20 @@ pub struct Figures {
     pub host_cpu: Duration,
     pub agent_cpu: Option<Duration>,
     pub latencies_us: Vec<u32>,
+    /// unet3d: accelerator utilisation at the largest passing accelerator count.
+    pub au: Option<f64>,
+    /// unet3d: the most simulated accelerators kept at AU >= 90%.
+    pub accelerators: Option<u32>,
 }
 
 impl Figures {
-    fn gib_per_s(&self) -> f64 {
+    pub fn gib_per_s(&self) -> f64 {
         self.bytes as f64 / GIB / self.wall.as_secs_f64()
     }
-    fn iops(&self) -> f64 {
+    pub fn iops(&self) -> f64 {
         self.ops as f64 / self.wall.as_secs_f64()
     }
-    fn host_cpu_s_per_gib(&self) -> f64 {
+    pub fn host_cpu_s_per_gib(&self) -> f64 {
         self.host_cpu.as_secs_f64() / (self.bytes as f64 / GIB)
     }
     fn agent_cpu_s_per_gib(&self) -> Option<f64> {
@@ -115,11 +162,15 @@ impl Figures {
             _ => None,
         };
         self.latencies_us.extend(other.latencies_us);
+        if other.au.is_some() {
+            self.au = other.au;
+            self.accelerators = other.accelerators;
+        }
     }
 }
 
 /// CPU time of another process from /proc (user + system, clock ticks of 10 ms).
-fn process_cpu(pid: u32) -> Option<Duration> {
+pub fn process_cpu(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces) start after ')'.
     let rest = stat.rsplit_once(')')?.1;
@@ -129,61 +180,127 @@ fn process_cpu(pid: u32) -> Option<Duration> {
 }
 
 const BENCH_FILE: &str = "/.dpuio-bench/data";
+/// Where the benchmarks keep their files in the container.
+pub const BENCH_DIR: &str = "/.dpuio-bench";
+
+fn bench_error(reason: impl std::fmt::Display) -> dpuio_shim::Error {
+    dpuio_shim::Error::DataPlane { op: "bench".into(), reason: reason.to_string() }
+}
+
+/// What every workload needs: the shim clients, the POSIX root, the agent's pid.
+pub struct Setup {
+    pub clients: Vec<(String, Client)>,
+    pub posix_root: Option<PathBuf>,
+    pub agent_pid: Option<u32>,
+    pub progress: indicatif::MultiProgress,
+}
+
+impl Setup {
+    /// CPU time of the agent so far, when its pid is known.
+    pub fn agent_cpu(&self) -> Option<Duration> {
+        self.agent_pid.and_then(process_cpu)
+    }
+
+    /// A spinner on stderr for one measurement.
+    pub fn spinner(&self, message: String) -> indicatif::ProgressBar {
+        let bar = self.progress.add(indicatif::ProgressBar::new_spinner());
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}").expect("a valid progress template"),
+        );
+        bar.set_message(message);
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    }
+}
 
 pub async fn run(agent: &str, tenant: &str, args: BenchArgs) -> dpuio_shim::Result<()> {
-    let block = args.block_bytes.unwrap_or(match args.workload {
-        Workload::SeqRead => 1 << 20,
-        Workload::RandRead => 4096,
-    });
-    let qd = args.queue_depth.unwrap_or(match args.workload {
-        Workload::SeqRead => 1,
-        Workload::RandRead => 32,
-    });
-    let file_bytes = args.file_bytes - args.file_bytes % block;
     let connect = |transports: &str| {
         Client::connect(ConnectOptions {
             agent: agent.to_owned(),
             tenant: tenant.to_owned(),
             client_name: format!("dpuio bench ({transports})"),
-            data_plane: Some(DataPlaneOptions { transports: transports.to_owned(), rings: 2, ..Default::default() }),
+            data_plane: Some(DataPlaneOptions { transports: transports.to_owned(), rings: 8, ..Default::default() }),
             ..ConnectOptions::default()
         })
     };
     let mut clients = Vec::new();
     for path in &args.paths {
         match path.as_str() {
-            "shm" | "tcp" => {
-                clients.push((format!("shim-ucx-{}", if path == "shm" { "sm" } else { "tcp" }), connect(path).await?))
-            }
+            "shm" => clients.push(("shim-ucx-sm".to_owned(), connect("shm").await?)),
+            "tcp" => clients.push(("shim-ucx-tcp".to_owned(), connect("tcp").await?)),
             "posix" => {}
-            other => {
-                return Err(dpuio_shim::Error::DataPlane {
-                    op: "bench".into(),
-                    reason: format!("unknown path {other:?}; use posix, shm or tcp"),
-                });
-            }
+            other => return Err(bench_error(format!("unknown path {other:?}; use posix, shm or tcp"))),
         }
     }
-    let Some((_, first)) = clients.first() else {
-        return Err(dpuio_shim::Error::DataPlane {
-            op: "bench".into(),
-            reason: "name at least one of shm, tcp".into(),
-        });
-    };
-    prepare_file(first, file_bytes).await?;
-    let posix_file = match (&args.posix_root, args.paths.iter().any(|p| p == "posix")) {
-        (Some(root), true) => {
-            let path = root.join(BENCH_FILE.trim_start_matches('/'));
-            Some(Arc::new(std::fs::File::open(&path).map_err(|e| dpuio_shim::Error::DataPlane {
-                op: format!("open {} for the POSIX baseline", path.display()),
-                reason: format!("{e} (is --posix-root the container's directory?)"),
-            })?))
-        }
+    if clients.is_empty() {
+        return Err(bench_error("name at least one of shm, tcp in --paths"));
+    }
+    let posix_root = match (&args.posix_root, args.paths.iter().any(|p| p == "posix")) {
+        (Some(root), true) => Some(root.clone()),
         (None, true) => {
             eprintln!("dpuio bench: POSIX baseline skipped: pass --posix-root <container directory>");
             None
         }
         _ => None,
+    };
+    let progress = indicatif::MultiProgress::new();
+    if args.json {
+        progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let setup = Setup { clients, posix_root, agent_pid: args.agent_pid, progress };
+    let mut all: Vec<Figures> = Vec::new();
+    for &workload in &args.workloads {
+        let figures = match workload {
+            Workload::SeqRead | Workload::RandRead | Workload::SeqWrite => {
+                block_workload(&setup, &args, workload).await?
+            }
+            Workload::Metadata => metadata(&setup, args.metadata_files).await?,
+            Workload::Unet3d => crate::bench_dlio::unet3d(&setup, &args.unet3d).await?,
+            Workload::Checkpoint => checkpoint(&setup, args.checkpoint_bytes).await?,
+        };
+        report(&figures, &args);
+        all.extend(figures);
+    }
+    if let Some(path) = &args.plot {
+        crate::bench_plot::plot(&all, path).map_err(bench_error)?;
+        if !args.json {
+            println!("plot written to {}", path.display());
+        }
+    }
+    for (_, c) in setup.clients {
+        c.detach().await?;
+    }
+    Ok(())
+}
+
+/// seq-read, seq-write, rand-read: rounds of one cell per path, interleaved.
+async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> dpuio_shim::Result<Vec<Figures>> {
+    let block = args.block_bytes.unwrap_or(match workload {
+        Workload::RandRead => 4096,
+        _ => 1 << 20,
+    });
+    let qd = args.queue_depth.unwrap_or(match workload {
+        Workload::RandRead => 32,
+        _ => 1,
+    });
+    if block == 0 || qd == 0 || args.file_bytes < block {
+        return Err(bench_error("block size and queue depth must be positive and the file at least one block"));
+    }
+    let file_bytes = args.file_bytes - args.file_bytes % block;
+    let (_, first) = &setup.clients[0];
+    prepare_file(first, file_bytes).await?;
+    let posix_file = match &setup.posix_root {
+        Some(root) => {
+            let path = root.join(BENCH_FILE.trim_start_matches('/'));
+            let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| {
+                bench_error(format!(
+                    "open {} for the POSIX baseline: {e} (is --posix-root the container's directory?)",
+                    path.display()
+                ))
+            })?;
+            Some(Arc::new(file))
+        }
+        None => None,
     };
     // Warm the page cache, so every path reads the same cached file.
     if let Some(f) = &posix_file {
@@ -198,19 +315,23 @@ pub async fn run(agent: &str, tenant: &str, args: BenchArgs) -> dpuio_shim::Resu
     for round in 0..args.rounds {
         let mut cells = Vec::new();
         if let Some(f) = &posix_file {
+            let bar = setup.spinner(format!("{} posix, round {}", workload.name(), round + 1));
             let f = f.clone();
-            let (w, pid) = (args.workload, args.agent_pid);
+            let pid = setup.agent_pid;
             let mut fig = tokio::task::spawn_blocking(move || {
-                posix_cell(&f, w, block, qd, file_bytes, duration, round as u64, pid)
+                posix_cell(&f, workload, block, qd, file_bytes, duration, round as u64, pid)
             })
             .await
-            .expect("posix bench thread");
+            .map_err(bench_error)?;
+            bar.finish_and_clear();
             fig.path = "posix".into();
             cells.push(fig);
         }
-        for (name, client) in &clients {
+        for (name, client) in &setup.clients {
+            let bar = setup.spinner(format!("{} {name}, round {}", workload.name(), round + 1));
             let mut fig =
-                shim_cell(client, args.workload, block, qd, file_bytes, duration, round as u64, args.agent_pid).await?;
+                shim_cell(client, workload, block, qd, file_bytes, duration, round as u64, setup.agent_pid).await?;
+            bar.finish_and_clear();
             fig.path = name.clone();
             cells.push(fig);
         }
@@ -221,11 +342,216 @@ pub async fn run(agent: &str, tenant: &str, args: BenchArgs) -> dpuio_shim::Resu
             }
         }
     }
-    report(&totals, &args);
-    for (_, c) in clients {
-        c.detach().await?;
+    Ok(totals)
+}
+
+/// Files per second for create, stat, readdir and remove, through the shim's namespace
+/// calls and through std::fs on the container's directory.
+async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures>> {
+    let mut out = Vec::new();
+    if let Some(root) = &setup.posix_root {
+        let bar = setup.spinner("metadata posix".into());
+        let dir = root.join(BENCH_DIR.trim_start_matches('/')).join("meta-posix");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(bench_error)?;
+        let names: Vec<PathBuf> = (0..files).map(|i| dir.join(format!("f{i:07}"))).collect();
+        let steps: [(&str, &dyn Fn() -> std::io::Result<()>); 4] = [
+            ("create", &|| names.iter().try_for_each(|n| std::fs::File::create_new(n).map(drop))),
+            ("stat", &|| names.iter().try_for_each(|n| std::fs::metadata(n).map(drop))),
+            ("readdir", &|| std::fs::read_dir(&dir)?.try_for_each(|e| e.and_then(|e| e.metadata()).map(drop))),
+            ("remove", &|| names.iter().try_for_each(std::fs::remove_file)),
+        ];
+        for (op, step) in steps {
+            let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+            step().map_err(|e| bench_error(format!("posix metadata {op}: {e}")))?;
+            out.push(meta_figures(op, "posix", files, t0.elapsed(), process_cpu_time() - cpu0, agent0, setup));
+        }
+        bar.finish_and_clear();
     }
-    Ok(())
+    for (name, client) in &setup.clients {
+        let bar = setup.spinner(format!("metadata {name}"));
+        let dir = format!("{BENCH_DIR}/meta-{name}");
+        let _ = client.remove(&dir, true).await;
+        client.mkdir(&dir, true).await?;
+        let names: Vec<String> = (0..files).map(|i| format!("{dir}/f{i:07}")).collect();
+        for op in ["create", "stat", "readdir", "remove"] {
+            let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+            match op {
+                "create" => {
+                    for n in &names {
+                        client.create(n, true).await?.close().await?;
+                    }
+                }
+                "stat" => {
+                    for n in &names {
+                        client.stat(n).await?;
+                    }
+                }
+                "readdir" => {
+                    let listed = client.readdir(&dir).await?.len();
+                    if listed != files {
+                        return Err(bench_error(format!("readdir listed {listed} of {files} files")));
+                    }
+                }
+                _ => {
+                    for n in &names {
+                        client.remove(n, false).await?;
+                    }
+                }
+            }
+            out.push(meta_figures(op, name, files, t0.elapsed(), process_cpu_time() - cpu0, agent0, setup));
+        }
+        bar.finish_and_clear();
+    }
+    Ok(out)
+}
+
+fn meta_figures(
+    op: &str,
+    path: &str,
+    files: usize,
+    wall: Duration,
+    host_cpu: Duration,
+    agent0: Option<Duration>,
+    setup: &Setup,
+) -> Figures {
+    Figures {
+        workload: format!("metadata-{op}"),
+        path: path.to_owned(),
+        ops: files as u64,
+        wall,
+        host_cpu,
+        agent_cpu: agent0.and_then(|a0| setup.agent_cpu().map(|a1| a1.saturating_sub(a0))),
+        ..Figures::default()
+    }
+}
+
+/// Write a checkpoint in chunks and make it durable (fsync / Close), then read it back.
+async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures>> {
+    const CHUNK: u64 = 8 << 20;
+    const DEPTH: usize = 4;
+    let bytes = bytes.max(CHUNK) / CHUNK * CHUNK;
+    let mut out = Vec::new();
+    let mut data = vec![0u8; CHUNK as usize];
+    rand::rngs::StdRng::seed_from_u64(9).fill(&mut data[..]);
+    if let Some(root) = &setup.posix_root {
+        let bar = setup.spinner("checkpoint posix".into());
+        // ext4's ordered journal makes an fsync also write out earlier dirty data: start
+        // every path's checkpoint from a clean page cache.
+        rustix::fs::sync();
+        let path = root.join(BENCH_DIR.trim_start_matches('/')).join("checkpoint-posix.pt");
+        let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(bench_error)?;
+        for i in 0..bytes / CHUNK {
+            f.write_all_at(&data, i * CHUNK).map_err(bench_error)?;
+        }
+        f.sync_all().map_err(bench_error)?;
+        let mut fig = meta_figures(
+            "write",
+            "posix",
+            (bytes / CHUNK) as usize,
+            t0.elapsed(),
+            process_cpu_time() - cpu0,
+            agent0,
+            setup,
+        );
+        fig.workload = "checkpoint-write".into();
+        fig.bytes = bytes;
+        out.push(fig);
+        let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+        let mut buf = vec![0u8; CHUNK as usize];
+        for i in 0..bytes / CHUNK {
+            f.read_exact_at(&mut buf, i * CHUNK).map_err(bench_error)?;
+        }
+        let mut fig = meta_figures(
+            "read",
+            "posix",
+            (bytes / CHUNK) as usize,
+            t0.elapsed(),
+            process_cpu_time() - cpu0,
+            agent0,
+            setup,
+        );
+        fig.workload = "checkpoint-read".into();
+        fig.bytes = bytes;
+        out.push(fig);
+        let _ = std::fs::remove_file(&path);
+        bar.finish_and_clear();
+    }
+    for (name, client) in &setup.clients {
+        let bar = setup.spinner(format!("checkpoint {name}"));
+        rustix::fs::sync();
+        let path = format!("{BENCH_DIR}/checkpoint-{name}.pt");
+        let mut regions = Vec::new();
+        for _ in 0..DEPTH {
+            let mut r = client.register_region(CHUNK as usize, RegionAccess::ReadWrite).await?;
+            r.memory_mut().write_at(0, &data);
+            regions.push(r);
+        }
+        let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+        let file = client.create(&path, false).await?;
+        let requests: Vec<_> =
+            (0..bytes / CHUNK).map(|i| file.write_request(&regions[i as usize % DEPTH], 0, CHUNK, i * CHUNK)).collect();
+        run_waves(client, requests, DEPTH).await?;
+        file.close().await?; // durable once Close returns (the agent fsyncs)
+        let mut fig = meta_figures(
+            "write",
+            name,
+            (bytes / CHUNK) as usize,
+            t0.elapsed(),
+            process_cpu_time() - cpu0,
+            agent0,
+            setup,
+        );
+        fig.workload = "checkpoint-write".into();
+        fig.bytes = bytes;
+        out.push(fig);
+        let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+        let file = client.open(&path, Access::ReadOnly).await?;
+        let requests: Vec<_> =
+            (0..bytes / CHUNK).map(|i| file.read_request(&regions[i as usize % DEPTH], 0, CHUNK, i * CHUNK)).collect();
+        run_waves(client, requests, DEPTH).await?;
+        file.close().await?;
+        let mut fig = meta_figures(
+            "read",
+            name,
+            (bytes / CHUNK) as usize,
+            t0.elapsed(),
+            process_cpu_time() - cpu0,
+            agent0,
+            setup,
+        );
+        fig.workload = "checkpoint-read".into();
+        fig.bytes = bytes;
+        out.push(fig);
+        client.remove(&path, false).await?;
+        for r in regions {
+            client.deregister_region(r).await?;
+        }
+        bar.finish_and_clear();
+    }
+    Ok(out)
+}
+
+/// Run requests `depth` at a time (each wave waits for all of its requests).
+async fn run_waves(client: &Client, requests: Vec<dpuio_shim::Request>, depth: usize) -> dpuio_shim::Result<()> {
+    let c = client.clone();
+    tokio::task::spawn_blocking(move || -> dpuio_shim::Result<()> {
+        for wave in requests.chunks(depth) {
+            for d in c.submit_blocking(wave)? {
+                d.result.map_err(|status| dpuio_shim::Error::Io { op: "bench".into(), status })?;
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(bench_error)?
 }
 
 /// Create the benchmark file through the shim unless it already has the right size.
@@ -257,10 +583,7 @@ async fn prepare_file(client: &Client, file_bytes: u64) -> dpuio_shim::Result<()
 
 fn offset(workload: Workload, i: u64, block: u64, file_bytes: u64, rng: &mut impl Rng) -> u64 {
     let blocks = file_bytes / block;
-    match workload {
-        Workload::SeqRead => (i % blocks) * block,
-        Workload::RandRead => rng.random_range(0..blocks) * block,
-    }
+    if workload == Workload::RandRead { rng.random_range(0..blocks) * block } else { (i % blocks) * block }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -288,7 +611,11 @@ fn posix_cell(
                     while start.elapsed() < duration {
                         let at = offset(workload, i, block, file_bytes, &mut rng);
                         let t0 = Instant::now();
-                        let _ = file.read_at(&mut buf, at);
+                        let _ = if workload == Workload::SeqWrite {
+                            file.write_all_at(&buf, at)
+                        } else {
+                            file.read_exact_at(&mut buf, at)
+                        };
                         lat.push(t0.elapsed().as_micros() as u32);
                         i += qd as u64;
                     }
@@ -301,7 +628,7 @@ fn posix_cell(
     let wall = start.elapsed();
     let ops: u64 = per_thread.iter().map(|p| p.0).sum();
     Figures {
-        workload: workload.name(),
+        workload: workload.name().into(),
         block_bytes: block,
         queue_depth: qd,
         bytes: ops * block,
@@ -325,14 +652,18 @@ async fn shim_cell(
     seed: u64,
     agent_pid: Option<u32>,
 ) -> dpuio_shim::Result<Figures> {
-    let file = client.open(BENCH_FILE, Access::ReadOnly).await?;
+    let writing = workload == Workload::SeqWrite;
+    let file = client.open(BENCH_FILE, if writing { Access::ReadWrite } else { Access::ReadOnly }).await?;
     let mut regions = Vec::with_capacity(qd);
     for _ in 0..qd {
-        regions.push(client.register_region(block as usize, RegionAccess::WriteByAgent).await?);
+        regions.push(client.register_region(block as usize, RegionAccess::ReadWrite).await?);
     }
     let c = client.clone();
     let handle = file.handle();
-    let requests: Vec<_> = regions.iter().map(|r| file.read_request(r, 0, block, 0)).collect();
+    let requests: Vec<_> = regions
+        .iter()
+        .map(|r| if writing { file.write_request(r, 0, block, 0) } else { file.read_request(r, 0, block, 0) })
+        .collect();
     let fig = tokio::task::spawn_blocking(move || -> dpuio_shim::Result<Figures> {
         let mut batch = c.batch()?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 77);
@@ -357,7 +688,8 @@ async fn shim_cell(
             let keep_going = start.elapsed() < duration;
             for d in done {
                 let k = d.user_data as usize;
-                d.result.map_err(|status| dpuio_shim::Error::Io { op: "bench read".into(), status })?;
+                d.result
+                    .map_err(|status| dpuio_shim::Error::Io { op: format!("bench {}", workload.name()), status })?;
                 ops += 1;
                 lat.push((now - sent_at[k]).as_micros() as u32);
                 if keep_going {
@@ -371,7 +703,7 @@ async fn shim_cell(
         }
         let wall = start.elapsed();
         Ok(Figures {
-            workload: workload.name(),
+            workload: workload.name().into(),
             block_bytes: block,
             queue_depth: qd,
             bytes: ops * block,
@@ -392,74 +724,123 @@ async fn shim_cell(
     Ok(fig)
 }
 
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.filter(|v| v.is_finite()).map_or("null".into(), |v| format!("{v:.digits$}"))
+}
+
+/// The POSIX figures of the same workload, the baseline of every ratio.
+fn baseline<'a>(all: &'a [Figures], t: &Figures) -> Option<&'a Figures> {
+    all.iter().find(|p| p.path == "posix" && p.workload == t.workload)
+}
+
+/// Throughput for byte workloads, operation rate for metadata ones.
+fn rate(t: &Figures) -> f64 {
+    if t.bytes > 0 { t.gib_per_s() } else { t.iops() }
+}
+
 fn report(totals: &[Figures], args: &BenchArgs) {
-    let posix = totals.iter().find(|t| t.path == "posix");
     if args.json {
         for t in totals {
-            let ratio = posix.map(|p| t.gib_per_s() / p.gib_per_s());
-            let cpu_ratio = posix.map(|p| t.host_cpu_s_per_gib() / p.host_cpu_s_per_gib());
+            let base = baseline(totals, t);
+            let bytes = t.bytes > 0;
             println!(
-                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"gib_per_s\":{:.4},\"iops\":{:.0},\"p50_us\":{:.1},\"p99_us\":{:.1},\"host_cpu_s_per_gib\":{:.5},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"seconds\":{:.2}}}",
+                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"gib_per_s\":{},\"iops\":{:.0},\"p50_us\":{},\"p99_us\":{},\"host_cpu_s_per_gib\":{},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"au\":{},\"accelerators\":{},\"seconds\":{:.2}}}",
                 t.workload,
                 t.path,
                 t.block_bytes,
                 t.queue_depth,
-                t.gib_per_s(),
+                opt(bytes.then(|| t.gib_per_s()), 4),
                 t.iops(),
-                t.percentile_us(0.5),
-                t.percentile_us(0.99),
-                t.host_cpu_s_per_gib(),
-                t.agent_cpu_s_per_gib().map_or("null".into(), |v| format!("{v:.5}")),
-                ratio.map_or("null".into(), |v| format!("{v:.3}")),
-                cpu_ratio.map_or("null".into(), |v| format!("{v:.4}")),
+                opt((!t.latencies_us.is_empty()).then(|| t.percentile_us(0.5)), 1),
+                opt((!t.latencies_us.is_empty()).then(|| t.percentile_us(0.99)), 1),
+                opt(bytes.then(|| t.host_cpu_s_per_gib()), 5),
+                opt(t.agent_cpu_s_per_gib().filter(|_| bytes), 5),
+                opt(base.map(|p| rate(t) / rate(p)), 3),
+                opt(base.filter(|_| bytes).map(|p| t.host_cpu_s_per_gib() / p.host_cpu_s_per_gib()), 4),
+                opt(t.au, 3),
+                t.accelerators.map_or("null".into(), |a| a.to_string()),
                 t.wall.as_secs_f64(),
             );
         }
         return;
     }
     println!(
-        "{:<10} {:<14} {:>9} {:>3} {:>9} {:>10} {:>9} {:>9} {:>12} {:>12} {:>9}",
-        "workload", "path", "block", "qd", "GiB/s", "IOPS", "p50 us", "p99 us", "host s/GiB", "agent s/GiB", "vs posix"
+        "{:<18} {:<13} {:>8} {:>3} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>5} {:>4}",
+        "workload",
+        "path",
+        "block",
+        "qd",
+        "GiB/s",
+        "ops/s",
+        "p50 us",
+        "p99 us",
+        "host s/GiB",
+        "agent s/GiB",
+        "vs posix",
+        "AU",
+        "acc"
     );
     for t in totals {
+        let bytes = t.bytes > 0;
+        let dash = || "-".to_owned();
         println!(
-            "{:<10} {:<14} {:>9} {:>3} {:>9.3} {:>10.0} {:>9.1} {:>9.1} {:>12.5} {:>12} {:>9}",
+            "{:<18} {:<13} {:>8} {:>3} {:>8} {:>9.0} {:>8} {:>8} {:>10} {:>10} {:>8} {:>5} {:>4}",
             t.workload,
             t.path,
-            t.block_bytes,
-            t.queue_depth,
-            t.gib_per_s(),
+            if t.block_bytes > 0 { t.block_bytes.to_string() } else { dash() },
+            if t.queue_depth > 0 { t.queue_depth.to_string() } else { dash() },
+            if bytes { format!("{:.3}", t.gib_per_s()) } else { dash() },
             t.iops(),
-            t.percentile_us(0.5),
-            t.percentile_us(0.99),
-            t.host_cpu_s_per_gib(),
-            t.agent_cpu_s_per_gib().map_or("-".into(), |v| format!("{v:.5}")),
-            posix.map_or("-".into(), |p| format!("{:.2}x", t.gib_per_s() / p.gib_per_s())),
+            if t.latencies_us.is_empty() { dash() } else { format!("{:.0}", t.percentile_us(0.5)) },
+            if t.latencies_us.is_empty() { dash() } else { format!("{:.0}", t.percentile_us(0.99)) },
+            if bytes { format!("{:.4}", t.host_cpu_s_per_gib()) } else { dash() },
+            t.agent_cpu_s_per_gib().filter(|_| bytes).map_or_else(dash, |v| format!("{v:.4}")),
+            baseline(totals, t).map_or_else(dash, |p| format!("{:.2}x", rate(t) / rate(p))),
+            t.au.map_or_else(dash, |v| format!("{:.0}%", v * 100.0)),
+            t.accelerators.map_or_else(dash, |a| a.to_string()),
         );
     }
-    if let (Some(p), Some(sm)) = (posix, totals.iter().find(|t| t.path == "shim-ucx-sm")) {
-        let thr = sm.gib_per_s() / p.gib_per_s();
-        let cpu = sm.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
-        match args.workload {
-            Workload::SeqRead => {
-                println!("target: shim-ucx-sm throughput >= 0.8x posix (aim 1.0x): {thr:.2}x  {}", verdict(thr >= 0.8));
-                println!(
-                    "target: shim-ucx-sm host CPU/GiB <= 10% of posix: {:.1}%  {}",
-                    cpu * 100.0,
-                    verdict(cpu <= 0.10)
-                );
-            }
-            Workload::RandRead => {
-                let iops = sm.iops() / p.iops();
-                println!(
-                    "target: shim-ucx-sm IOPS >= 0.5x posix: {iops:.2}x  {} (p50 {:.0} us, p99 {:.0} us; posix p50 {:.0} us, p99 {:.0} us)",
-                    verdict(iops >= 0.5),
-                    sm.percentile_us(0.5),
-                    sm.percentile_us(0.99),
-                    p.percentile_us(0.5),
-                    p.percentile_us(0.99)
-                );
-            }
+    targets(totals);
+}
+
+/// The issues' targets, printed with the figures they are judged by.
+fn targets(totals: &[Figures]) {
+    let sm = |w: &str| totals.iter().find(|t| t.path == "shim-ucx-sm" && t.workload == w);
+    let px = |w: &str| totals.iter().find(|t| t.path == "posix" && t.workload == w);
+    if let (Some(s), Some(p)) = (sm("seq-read"), px("seq-read")) {
+        let thr = s.gib_per_s() / p.gib_per_s();
+        let cpu = s.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
+        println!(
+            "target: seq-read shim-ucx-sm throughput >= 0.8x posix (aim 1.0x): {thr:.2}x  {}",
+            verdict(thr >= 0.8)
+        );
+        println!(
+            "target: seq-read shim-ucx-sm host CPU/GiB <= 10% of posix: {:.1}%  {}",
+            cpu * 100.0,
+            verdict(cpu <= 0.10)
+        );
+    }
+    if let (Some(s), Some(p)) = (sm("rand-read"), px("rand-read")) {
+        let iops = s.iops() / p.iops();
+        println!(
+            "target: rand-read shim-ucx-sm IOPS >= 0.5x posix: {iops:.2}x  {} (p50 {:.0} us, p99 {:.0} us; posix p50 {:.0} us, p99 {:.0} us)",
+            verdict(iops >= 0.5),
+            s.percentile_us(0.5),
+            s.percentile_us(0.99),
+            p.percentile_us(0.5),
+            p.percentile_us(0.99)
+        );
+    }
+    if let (Some(s), Some(p)) = (sm("unet3d"), px("unet3d")) {
+        let (sa, pa) = (s.accelerators.unwrap_or(0), p.accelerators.unwrap_or(0));
+        let cpu = s.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
+        println!("target: unet3d accelerators at AU >= 90%, shim >= posix: {sa} vs {pa}  {}", verdict(sa >= pa));
+        println!("target: unet3d shim host CPU/GiB <= 10% of posix: {:.1}%  {}", cpu * 100.0, verdict(cpu <= 0.10));
+    }
+    for w in ["checkpoint-write", "checkpoint-read"] {
+        if let (Some(s), Some(p)) = (sm(w), px(w)) {
+            let r = s.gib_per_s() / p.gib_per_s();
+            println!("target: {w} shim >= 0.8x posix (with fsync): {r:.2}x  {}", verdict(r >= 0.8));
         }
     }
 }

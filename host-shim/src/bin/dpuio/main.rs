@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 mod bench;
+mod bench_dlio;
+mod bench_plot;
 
 use std::io::{Read, Write};
 
@@ -85,7 +87,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("dpuio: cannot start the async runtime: {e}");

@@ -1,0 +1,112 @@
+//! `dpuio bench --plot FILE`: a PNG with two panels, throughput (GiB/s, or operations
+//! per second for metadata) and host CPU seconds per GiB, one bar per path, grouped by
+//! workload, so the shim's figures stand next to the POSIX baseline's.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::bench::Figures;
+
+/// Fonts looked for, in order (Debian's fonts-dejavu-core ships the first).
+const FONTS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+fn colour(path: &str) -> RGBColor {
+    match path {
+        "posix" => RGBColor(120, 120, 120),
+        "shim-ucx-sm" => RGBColor(31, 119, 180),
+        "shim-ucx-tcp" => RGBColor(255, 127, 14),
+        _ => RGBColor(44, 160, 44),
+    }
+}
+
+pub fn plot(all: &[Figures], out: &Path) -> Result<(), String> {
+    let font = FONTS
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or_else(|| format!("no font found for the plot (install fonts-dejavu-core; looked in {FONTS:?})"))?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| "the plot font could not be loaded".to_owned())?;
+
+    let mut workloads: Vec<&str> = Vec::new();
+    let mut paths: Vec<&str> = Vec::new();
+    for f in all {
+        if !workloads.contains(&f.workload.as_str()) {
+            workloads.push(&f.workload);
+        }
+        if !paths.contains(&f.path.as_str()) {
+            paths.push(&f.path);
+        }
+    }
+    let root = BitMapBackend::new(out, (1400, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let (top, bottom) = root.split_vertically(450);
+    let panels: [(&str, &dyn Fn(&Figures) -> Option<f64>, _); 2] = [
+        (
+            "throughput (GiB/s; metadata: kops/s)",
+            &|f: &Figures| Some(if f.bytes > 0 { f.gib_per_s() } else { f.iops() / 1000.0 }),
+            top,
+        ),
+        (
+            "host CPU seconds per GiB (lower is better)",
+            &|f: &Figures| (f.bytes > 0).then(|| f.host_cpu_s_per_gib()),
+            bottom,
+        ),
+    ];
+    for (title, value, area) in panels {
+        let max = all.iter().filter_map(value).fold(0.0f64, f64::max).max(1e-6) * 1.15;
+        let groups = workloads.len() as f64;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..groups, 0.0..max)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let width = 0.8 / paths.len() as f64;
+        for (pi, path) in paths.iter().enumerate() {
+            let bars: Vec<Rectangle<(f64, f64)>> = workloads
+                .iter()
+                .enumerate()
+                .filter_map(|(wi, w)| {
+                    let f = all.iter().find(|f| f.workload == *w && f.path == *path)?;
+                    let v = value(f)?;
+                    let x0 = wi as f64 + 0.1 + pi as f64 * width;
+                    Some(Rectangle::new([(x0, 0.0), (x0 + width * 0.9, v)], colour(path).filled()))
+                })
+                .collect();
+            chart
+                .draw_series(bars)
+                .map_err(|e| e.to_string())?
+                .label(*path)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour(path).filled()));
+        }
+        // Group names above each group (ticks of a float axis would not land on them).
+        chart
+            .draw_series(
+                workloads.iter().enumerate().map(|(i, w)| {
+                    Text::new(w.to_string(), (i as f64 + 0.12, max * 0.97), ("sans-serif", 17).into_font())
+                }),
+            )
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 15))
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    root.present().map_err(|e| format!("cannot write {}: {e}", out.display()))
+}
