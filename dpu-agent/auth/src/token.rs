@@ -1,0 +1,1085 @@
+//! What a caller may do: capability tokens, and the rights they compile to.
+//!
+//! A token is a [biscuit](https://www.biscuitsec.org) (biscuit-auth 6, ed25519): a chain
+//! of signed Datalog blocks. The agent's [`TokenAuthority`] holds the root key and mints
+//! the first (authority) block; any holder can append a block that narrows it
+//! ([`attenuate`]), without the root key and without asking the agent, e.g. a training
+//! job handing a DataLoader worker a read-only token for one directory. Verifying needs
+//! only the root *public* key ([`TokenPublicKey`]).
+//!
+//! # Token format (version 1)
+//!
+//! Authority block, signed by the root key:
+//!
+//! ```text
+//! tenant("acme");
+//! container("training");
+//! scope("/datasets", {"read", "write"}, 2030-01-01T00:00:00Z);
+//! check if operation($op), {"read", "write"}.contains($op);
+//! check if path($p), $p == "/datasets" || $p.starts_with("/datasets/");
+//! check if time($t), $t < 2030-01-01T00:00:00Z;
+//! ```
+//!
+//! Each attenuation block declares its narrowed scope the same way and enforces it with
+//! the same three checks:
+//!
+//! ```text
+//! scope("/datasets/imagenet", {"read"}, 2029-06-01T00:00:00Z);
+//! check if operation($op), {"read"}.contains($op);
+//! check if path($p), $p == "/datasets/imagenet" || $p.starts_with("/datasets/imagenet/");
+//! check if time($t), $t < 2029-06-01T00:00:00Z;
+//! ```
+//!
+//! The authorizer supplies `operation`, `path` and `time`; biscuit's scoping makes each
+//! block's facts visible only to that block, so an appended block cannot add rights, and
+//! every block's checks must pass, so the effective rights are the intersection.
+//!
+//! # How verification works
+//!
+//! [`TokenAuthority::verify`] (or [`verify`] with a public key):
+//!
+//! 1. parses the token and checks the signature chain (biscuit): an altered byte, a
+//!    removed last block or another root key fails here;
+//! 2. requires every block to be exactly in the format above: it re-renders the block
+//!    from its declared `scope` fact and compares. A block written by some other tool
+//!    (other checks, rules, third-party blocks) is refused rather than half understood,
+//!    because [`Rights`] must never allow what the Datalog would deny;
+//! 3. computes the candidate intersection (deepest prefix, common operations, earliest
+//!    expiry) and then *confirms it with biscuit's authorizer*: the operations are those
+//!    for which authorization at the prefix succeeds now, and authorization must succeed
+//!    one second before the expiry. So the result is what the Datalog checks accept, not
+//!    what the blocks claim.
+//!
+//! [`TokenAuthority::authorize`] also runs the authorizer for one concrete request, for
+//! the moments the design calls for a full check (session attach, open, delegate). The
+//! data plane then checks each entry against the [`Rights`] value alone: an
+//! [`OpMask`] test, a component-wise prefix test and an expiry test, no Datalog.
+//!
+//! # Limits
+//!
+//! Tokens longer than [`MAX_TOKEN_CHARS`] or with more than [`MAX_BLOCKS`] blocks are
+//! refused before any parsing beyond the length check; Datalog runs with explicit
+//! [`AUTHORIZER_MAX_TIME`], fact and iteration limits.
+//!
+//! # Not here
+//!
+//! Revocation lists, token storage and the binding of a token to a session: the agent
+//! does those with the values this module returns.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::{BitAnd, BitOr};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use biscuit_auth::builder::Term;
+use biscuit_auth::error::{Format, Logic, Signature, Token as BiscuitError};
+use biscuit_auth::{AuthorizerBuilder, AuthorizerLimits, Biscuit, BlockBuilder, KeyPair, PublicKey};
+
+use crate::files::{self, FileError};
+use crate::names::{self, NameError, NameKind};
+
+/// File name of the root private key (PKCS#8 PEM, mode `0600`).
+pub const ROOT_KEY_FILE: &str = "token-root.key";
+/// File name of the root public key (SPKI PEM, mode `0644`), for verifiers elsewhere.
+pub const PUBLIC_KEY_FILE: &str = "token-root.pub";
+
+/// Longest token accepted or produced, in base64 characters. A fresh token with a
+/// short prefix is about 580; each attenuation block adds about 450 plus three times its
+/// prefix length, so [`MAX_BLOCKS`] blocks with short prefixes fit.
+pub const MAX_TOKEN_CHARS: usize = 8 * 1024;
+/// Most blocks in a token (the authority block plus attenuations).
+pub const MAX_BLOCKS: usize = 16;
+/// Time budget of one Datalog run. Generous: a run on these tokens takes microseconds,
+/// and a debug build on a loaded two-core CI box must not fail spuriously.
+pub const AUTHORIZER_MAX_TIME: Duration = Duration::from_millis(100);
+
+const AUTHORITY_CODE: &str = r#"
+tenant({tenant});
+container({container});
+scope({prefix}, {ops}, {expires});
+check if operation($op), {ops}.contains($op);
+check if path($p), $p == {prefix} || $p.starts_with({prefix_dir});
+check if time($t), $t < {expires};
+"#;
+
+const ATTENUATION_CODE: &str = r#"
+scope({prefix}, {ops}, {expires});
+check if operation($op), {ops}.contains($op);
+check if path($p), $p == {prefix} || $p.starts_with({prefix_dir});
+check if time($t), $t < {expires};
+"#;
+
+/// An operation on a container's namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Read file data, stat, list directories.
+    Read,
+    /// Write file data, truncate, sync.
+    Write,
+    /// Create files and directories.
+    Create,
+    /// Remove files and directories (rename needs delete on the source).
+    Delete,
+}
+
+impl Op {
+    /// All operations, in bit order.
+    pub const ALL: [Op; 4] = [Op::Read, Op::Write, Op::Create, Op::Delete];
+
+    /// The mask with only this operation.
+    pub const fn mask(self) -> OpMask {
+        match self {
+            Op::Read => OpMask::READ,
+            Op::Write => OpMask::WRITE,
+            Op::Create => OpMask::CREATE,
+            Op::Delete => OpMask::DELETE,
+        }
+    }
+
+    /// The name used in tokens, config and the CLI.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Create => "create",
+            Op::Delete => "delete",
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Op {
+    type Err = TokenError;
+
+    fn from_str(s: &str) -> Result<Op, TokenError> {
+        Op::ALL
+            .into_iter()
+            .find(|op| op.as_str() == s)
+            .ok_or_else(|| TokenError::InvalidScope { reason: format!("unknown operation {:?}", names::quote(s)) })
+    }
+}
+
+/// A set of [`Op`]s as a bitmask: `READ = 1`, `WRITE = 2`, `CREATE = 4`, `DELETE = 8`.
+/// The bit values are part of the interface (they may travel in the data-plane wire
+/// format).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct OpMask(u8);
+
+impl OpMask {
+    /// No operation.
+    pub const NONE: OpMask = OpMask(0);
+    /// [`Op::Read`].
+    pub const READ: OpMask = OpMask(1);
+    /// [`Op::Write`].
+    pub const WRITE: OpMask = OpMask(2);
+    /// [`Op::Create`].
+    pub const CREATE: OpMask = OpMask(4);
+    /// [`Op::Delete`].
+    pub const DELETE: OpMask = OpMask(8);
+    /// Every operation.
+    pub const ALL: OpMask = OpMask(15);
+
+    /// The raw bits.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// The mask with these bits, or `None` if a bit names no operation.
+    pub const fn from_bits(bits: u8) -> Option<OpMask> {
+        if bits & !OpMask::ALL.0 == 0 { Some(OpMask(bits)) } else { None }
+    }
+
+    /// Whether every operation in `other` is in `self`.
+    pub const fn contains(self, other: OpMask) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether `op` is in the mask.
+    pub const fn has(self, op: Op) -> bool {
+        self.contains(op.mask())
+    }
+
+    /// Whether the mask is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The operations in `self` but not in `other`.
+    pub const fn difference(self, other: OpMask) -> OpMask {
+        OpMask(self.0 & !other.0)
+    }
+
+    /// The operations in the mask, in bit order.
+    pub fn iter(self) -> impl Iterator<Item = Op> {
+        Op::ALL.into_iter().filter(move |op| self.has(*op))
+    }
+
+    /// Parse a comma-separated list such as `read,write` (empty string: no operation).
+    pub fn parse_list(s: &str) -> Result<OpMask, TokenError> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .try_fold(OpMask::NONE, |acc, name| Ok(acc | name.parse::<Op>()?.mask()))
+    }
+}
+
+impl BitOr for OpMask {
+    type Output = OpMask;
+    fn bitor(self, rhs: OpMask) -> OpMask {
+        OpMask(self.0 | rhs.0)
+    }
+}
+
+impl BitAnd for OpMask {
+    type Output = OpMask;
+    fn bitand(self, rhs: OpMask) -> OpMask {
+        OpMask(self.0 & rhs.0)
+    }
+}
+
+impl From<Op> for OpMask {
+    fn from(op: Op) -> OpMask {
+        op.mask()
+    }
+}
+
+impl fmt::Display for OpMask {
+    /// `read,write`; `none` for the empty mask.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, op) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(op.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for OpMask {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OpMask({self})")
+    }
+}
+
+/// What a token grants, as asked for when minting or attenuating.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    /// The tenant (a valid identifier).
+    pub tenant: String,
+    /// The one container the token is for (a valid identifier).
+    pub container: String,
+    /// The subtree the token covers, a normalised path (`/` for the whole container).
+    pub prefix: String,
+    /// The operations granted; not empty.
+    pub ops: OpMask,
+    /// The token is valid strictly before this instant (whole seconds: sub-second
+    /// parts are dropped, i.e. it expires up to one second early).
+    pub expires_at: SystemTime,
+}
+
+/// The effective rights of a verified token: the intersection of all its blocks,
+/// confirmed by the Datalog authorizer. A plain value, cheap to check on every
+/// data-plane entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rights {
+    tenant: String,
+    container: String,
+    prefix: String,
+    ops: OpMask,
+    expires_at: SystemTime,
+    blocks: usize,
+}
+
+impl Rights {
+    /// The tenant the token belongs to. Compare it with the mTLS identity, or use
+    /// [`TokenAuthority::verify_for`] / [`verify_for`], which do.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The container the token is for.
+    pub fn container(&self) -> &str {
+        &self.container
+    }
+
+    /// The subtree the token covers (normalised; `/` for the whole container).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The operations granted.
+    pub fn ops(&self) -> OpMask {
+        self.ops
+    }
+
+    /// The token is valid strictly before this instant.
+    pub fn expires_at(&self) -> SystemTime {
+        self.expires_at
+    }
+
+    /// How many blocks the token has (1 for a token straight from the authority).
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Whether `op` on `path` is allowed: `op` is granted and `path` is the prefix or
+    /// below it, component by component (`/data` allows `/data/x`, not `/database`).
+    /// `path` must be normalised (`NsPath::as_str()`); any other string is refused.
+    ///
+    /// Does not look at the clock: see [`Rights::allows_at`] and
+    /// [`Rights::is_expired`].
+    pub fn allows(&self, op: Op, path: &str) -> bool {
+        self.allows_all(op.mask(), path)
+    }
+
+    /// [`Rights::allows`] for several operations at once (e.g. create and write).
+    pub fn allows_all(&self, ops: OpMask, path: &str) -> bool {
+        // The prefix was checked when the token was verified; only `path` needs it.
+        !ops.is_empty()
+            && self.ops.contains(ops)
+            && names::validate_path(path).is_ok()
+            && names::within_normalised(path, &self.prefix)
+    }
+
+    /// [`Rights::allows`] and not expired at `now`.
+    pub fn allows_at(&self, op: Op, path: &str, now: SystemTime) -> bool {
+        !self.is_expired(now) && self.allows(op, path)
+    }
+
+    /// Whether the token has expired at `now`.
+    pub fn is_expired(&self, now: SystemTime) -> bool {
+        now >= self.expires_at
+    }
+
+    /// These rights as a [`Scope`], e.g. as the starting point of a narrower delegation.
+    pub fn to_scope(&self) -> Scope {
+        Scope {
+            tenant: self.tenant.clone(),
+            container: self.container.clone(),
+            prefix: self.prefix.clone(),
+            ops: self.ops,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// One concrete request, for [`TokenAuthority::authorize`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    /// The caller's tenant (from mTLS).
+    pub tenant: &'a str,
+    /// The container addressed.
+    pub container: &'a str,
+    /// The operation.
+    pub op: Op,
+    /// The path, normalised.
+    pub path: &'a str,
+}
+
+/// How an attenuation would widen its parent; see [`TokenError::Widening`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Widening {
+    /// A different tenant.
+    Tenant {
+        /// The parent's.
+        parent: String,
+        /// Requested.
+        requested: String,
+    },
+    /// A different container.
+    Container {
+        /// The parent's.
+        parent: String,
+        /// Requested.
+        requested: String,
+    },
+    /// A prefix outside the parent's.
+    Prefix {
+        /// The parent's.
+        parent: String,
+        /// Requested.
+        requested: String,
+    },
+    /// Operations the parent does not have.
+    Ops {
+        /// The operations asked for beyond the parent's.
+        extra: OpMask,
+    },
+    /// A later expiry.
+    Expiry {
+        /// The parent's expiry, seconds since the Unix epoch.
+        parent_unix_s: u64,
+        /// Requested, seconds since the Unix epoch.
+        requested_unix_s: u64,
+    },
+}
+
+impl fmt::Display for Widening {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Widening::Tenant { parent, requested } => write!(f, "tenant {requested:?} is not the token's {parent:?}"),
+            Widening::Container { parent, requested } => {
+                write!(f, "container {requested:?} is not the token's {parent:?}")
+            }
+            Widening::Prefix { parent, requested } => {
+                write!(f, "prefix {requested:?} is outside the token's {parent:?}")
+            }
+            Widening::Ops { extra } => write!(f, "operations {extra} are not granted by the token"),
+            Widening::Expiry { parent_unix_s, requested_unix_s } => {
+                write!(f, "expiry {requested_unix_s} (Unix s) is after the token's {parent_unix_s}")
+            }
+        }
+    }
+}
+
+/// Why a token could not be minted, attenuated or verified, or a key not loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenError {
+    /// The token is longer than [`MAX_TOKEN_CHARS`] (when verifying), or would be (when
+    /// minting or attenuating: use a shorter prefix or fewer blocks).
+    #[error("token of {len} characters is longer than the limit of {MAX_TOKEN_CHARS}")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+    },
+    /// Not a token at all: bad base64, or bytes that do not decode as a biscuit.
+    #[error("malformed token: {reason}")]
+    Malformed {
+        /// What the decoder said.
+        reason: String,
+    },
+    /// The signature chain does not verify: the token was altered, a block was removed,
+    /// or it was signed by another key claiming to be this authority.
+    #[error("token signature is invalid (altered or truncated token)")]
+    BadSignature,
+    /// The token was minted by another authority (another agent, or a root key that has
+    /// since been replaced).
+    #[error("token was issued by another authority (root key id {found:?}, this agent's is {expected})")]
+    UnknownAuthority {
+        /// This authority's root key id.
+        expected: u32,
+        /// The token's.
+        found: Option<u32>,
+    },
+    /// The token has more than [`MAX_BLOCKS`] blocks.
+    #[error("token has {count} blocks, more than the limit of {MAX_BLOCKS}: attenuate from a shorter token")]
+    TooManyBlocks {
+        /// How many it has.
+        count: usize,
+    },
+    /// A block is not in the dpuio token format (made by another tool, third-party
+    /// block, extra rules or checks). Refused because its meaning cannot be compiled
+    /// into [`Rights`] exactly.
+    #[error("token block {block} is not a dpuio scope block: {reason}")]
+    Unrecognized {
+        /// The block index (0 is the authority block).
+        block: usize,
+        /// What did not match.
+        reason: String,
+    },
+    /// The token has expired.
+    #[error("token expired at {expired_unix_s} (Unix s); ask for a new one (Session.Attach) or a fresh delegation")]
+    Expired {
+        /// When, in seconds since the Unix epoch.
+        expired_unix_s: u64,
+    },
+    /// The token belongs to another tenant than the caller's mTLS identity.
+    #[error("token is for tenant {token:?}, but the caller is tenant {caller:?}")]
+    WrongTenant {
+        /// The token's tenant.
+        token: String,
+        /// The caller's.
+        caller: String,
+    },
+    /// The token is for another container than the one addressed.
+    #[error("token is for container {token:?}, not {requested:?}")]
+    WrongContainer {
+        /// The token's container.
+        token: String,
+        /// The one addressed.
+        requested: String,
+    },
+    /// The blocks' scopes do not intersect: no path or no operation is left.
+    #[error("token grants nothing: {reason}")]
+    Empty {
+        /// Which part of the intersection is empty.
+        reason: String,
+    },
+    /// The token is sealed (biscuit's final signature) and cannot be attenuated.
+    #[error("token is sealed and cannot be attenuated; attenuate the unsealed token it was made from")]
+    Sealed,
+    /// The authorizer denied a concrete request ([`TokenAuthority::authorize`]).
+    #[error("token does not allow {op} on {path:?}: {reason}")]
+    Denied {
+        /// The operation.
+        op: Op,
+        /// The path (shortened).
+        path: String,
+        /// Which restriction failed.
+        reason: String,
+    },
+    /// An attenuation asked for more than its parent has.
+    #[error("attenuation cannot widen a token: {0}")]
+    Widening(Widening),
+    /// A scope given to [`TokenAuthority::mint`] or [`attenuate`] is invalid.
+    #[error("invalid token scope: {reason}")]
+    InvalidScope {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A name in a scope is invalid.
+    #[error("invalid token scope: {0}")]
+    InvalidName(#[from] NameError),
+    /// A key file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The root key file can be read by group or others; see
+    /// [`crate::pki::PkiError::KeyPermissions`].
+    #[error("{}: private key is readable by group or others (mode {mode:03o}); refusing to use it: \
+             check who could read it, then `chmod 600` it or delete it to have a new one made \
+             (which invalidates all tokens)", path.display())]
+    KeyPermissions {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A key file does not hold a usable key, or the public key does not match the
+    /// private one.
+    #[error("{}: {reason}", path.display())]
+    InvalidKey {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// biscuit failed where it should not (building a block from our own template).
+    #[error("internal token error: {reason}")]
+    Internal {
+        /// biscuit's error.
+        reason: String,
+    },
+}
+
+impl From<FileError> for TokenError {
+    fn from(e: FileError) -> Self {
+        match e {
+            FileError::Io { path, source } => TokenError::Io { path, source },
+            FileError::Permissions { path, mode } => TokenError::KeyPermissions { path, mode },
+            FileError::NotAKeyFile { path, reason } => TokenError::InvalidKey { path, reason: reason.into() },
+        }
+    }
+}
+
+fn internal(e: impl fmt::Display) -> TokenError {
+    TokenError::Internal { reason: e.to_string() }
+}
+
+/// The root public key that verifies tokens. Safe to copy and publish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenPublicKey(PublicKey);
+
+impl TokenPublicKey {
+    /// SPKI PEM, as in `token-root.pub`.
+    pub fn to_pem(&self) -> String {
+        // Serialising an ed25519 public key cannot fail.
+        self.0.to_pem().expect("ed25519 public key encodes as PEM")
+    }
+
+    /// Parse SPKI PEM.
+    pub fn from_pem(pem: &str) -> Result<TokenPublicKey, TokenError> {
+        PublicKey::from_pem(pem)
+            .map(TokenPublicKey)
+            .map_err(|e| TokenError::InvalidKey { path: PathBuf::from("<public key>"), reason: e.to_string() })
+    }
+
+    /// A short identifier of this key, written into tokens so that a token from another
+    /// authority gets a precise error. A hint only: security rests on the signature.
+    pub fn key_id(&self) -> u32 {
+        let bytes = self.0.to_bytes();
+        u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    }
+}
+
+/// The agent's token authority: the root signing key. No `Debug`, no `Clone` (it holds
+/// a private key; biscuit's ed25519 key is zeroized on drop).
+pub struct TokenAuthority {
+    root: KeyPair,
+    public: TokenPublicKey,
+}
+
+impl TokenAuthority {
+    /// A new authority with a fresh key, not stored anywhere (tests, ephemeral agents).
+    pub fn generate() -> TokenAuthority {
+        TokenAuthority::from_key_pair(KeyPair::new())
+    }
+
+    fn from_key_pair(root: KeyPair) -> TokenAuthority {
+        let public = TokenPublicKey(root.public());
+        TokenAuthority { root, public }
+    }
+
+    /// Load the root key from `dir/token-root.key`, or create it (and
+    /// `dir/token-root.pub`) on first start. `dir` is created with mode `0700` if
+    /// missing. A key readable by group or others is refused
+    /// ([`TokenError::KeyPermissions`]); a public key file that does not match the
+    /// private key is an error; a missing public key file is written again.
+    ///
+    /// A new root key invalidates every token issued before, which is harmless for
+    /// short-lived tokens: clients attach again.
+    pub fn load_or_create(dir: &Path) -> Result<TokenAuthority, TokenError> {
+        files::create_dir(dir)?;
+        let (key_path, pub_path) = (dir.join(ROOT_KEY_FILE), dir.join(PUBLIC_KEY_FILE));
+        let authority = if files::exists(&key_path) {
+            let pem = files::read_secret(&key_path)?;
+            let root = KeyPair::from_private_key_pem(&pem)
+                .map_err(|e| TokenError::InvalidKey { path: key_path.clone(), reason: e.to_string() })?;
+            TokenAuthority::from_key_pair(root)
+        } else {
+            let authority = TokenAuthority::generate();
+            let pem = authority.root.to_private_key_pem().map_err(internal)?;
+            files::write_secret(&key_path, pem.as_bytes())?;
+            authority
+        };
+        if files::exists(&pub_path) {
+            let stored = files::read_public(&pub_path)?;
+            let matches = PublicKey::from_pem(&stored).is_ok_and(|key| key == authority.public.0);
+            if !matches {
+                return Err(TokenError::InvalidKey {
+                    path: pub_path,
+                    reason: format!(
+                        "does not hold the public key of {ROOT_KEY_FILE}; delete it to have it written again"
+                    ),
+                });
+            }
+        } else {
+            files::write_public(&pub_path, authority.public.to_pem().as_bytes())?;
+        }
+        Ok(authority)
+    }
+
+    /// The public key that verifies this authority's tokens.
+    pub fn public_key(&self) -> TokenPublicKey {
+        self.public
+    }
+
+    /// Mint a token granting exactly `scope`. Returns the token, URL-safe base64.
+    ///
+    /// The scope is checked: valid tenant and container names, a normalised prefix, at
+    /// least one operation, an expiry after the Unix epoch. Minting does not read the
+    /// clock, so an expiry in the past makes a token that never verifies.
+    pub fn mint(&self, scope: &Scope) -> Result<String, TokenError> {
+        let expires = check_scope(scope)?;
+        let mut params = scope_params(&scope.prefix, scope.ops, expires);
+        params.insert("tenant".into(), Term::Str(scope.tenant.clone()));
+        params.insert("container".into(), Term::Str(scope.container.clone()));
+        let block = BlockBuilder::new().code_with_params(AUTHORITY_CODE, params, HashMap::new()).map_err(internal)?;
+        let token =
+            Biscuit::builder().merge(block).root_key_id(self.public.key_id()).build(&self.root).map_err(internal)?;
+        within_size(token.to_base64().map_err(internal)?)
+    }
+
+    /// Verify `token` at `now` and return its effective rights. See the module
+    /// documentation for what is checked.
+    pub fn verify(&self, token: &str, now: SystemTime) -> Result<Rights, TokenError> {
+        verify(&self.public, token, now)
+    }
+
+    /// [`TokenAuthority::verify`], and the token must belong to `tenant` (the caller's
+    /// mTLS identity).
+    pub fn verify_for(&self, token: &str, tenant: &str, now: SystemTime) -> Result<Rights, TokenError> {
+        verify_for(&self.public, token, tenant, now)
+    }
+
+    /// Verify `token` and run biscuit's authorizer on one concrete request: right
+    /// tenant and container, and every block's checks pass for this operation, path and
+    /// time. Returns the effective rights for later per-entry checks.
+    pub fn authorize(&self, token: &str, request: &Request<'_>, now: SystemTime) -> Result<Rights, TokenError> {
+        authorize(&self.public, token, request, now)
+    }
+}
+
+/// Verify `token` at `now` with the authority's public key; see the module
+/// documentation.
+pub fn verify(public_key: &TokenPublicKey, token: &str, now: SystemTime) -> Result<Rights, TokenError> {
+    let parsed = parse(public_key, token)?;
+    effective_rights(&parsed, now)
+}
+
+/// [`verify`], and the token must belong to `tenant`.
+pub fn verify_for(
+    public_key: &TokenPublicKey,
+    token: &str,
+    tenant: &str,
+    now: SystemTime,
+) -> Result<Rights, TokenError> {
+    let rights = verify(public_key, token, now)?;
+    if rights.tenant != tenant {
+        return Err(TokenError::WrongTenant { token: rights.tenant, caller: names::quote(tenant) });
+    }
+    Ok(rights)
+}
+
+/// [`TokenAuthority::authorize`] with a public key.
+pub fn authorize(
+    public_key: &TokenPublicKey,
+    token: &str,
+    request: &Request<'_>,
+    now: SystemTime,
+) -> Result<Rights, TokenError> {
+    let parsed = parse(public_key, token)?;
+    let rights = effective_rights(&parsed, now)?;
+    if rights.tenant != request.tenant {
+        return Err(TokenError::WrongTenant { token: rights.tenant, caller: names::quote(request.tenant) });
+    }
+    if rights.container != request.container {
+        return Err(TokenError::WrongContainer { token: rights.container, requested: names::quote(request.container) });
+    }
+    let denied = |reason: String| TokenError::Denied { op: request.op, path: names::quote(request.path), reason };
+    names::validate_path(request.path).map_err(|e| denied(e.to_string()))?;
+    run_authorizer(&parsed, request.op, request.path, unix_s(now)?, Some((request.tenant, request.container)))
+        .map_err(denied)?;
+    // The Datalog said yes; the compiled rights must agree, or they are not a faithful
+    // compilation and must not be used.
+    if !rights.allows(request.op, request.path) {
+        return Err(internal("rights and authorizer disagree"));
+    }
+    Ok(rights)
+}
+
+/// Append a block to `token` restricting it to `narrower`, which must lie within the
+/// token's effective rights at `now` (same tenant and container, a prefix at or below
+/// the token's, a subset of its operations, an expiry no later). Anything wider is a
+/// [`TokenError::Widening`] error. Verifying the result yields exactly `narrower`
+/// (expiry in whole seconds).
+///
+/// Needs no private key: any holder can attenuate. `public_key` is used to verify the
+/// parent first, so a broken or expired parent is reported here, not later.
+///
+/// `now` is a parameter (this crate reads no clock); the agent passes
+/// `SystemTime::now()`.
+pub fn attenuate(
+    token: &str,
+    public_key: &TokenPublicKey,
+    narrower: &Scope,
+    now: SystemTime,
+) -> Result<String, TokenError> {
+    let parsed = parse(public_key, token)?;
+    let parent = effective_rights(&parsed, now)?;
+    let expires = check_scope(narrower)?;
+    let widening = if narrower.tenant != parent.tenant {
+        Some(Widening::Tenant { parent: parent.tenant.clone(), requested: narrower.tenant.clone() })
+    } else if narrower.container != parent.container {
+        Some(Widening::Container { parent: parent.container.clone(), requested: narrower.container.clone() })
+    } else if !names::within_normalised(&narrower.prefix, &parent.prefix) {
+        Some(Widening::Prefix { parent: parent.prefix.clone(), requested: narrower.prefix.clone() })
+    } else if !parent.ops.contains(narrower.ops) {
+        Some(Widening::Ops { extra: narrower.ops.difference(parent.ops) })
+    } else if expires > unix_s(parent.expires_at)? {
+        Some(Widening::Expiry { parent_unix_s: unix_s(parent.expires_at)?, requested_unix_s: expires })
+    } else {
+        None
+    };
+    if let Some(widening) = widening {
+        return Err(TokenError::Widening(widening));
+    }
+    if parsed.block_count() >= MAX_BLOCKS {
+        return Err(TokenError::TooManyBlocks { count: parsed.block_count() + 1 });
+    }
+    append_scope_block(&parsed, &narrower.prefix, narrower.ops, expires)
+}
+
+/// Append a scope block without comparing it to the parent. Verification still takes
+/// the intersection; tests use this to show that a wider block grants nothing.
+fn append_scope_block(parsed: &Biscuit, prefix: &str, ops: OpMask, expires: u64) -> Result<String, TokenError> {
+    let block = BlockBuilder::new()
+        .code_with_params(ATTENUATION_CODE, scope_params(prefix, ops, expires), HashMap::new())
+        .map_err(internal)?;
+    let appended = parsed.append(block).map_err(|e| match e {
+        BiscuitError::AppendOnSealed | BiscuitError::AlreadySealed => TokenError::Sealed,
+        other => internal(other),
+    })?;
+    within_size(appended.to_base64().map_err(internal)?)
+}
+
+/// Refuse to hand out a token that [`verify`] would refuse as too large.
+fn within_size(token: String) -> Result<String, TokenError> {
+    if token.len() > MAX_TOKEN_CHARS {
+        return Err(TokenError::TooLarge { len: token.len() });
+    }
+    Ok(token)
+}
+
+/// Whether biscuit prints `s` in a way that parses back to exactly `s` (see
+/// [`read_block`]).
+fn printable_exactly(s: &str) -> bool {
+    !s.contains(['"', '\\'])
+}
+
+/// Check a scope and return its expiry in Unix seconds.
+fn check_scope(scope: &Scope) -> Result<u64, TokenError> {
+    names::validate_identifier(NameKind::Tenant, &scope.tenant)?;
+    names::validate_identifier(NameKind::Container, &scope.container)?;
+    names::validate_path(&scope.prefix)?;
+    if !printable_exactly(&scope.prefix) {
+        return Err(TokenError::InvalidScope {
+            reason: format!("prefix {:?}: a token prefix cannot contain '\"' or '\\'", names::quote(&scope.prefix)),
+        });
+    }
+    if scope.ops.is_empty() {
+        return Err(TokenError::InvalidScope { reason: "no operation granted".into() });
+    }
+    let expires = unix_s(scope.expires_at)?;
+    if expires == 0 {
+        return Err(TokenError::InvalidScope { reason: "expiry must be after the Unix epoch".into() });
+    }
+    Ok(expires)
+}
+
+fn unix_s(t: SystemTime) -> Result<u64, TokenError> {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .map_err(|_| TokenError::InvalidScope { reason: "time before the Unix epoch".into() })
+}
+
+fn ops_term(ops: OpMask) -> Term {
+    Term::Set(ops.iter().map(|op| Term::Str(op.as_str().to_owned())).collect())
+}
+
+fn scope_params(prefix: &str, ops: OpMask, expires: u64) -> HashMap<String, Term> {
+    let prefix_dir = if prefix == "/" { "/".to_owned() } else { format!("{prefix}/") };
+    HashMap::from([
+        ("prefix".to_owned(), Term::Str(prefix.to_owned())),
+        ("prefix_dir".to_owned(), Term::Str(prefix_dir)),
+        ("ops".to_owned(), ops_term(ops)),
+        ("expires".to_owned(), Term::Date(expires)),
+    ])
+}
+
+/// Decode and check the signature chain; refuse oversized and over-long tokens.
+fn parse(public_key: &TokenPublicKey, token: &str) -> Result<Biscuit, TokenError> {
+    if token.len() > MAX_TOKEN_CHARS {
+        return Err(TokenError::TooLarge { len: token.len() });
+    }
+    let expected = public_key.key_id();
+    let key = public_key.0;
+    let provider = move |key_id: Option<u32>| {
+        if key_id == Some(expected) { Ok(key) } else { Err(Format::UnknownPublicKey) }
+    };
+    let parsed = Biscuit::from_base64(token.trim(), provider).map_err(|e| match e {
+        BiscuitError::Format(Format::UnknownPublicKey) => {
+            TokenError::UnknownAuthority { expected, found: root_key_id_hint(token) }
+        }
+        BiscuitError::Format(Format::Signature(Signature::InvalidSignature(_)) | Format::SealedSignature) => {
+            TokenError::BadSignature
+        }
+        BiscuitError::Format(Format::Signature(_) | Format::InvalidSignatureSize(_)) => TokenError::BadSignature,
+        other => TokenError::Malformed { reason: other.to_string() },
+    })?;
+    if parsed.block_count() > MAX_BLOCKS {
+        return Err(TokenError::TooManyBlocks { count: parsed.block_count() });
+    }
+    Ok(parsed)
+}
+
+/// The root key id a token claims, for the error message only (the signature is not
+/// checked: the key is unknown).
+fn root_key_id_hint(token: &str) -> Option<u32> {
+    biscuit_auth::UnverifiedBiscuit::from_base64(token.trim()).ok().and_then(|t| t.root_key_id())
+}
+
+/// A block's declared scope.
+struct BlockScope {
+    prefix: String,
+    ops: OpMask,
+    expires: u64,
+}
+
+/// Check that block `index` is exactly a dpuio scope block and return its declared
+/// scope (and, for the authority block, tenant and container).
+fn read_block(parsed: &Biscuit, index: usize) -> Result<(BlockScope, Option<(String, String)>), TokenError> {
+    let unrecognized = |reason: String| TokenError::Unrecognized { block: index, reason };
+    if parsed.block_external_key(index).map_err(|e| unrecognized(e.to_string()))?.is_some() {
+        return Err(unrecognized("third-party blocks are not used by dpuio".into()));
+    }
+    // The block is compared with the template through biscuit's printer, which does not
+    // escape '"' or '\' in strings: with such a string, different blocks could print
+    // alike. Every string a block uses is in its symbol table, so refusing those
+    // characters there makes print-then-parse exact.
+    let symbols = parsed.block_symbols(index).map_err(|e| unrecognized(e.to_string()))?;
+    if let Some(bad) = symbols.iter().find(|s| !printable_exactly(s)) {
+        return Err(unrecognized(format!("string {:?} cannot be compared exactly", names::quote(bad))));
+    }
+    let keys = parsed.block_public_keys(index).map_err(|e| unrecognized(e.to_string()))?;
+    if keys.current_offset() != 0 {
+        return Err(unrecognized("blocks trusting public keys are not used by dpuio".into()));
+    }
+    let source = parsed.print_block_source(index).map_err(|e| unrecognized(e.to_string()))?;
+    let block = BlockBuilder::new().code(&source).map_err(|e| unrecognized(format!("cannot re-read: {e}")))?;
+    let mut scope = None;
+    let mut tenant = None;
+    let mut container = None;
+    for fact in &block.facts {
+        let terms = &fact.predicate.terms;
+        match (fact.predicate.name.as_str(), terms.as_slice()) {
+            ("scope", [Term::Str(prefix), Term::Set(ops), Term::Date(expires)]) if scope.is_none() => {
+                let mut mask = OpMask::NONE;
+                for op in ops {
+                    let Term::Str(name) = op else {
+                        return Err(unrecognized("operations must be strings".into()));
+                    };
+                    mask = mask | name.parse::<Op>().map_err(|e| unrecognized(e.to_string()))?.mask();
+                }
+                scope = Some(BlockScope { prefix: prefix.clone(), ops: mask, expires: *expires });
+            }
+            ("tenant", [Term::Str(t)]) if index == 0 && tenant.is_none() => tenant = Some(t.clone()),
+            ("container", [Term::Str(c)]) if index == 0 && container.is_none() => container = Some(c.clone()),
+            (name, _) => return Err(unrecognized(format!("unexpected fact {name:?}"))),
+        }
+    }
+    let scope = scope.ok_or_else(|| unrecognized("no scope fact".into()))?;
+    names::validate_path(&scope.prefix).map_err(|e| unrecognized(e.to_string()))?;
+    let mut params = scope_params(&scope.prefix, scope.ops, scope.expires);
+    let (code, names) = if index == 0 {
+        let (Some(tenant), Some(container)) = (tenant, container) else {
+            return Err(unrecognized("the authority block must name a tenant and a container".into()));
+        };
+        names::validate_identifier(NameKind::Tenant, &tenant).map_err(|e| unrecognized(e.to_string()))?;
+        names::validate_identifier(NameKind::Container, &container).map_err(|e| unrecognized(e.to_string()))?;
+        params.insert("tenant".into(), Term::Str(tenant.clone()));
+        params.insert("container".into(), Term::Str(container.clone()));
+        (AUTHORITY_CODE, Some((tenant, container)))
+    } else {
+        (ATTENUATION_CODE, None)
+    };
+    let canonical = BlockBuilder::new().code_with_params(code, params, HashMap::new()).map_err(internal)?;
+    // Block-level `trusting` scopes are not printed, so not compared; they only widen
+    // what this block's own checks can see, and those checks read only the
+    // authorizer's `operation`, `path` and `time` facts (third-party blocks, the only
+    // other source of facts a scope could reach, are refused above).
+    if canonical.to_string() != block.to_string() {
+        return Err(unrecognized("its checks or rules differ from the dpuio template".into()));
+    }
+    Ok((scope, names))
+}
+
+/// Compute and confirm the effective rights of a parsed token at `now`.
+fn effective_rights(parsed: &Biscuit, now: SystemTime) -> Result<Rights, TokenError> {
+    let now_s = unix_s(now)?;
+    let blocks = parsed.block_count();
+    let mut tenant_container = None;
+    let mut prefix = String::new();
+    let mut declared_ops = OpMask::ALL;
+    let mut expires = u64::MAX;
+    for index in 0..blocks {
+        let (scope, names) = read_block(parsed, index)?;
+        if index == 0 {
+            tenant_container = names;
+            prefix = scope.prefix;
+        } else if names::within_normalised(&scope.prefix, &prefix) {
+            prefix = scope.prefix;
+        } else if !names::within_normalised(&prefix, &scope.prefix) {
+            return Err(TokenError::Empty {
+                reason: format!("block {index} restricts to {:?}, outside {prefix:?}", names::quote(&scope.prefix)),
+            });
+        }
+        declared_ops = declared_ops & scope.ops;
+        expires = expires.min(scope.expires);
+    }
+    let Some((tenant, container)) = tenant_container else {
+        return Err(TokenError::Unrecognized { block: 0, reason: "no authority block".into() });
+    };
+    if now_s >= expires {
+        return Err(TokenError::Expired { expired_unix_s: expires });
+    }
+    // Ask the authorizer which operations it allows at the prefix now; those, not the
+    // declared ones, are the rights. With well-formed blocks they are the same.
+    let mut ops = OpMask::NONE;
+    for op in Op::ALL {
+        if run_authorizer(parsed, op, &prefix, now_s, None).is_ok() {
+            ops = ops | op.mask();
+        }
+    }
+    if ops != declared_ops {
+        return Err(TokenError::Unrecognized {
+            block: 0,
+            reason: format!("the checks allow {ops} but the blocks declare {declared_ops}"),
+        });
+    }
+    let Some(first) = ops.iter().next() else {
+        return Err(TokenError::Empty { reason: "the blocks have no operation in common".into() });
+    };
+    // The last second before expiry must still be allowed.
+    run_authorizer(parsed, first, &prefix, expires - 1, None).map_err(|reason| TokenError::Unrecognized {
+        block: 0,
+        reason: format!("the checks refuse the last second before the declared expiry: {reason}"),
+    })?;
+    Ok(Rights { tenant, container, prefix, ops, expires_at: UNIX_EPOCH + Duration::from_secs(expires), blocks })
+}
+
+/// Run biscuit's authorizer with `operation`, `path` and `time` facts. The policy
+/// requires a tenant and a container in the authority block (the given ones, if any).
+/// `Err` carries a description of the failed checks.
+fn run_authorizer(
+    parsed: &Biscuit,
+    op: Op,
+    path: &str,
+    now_s: u64,
+    tenant_container: Option<(&str, &str)>,
+) -> Result<(), String> {
+    let policy = match tenant_container {
+        Some(_) => "allow if tenant({tenant}), container({container})",
+        None => "allow if tenant($t), container($c)",
+    };
+    let mut params = HashMap::from([
+        ("op".to_owned(), Term::Str(op.as_str().to_owned())),
+        ("path".to_owned(), Term::Str(path.to_owned())),
+        ("now".to_owned(), Term::Date(now_s)),
+    ]);
+    if let Some((tenant, container)) = tenant_container {
+        params.insert("tenant".into(), Term::Str(tenant.to_owned()));
+        params.insert("container".into(), Term::Str(container.to_owned()));
+    }
+    let code = format!("operation({{op}}); path({{path}}); time({{now}}); {policy};");
+    let limits = AuthorizerLimits { max_facts: 1000, max_iterations: 100, max_time: AUTHORIZER_MAX_TIME };
+    let mut authorizer = AuthorizerBuilder::new()
+        .code_with_params(code, params, HashMap::new())
+        .map_err(|e| e.to_string())?
+        .set_limits(limits)
+        .build(parsed)
+        .map_err(|e| e.to_string())?;
+    authorizer.authorize().map(|_| ()).map_err(|e| describe_failure(&e))
+}
+
+fn describe_failure(e: &BiscuitError) -> String {
+    match e {
+        BiscuitError::FailedLogic(Logic::Unauthorized { checks, .. } | Logic::NoMatchingPolicy { checks })
+            if !checks.is_empty() =>
+        {
+            checks.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("; ")
+        }
+        BiscuitError::FailedLogic(Logic::NoMatchingPolicy { .. }) => "wrong tenant or container".into(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
