@@ -587,10 +587,10 @@ async fn keep_alive(mut session: SessionClient<Channel>, session_id: u64, lease_
     let period = Duration::from_millis((lease_ms / 3).max(100));
     loop {
         tokio::time::sleep(period).await;
-        if let Err(status) = session.keep_alive(pb::KeepAliveRequest { session_id }).await {
-            if status.code() == tonic::Code::FailedPrecondition {
-                return; // the session is gone; calls will say so
-            }
+        if let Err(status) = session.keep_alive(pb::KeepAliveRequest { session_id }).await
+            && status.code() == tonic::Code::FailedPrecondition
+        {
+            return; // the session is gone; calls will say so
         }
     }
 }

@@ -362,9 +362,9 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
             ("remove", &|| names.iter().try_for_each(std::fs::remove_file)),
         ];
         for (op, step) in steps {
-            let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+            let meter = Meter::start(setup);
             step().map_err(|e| bench_error(format!("posix metadata {op}: {e}")))?;
-            out.push(meta_figures(op, "posix", files, t0.elapsed(), process_cpu_time() - cpu0, agent0, setup));
+            out.push(meter.finish(&format!("metadata-{op}"), "posix", files as u64, 0));
         }
         bar.finish_and_clear();
     }
@@ -375,7 +375,7 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
         client.mkdir(&dir, true).await?;
         let names: Vec<String> = (0..files).map(|i| format!("{dir}/f{i:07}")).collect();
         for op in ["create", "stat", "readdir", "remove"] {
-            let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+            let meter = Meter::start(setup);
             match op {
                 "create" => {
                     for n in &names {
@@ -399,30 +399,37 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
                     }
                 }
             }
-            out.push(meta_figures(op, name, files, t0.elapsed(), process_cpu_time() - cpu0, agent0, setup));
+            out.push(meter.finish(&format!("metadata-{op}"), name, files as u64, 0));
         }
         bar.finish_and_clear();
     }
     Ok(out)
 }
 
-fn meta_figures(
-    op: &str,
-    path: &str,
-    files: usize,
-    wall: Duration,
-    host_cpu: Duration,
+/// Wall clock, host CPU and agent CPU started together, for one measured step.
+struct Meter<'a> {
+    setup: &'a Setup,
+    cpu0: Duration,
     agent0: Option<Duration>,
-    setup: &Setup,
-) -> Figures {
-    Figures {
-        workload: format!("metadata-{op}"),
-        path: path.to_owned(),
-        ops: files as u64,
-        wall,
-        host_cpu,
-        agent_cpu: agent0.and_then(|a0| setup.agent_cpu().map(|a1| a1.saturating_sub(a0))),
-        ..Figures::default()
+    t0: Instant,
+}
+
+impl<'a> Meter<'a> {
+    fn start(setup: &'a Setup) -> Self {
+        Meter { setup, cpu0: process_cpu_time(), agent0: setup.agent_cpu(), t0: Instant::now() }
+    }
+
+    fn finish(self, workload: &str, path: &str, ops: u64, bytes: u64) -> Figures {
+        Figures {
+            workload: workload.to_owned(),
+            path: path.to_owned(),
+            ops,
+            bytes,
+            wall: self.t0.elapsed(),
+            host_cpu: process_cpu_time() - self.cpu0,
+            agent_cpu: self.agent0.and_then(|a0| self.setup.agent_cpu().map(|a1| a1.saturating_sub(a0))),
+            ..Figures::default()
+        }
     }
 }
 
@@ -440,7 +447,7 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
         // every path's checkpoint from a clean page cache.
         rustix::fs::sync();
         let path = root.join(BENCH_DIR.trim_start_matches('/')).join("checkpoint-posix.pt");
-        let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+        let meter = Meter::start(setup);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -452,35 +459,13 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
             f.write_all_at(&data, i * CHUNK).map_err(bench_error)?;
         }
         f.sync_all().map_err(bench_error)?;
-        let mut fig = meta_figures(
-            "write",
-            "posix",
-            (bytes / CHUNK) as usize,
-            t0.elapsed(),
-            process_cpu_time() - cpu0,
-            agent0,
-            setup,
-        );
-        fig.workload = "checkpoint-write".into();
-        fig.bytes = bytes;
-        out.push(fig);
-        let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+        out.push(meter.finish("checkpoint-write", "posix", bytes / CHUNK, bytes));
+        let meter = Meter::start(setup);
         let mut buf = vec![0u8; CHUNK as usize];
         for i in 0..bytes / CHUNK {
             f.read_exact_at(&mut buf, i * CHUNK).map_err(bench_error)?;
         }
-        let mut fig = meta_figures(
-            "read",
-            "posix",
-            (bytes / CHUNK) as usize,
-            t0.elapsed(),
-            process_cpu_time() - cpu0,
-            agent0,
-            setup,
-        );
-        fig.workload = "checkpoint-read".into();
-        fig.bytes = bytes;
-        out.push(fig);
+        out.push(meter.finish("checkpoint-read", "posix", bytes / CHUNK, bytes));
         let _ = std::fs::remove_file(&path);
         bar.finish_and_clear();
     }
@@ -494,42 +479,20 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
             r.memory_mut().write_at(0, &data);
             regions.push(r);
         }
-        let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+        let meter = Meter::start(setup);
         let file = client.create(&path, false).await?;
         let requests: Vec<_> =
             (0..bytes / CHUNK).map(|i| file.write_request(&regions[i as usize % DEPTH], 0, CHUNK, i * CHUNK)).collect();
         run_waves(client, requests, DEPTH).await?;
         file.close().await?; // durable once Close returns (the agent fsyncs)
-        let mut fig = meta_figures(
-            "write",
-            name,
-            (bytes / CHUNK) as usize,
-            t0.elapsed(),
-            process_cpu_time() - cpu0,
-            agent0,
-            setup,
-        );
-        fig.workload = "checkpoint-write".into();
-        fig.bytes = bytes;
-        out.push(fig);
-        let (cpu0, agent0, t0) = (process_cpu_time(), setup.agent_cpu(), Instant::now());
+        out.push(meter.finish("checkpoint-write", name, bytes / CHUNK, bytes));
+        let meter = Meter::start(setup);
         let file = client.open(&path, Access::ReadOnly).await?;
         let requests: Vec<_> =
             (0..bytes / CHUNK).map(|i| file.read_request(&regions[i as usize % DEPTH], 0, CHUNK, i * CHUNK)).collect();
         run_waves(client, requests, DEPTH).await?;
         file.close().await?;
-        let mut fig = meta_figures(
-            "read",
-            name,
-            (bytes / CHUNK) as usize,
-            t0.elapsed(),
-            process_cpu_time() - cpu0,
-            agent0,
-            setup,
-        );
-        fig.workload = "checkpoint-read".into();
-        fig.bytes = bytes;
-        out.push(fig);
+        out.push(meter.finish("checkpoint-read", name, bytes / CHUNK, bytes));
         client.remove(&path, false).await?;
         for r in regions {
             client.deregister_region(r).await?;
@@ -556,10 +519,10 @@ async fn run_waves(client: &Client, requests: Vec<dpuio_shim::Request>, depth: u
 
 /// Create the benchmark file through the shim unless it already has the right size.
 async fn prepare_file(client: &Client, file_bytes: u64) -> dpuio_shim::Result<()> {
-    if let Ok(a) = client.stat(BENCH_FILE).await {
-        if a.size == file_bytes {
-            return Ok(());
-        }
+    if let Ok(a) = client.stat(BENCH_FILE).await
+        && a.size == file_bytes
+    {
+        return Ok(());
     }
     client.mkdir("/.dpuio-bench", true).await?;
     let file = client.create(BENCH_FILE, false).await?;

@@ -118,7 +118,7 @@ fn op_name(op: Op) -> &'static str {
 /// Run the benchmark and print it.
 pub fn run(args: CryptoBenchArgs) -> Result<(), String> {
     if args.rounds == 0 || args.seconds.is_nan() || args.seconds <= 0.0 {
-        return Err("bench crypto: --rounds and --seconds must be positive".into());
+        return Err("--rounds and --seconds must be positive".into());
     }
     let providers: Vec<&'static dyn CryptoProvider> = args
         .providers

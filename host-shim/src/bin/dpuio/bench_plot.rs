@@ -23,6 +23,9 @@ fn colour(path: &str) -> RGBColor {
     }
 }
 
+/// What a panel shows of one result (None: not applicable, no bar).
+type Metric = dyn Fn(&Figures) -> Option<f64>;
+
 pub fn plot(all: &[Figures], out: &Path) -> Result<(), String> {
     let font = FONTS
         .iter()
@@ -45,7 +48,7 @@ pub fn plot(all: &[Figures], out: &Path) -> Result<(), String> {
     let root = BitMapBackend::new(out, (1400, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let (top, bottom) = root.split_vertically(450);
-    let panels: [(&str, &dyn Fn(&Figures) -> Option<f64>, _); 2] = [
+    let panels: [(&str, &Metric, _); 2] = [
         (
             "throughput (GiB/s; metadata: kops/s)",
             &|f: &Figures| Some(if f.bytes > 0 { f.gib_per_s() } else { f.iops() / 1000.0 }),
