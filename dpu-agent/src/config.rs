@@ -117,6 +117,21 @@ impl Default for Limits {
 pub struct TenantConfig {
     pub name: String,
     pub container: String,
+    /// Inline encryption of this tenant's new files, if on.
+    pub encryption: Option<EncryptionConfig>,
+}
+
+/// `[tenants.encryption]`: the tenant's key-encryption keys and how files are sealed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncryptionConfig {
+    /// (key version, key file): a file holds 32 raw bytes or 64 hex digits, mode 0600.
+    pub keys: Vec<(u32, PathBuf)>,
+    /// The version that wraps new files' data keys (default: the highest).
+    pub key_version: Option<u32>,
+    /// Bytes per sealed block (default 64 KiB).
+    pub block_bytes: Option<u32>,
+    /// "aws-lc-rs" (default) or "rustcrypto".
+    pub provider: Option<String>,
 }
 
 /// One mistake in a config file.
@@ -161,7 +176,11 @@ impl Default for Config {
             lease_ms: 30_000,
             backend: BackendConfig::Local { path: PathBuf::from(DEFAULT_DATA_DIR) },
             limits: Limits::default(),
-            tenants: vec![TenantConfig { name: DEFAULT_TENANT.into(), container: DEFAULT_TENANT.into() }],
+            tenants: vec![TenantConfig {
+                name: DEFAULT_TENANT.into(),
+                container: DEFAULT_TENANT.into(),
+                encryption: None,
+            }],
             data_plane: DataPlaneConfig::default(),
         }
     }
@@ -390,7 +409,15 @@ impl Checker {
                 self.issue(&prefix, format!("expected a table, found {}", item.type_str()));
                 continue;
             };
-            self.unknown_keys(&prefix, t, &["name", "container"]);
+            self.unknown_keys(&prefix, t, &["name", "container", "encryption"]);
+            let encryption = match t.get("encryption") {
+                None => None,
+                Some(toml::Value::Table(e)) => self.encryption(&format!("{prefix}.encryption"), e),
+                Some(other) => {
+                    self.issue(format!("{prefix}.encryption"), format!("expected a table, found {}", other.type_str()));
+                    None
+                }
+            };
             let name = self.string(t, &prefix, "name");
             let container = self.string(t, &prefix, "container");
             let (Some(name), Some(container)) = (name, container) else {
@@ -422,10 +449,73 @@ impl Checker {
                 ok = false;
             }
             if ok {
-                tenants.push(TenantConfig { name, container });
+                tenants.push(TenantConfig { name, container, encryption });
             }
         }
         tenants
+    }
+}
+
+impl Checker {
+    fn encryption(&mut self, prefix: &str, t: &toml::Table) -> Option<EncryptionConfig> {
+        self.unknown_keys(prefix, t, &["key_file", "keys", "key_version", "block_bytes", "provider"]);
+        let mut keys = Vec::new();
+        if let Some(file) = self.string(t, prefix, "key_file") {
+            keys.push((1, PathBuf::from(file)));
+        }
+        match t.get("keys") {
+            None => {}
+            Some(toml::Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    let at = format!("{prefix}.keys[{i}]");
+                    let toml::Value::Table(k) = item else {
+                        self.issue(&at, "expected { version = N, file = \"PATH\" }");
+                        continue;
+                    };
+                    self.unknown_keys(&at, k, &["version", "file"]);
+                    let version = self.integer(k, &at, "version", 1, u32::MAX as i64);
+                    let file = self.string(k, &at, "file");
+                    match (version, file) {
+                        (Some(v), Some(f)) => keys.push((v as u32, PathBuf::from(f))),
+                        _ => self.issue(&at, "every key needs a version and a file"),
+                    }
+                }
+            }
+            Some(other) => {
+                self.issue(format!("{prefix}.keys"), format!("expected an array, found {}", other.type_str()))
+            }
+        }
+        if keys.is_empty() {
+            self.issue(
+                prefix,
+                "name the key-encryption key: key_file = \"PATH\" or keys = [{ version = 1, file = \"PATH\" }]",
+            );
+            return None;
+        }
+        let mut versions: Vec<u32> = keys.iter().map(|k| k.0).collect();
+        versions.sort_unstable();
+        if versions.windows(2).any(|w| w[0] == w[1]) {
+            self.issue(format!("{prefix}.keys"), "a key version appears twice");
+        }
+        let key_version = self.integer(t, prefix, "key_version", 1, u32::MAX as i64).map(|v| v as u32);
+        if let Some(v) = key_version
+            && !versions.contains(&v)
+        {
+            self.issue(format!("{prefix}.key_version"), format!("version {v} has no key; known: {versions:?}"));
+        }
+        let block_bytes = self.integer(t, prefix, "block_bytes", 4096, 16 << 20).map(|b| b as u32);
+        if let Some(b) = block_bytes
+            && !b.is_power_of_two()
+        {
+            self.issue(format!("{prefix}.block_bytes"), format!("{b} is not a power of two (4 KiB to 16 MiB)"));
+        }
+        let provider = self.string(t, prefix, "provider");
+        if let Some(p) = &provider
+            && !["aws-lc-rs", "rustcrypto"].contains(&p.as_str())
+        {
+            self.issue(format!("{prefix}.provider"), format!("{p:?}: expected \"aws-lc-rs\" or \"rustcrypto\""));
+        }
+        Some(EncryptionConfig { keys, key_version, block_bytes, provider })
     }
 }
 
@@ -553,6 +643,29 @@ mod tests {
         assert_eq!(found.len(), 3, "{found:?}");
         assert!(found[0].reason.contains("not a loopback address"));
         assert!(found[1].reason.contains("out of range"));
+    }
+
+    #[test]
+    fn encryption_config() {
+        let config = Config::parse(
+            "[[tenants]]\nname = \"a\"\ncontainer = \"c\"\n[tenants.encryption]\nkeys = [{ version = 1, file = \"/k1\" }, { version = 2, file = \"/k2\" }]\nblock_bytes = 4096\n",
+        )
+        .unwrap();
+        let e = config.tenants[0].encryption.as_ref().unwrap();
+        assert_eq!(e.keys.len(), 2);
+        assert_eq!(e.block_bytes, Some(4096));
+        let found = issues(
+            "[[tenants]]\nname = \"a\"\ncontainer = \"c\"\n[tenants.encryption]\nkey_file = \"/k\"\nkey_version = 3\nblock_bytes = 5000\nprovider = \"rot13\"\n",
+        );
+        let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "tenants[0].encryption.key_version",
+                "tenants[0].encryption.block_bytes",
+                "tenants[0].encryption.provider"
+            ]
+        );
     }
 
     #[test]

@@ -326,6 +326,8 @@ struct InFlight {
     /// Lowest file offset where a read came up short (end of file); u64::MAX if none.
     short_end: AtomicU64,
     failed: AtomicBool,
+    /// A piece failed an integrity check (inline encryption): the completion says so.
+    integrity: AtomicBool,
 }
 
 struct Job {
@@ -360,6 +362,9 @@ fn run_piece(Job { request: r, piece }: Job) {
         };
         if let Err(e) = outcome {
             tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "backend I/O failed");
+            if matches!(e, dpuio_backend::Error::Integrity { .. }) {
+                r.integrity.store(true, Ordering::Relaxed);
+            }
             r.failed.store(true, Ordering::Relaxed);
         }
         if r.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -381,7 +386,11 @@ fn finish_mapped(r: &InFlight) {
     let result = if short_end == u64::MAX { r.sub.length } else { short_end.saturating_sub(r.sub.file_offset) };
     let c = Completion {
         user_data: r.sub.user_data,
-        status: if failed { wire::Status::Io as i32 } else { wire::Status::Ok as i32 },
+        status: match (failed, r.integrity.load(Ordering::Relaxed)) {
+            (false, _) => wire::Status::Ok as i32,
+            (true, true) => wire::Status::Integrity as i32,
+            (true, false) => wire::Status::Io as i32,
+        },
         result: if failed { 0 } else { result },
         seq: r.cq_index + 1,
     };
@@ -602,6 +611,7 @@ impl Engine {
             pieces_left: std::sync::atomic::AtomicUsize::new(rest.len() + 1),
             short_end: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
+            integrity: AtomicBool::new(false),
         });
         for piece in rest {
             if let Err(crossbeam_channel::SendError(job)) = self.jobs.send(Job { request: request.clone(), piece }) {
@@ -772,7 +782,10 @@ impl Engine {
 fn io_failed(session: &Session, sub: &Submission, e: &dpuio_backend::Error) -> (wire::Status, u64) {
     tracing::warn!(session = format!("{:#018x}", session.id), handle = format!("{:#018x}", sub.handle), error = %e,
         "backend I/O failed");
-    (wire::Status::Io, 0)
+    match e {
+        dpuio_backend::Error::Integrity { .. } => (wire::Status::Integrity, 0),
+        _ => (wire::Status::Io, 0),
+    }
 }
 
 #[cfg(test)]

@@ -76,6 +76,11 @@ fn backend_code(e: &BackendError) -> Code {
         | BackendError::DirectoryNotEmpty { .. }
         | BackendError::UnsupportedEntry { .. } => Code::FailedPrecondition,
         BackendError::AccessMode { .. } => Code::PermissionDenied,
+        // Inline encryption: stored data failed authentication; never "not found" or
+        // "retry", and no plaintext of it was released.
+        BackendError::Integrity { .. } => Code::DataLoss,
+        // The tenant's key source lacks the key version the file needs.
+        BackendError::Key { .. } => Code::FailedPrecondition,
         BackendError::Io { source, .. } => match source.raw_os_error() {
             Some(code) if code == 28 || code == 122 => Code::ResourceExhausted, // ENOSPC, EDQUOT
             _ => Code::Internal,

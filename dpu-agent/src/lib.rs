@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod dataplane;
+pub mod encryption;
 pub mod engine;
 pub mod error;
 pub mod server;

@@ -22,6 +22,12 @@ pub enum ServeError {
         #[source]
         source: dpuio_backend::Error,
     },
+    #[error("tenant {tenant}: encryption: {source}")]
+    Encryption {
+        tenant: String,
+        #[source]
+        source: dpuio_crypto::Error,
+    },
     #[error("cannot prepare the tenants' containers: {0}")]
     Containers(#[source] crate::error::Error),
     #[error("cannot listen on {addr}: {source} (is another agent running there? pick another --listen address)")]
@@ -50,7 +56,13 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     let backend = LocalBackend::open(path.clone())
         .map_err(|source| ServeError::Backend { path: path.display().to_string(), source })?;
     let data_plane = config.data_plane.clone();
+    let tenants = config.tenants.clone();
     let agent = Arc::new(Agent::new(config, Arc::new(backend)));
+    for tenant in &tenants {
+        if let Some(enc) = &tenant.encryption {
+            agent.set_encryption(&tenant.container, encryption_settings(&tenant.name, &tenant.container, enc)?);
+        }
+    }
     agent.prepare_containers().map_err(ServeError::Containers)?;
     if data_plane.enabled {
         let dp = Arc::new(DataPlane::open(&data_plane.fabric()).map_err(ServeError::DataPlane)?);
@@ -60,6 +72,32 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
         agent.set_dataplane(dp);
     }
     Ok(agent)
+}
+
+/// The tenant's encryption settings; key files are read and checked now, so a
+/// missing or loosely protected key stops the agent at start with the reason.
+fn encryption_settings(
+    tenant: &str,
+    container: &str,
+    enc: &crate::config::EncryptionConfig,
+) -> Result<crate::encryption::EncryptionSettings, ServeError> {
+    let fail = |e: dpuio_crypto::Error| ServeError::Encryption { tenant: tenant.to_owned(), source: e };
+    let mut keys = dpuio_crypto::FileKeySource::new();
+    for (version, file) in &enc.keys {
+        keys.add_key_file(tenant, *version, file).map_err(fail)?;
+    }
+    let mut s = crate::encryption::EncryptionSettings::new(tenant, container, Arc::new(keys)).map_err(fail)?;
+    if let Some(p) = &enc.provider {
+        s.provider = dpuio_crypto::provider_by_name(p).map_err(fail)?;
+    }
+    if let Some(b) = enc.block_bytes {
+        s.block_bytes = b;
+    }
+    if let Some(v) = enc.key_version {
+        s.key_version = v;
+    }
+    s.validate().map_err(fail)?;
+    Ok(s)
 }
 
 /// Serve until SIGINT or SIGTERM, then finish in-flight calls, close every session

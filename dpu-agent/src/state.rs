@@ -27,6 +27,8 @@ pub struct Agent {
     draining: AtomicBool,
     pub started: Instant,
     dataplane: std::sync::OnceLock<Arc<DataPlane>>,
+    /// Per container: how its files are encrypted (tenants with encryption on).
+    encryption: Mutex<HashMap<String, crate::encryption::EncryptionSettings>>,
 }
 
 /// One attached host process.
@@ -79,6 +81,7 @@ impl Agent {
             draining: AtomicBool::new(false),
             started: Instant::now(),
             dataplane: std::sync::OnceLock::new(),
+            encryption: Mutex::new(HashMap::new()),
         }
     }
 
@@ -92,6 +95,11 @@ impl Agent {
 
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.config.lease_ms)
+    }
+
+    /// Encrypt the files of `container` from now on (before the first mount of it).
+    pub fn set_encryption(&self, container: &str, settings: crate::encryption::EncryptionSettings) {
+        lock(&self.encryption).insert(container.to_owned(), settings);
     }
 
     /// Create every tenant's container that does not exist yet, so a fresh agent is
@@ -108,7 +116,15 @@ impl Agent {
         if let Some(c) = lock(&self.containers).get(name) {
             return Ok(c.clone());
         }
-        let mounted = self.backend.mount(name, true)?;
+        let mut mounted = self.backend.mount(name, true)?;
+        // Wrapped once and cached: every open of a file must share the wrapper's
+        // per-file state and locks.
+        if let Some(settings) = lock(&self.encryption).get(name).cloned() {
+            mounted = Arc::new(
+                crate::encryption::EncryptedContainer::new(mounted, settings)
+                    .map_err(|e| Error::Internal(format!("container {name}: {e}")))?,
+            );
+        }
         Ok(lock(&self.containers).entry(name.to_owned()).or_insert(mounted).clone())
     }
 

@@ -72,6 +72,29 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Stored bytes failed authentication (reported by the agent's inline encryption,
+    /// which wraps a backend): a block was altered, moved from another position, file,
+    /// container or tenant, or truncated (`block_index` names it); or the file header
+    /// was (`block_index` is `None`: the header tag failed, the header is malformed,
+    /// or the tenant's key of the header's version does not unwrap the data key,
+    /// which a wrong key and an altered wrapped key look like). No plaintext of the
+    /// failed block was released. `detail` says which, naming tenant and key version
+    /// where they matter, never key bytes.
+    #[error("{path}: integrity error in {}: {detail}", integrity_place(.block_index))]
+    Integrity { path: String, block_index: Option<u64>, detail: String },
+    /// A key-encryption key the file needs is not available: the tenant's key source
+    /// has no key of the version the file header names (the key was retired too
+    /// early, or is not configured), or the file's data key has sealed as many blocks
+    /// as it safely can. `reason` names tenant and key version and what to do.
+    #[error("{path}: {reason}")]
+    Key { path: String, reason: String },
+}
+
+fn integrity_place(block_index: &Option<u64>) -> String {
+    match block_index {
+        Some(index) => format!("block {index}"),
+        None => "the file header".to_owned(),
+    }
 }
 
 /// Result with the backend [`Error`].

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 mod bench;
+mod bench_crypto;
 mod bench_dlio;
 mod bench_plot;
 
@@ -76,13 +77,29 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<String>,
     },
-    /// Measure a workload through the shim and through POSIX on the same file.
-    Bench(bench::BenchArgs),
+    /// Measure workloads through the shim and through POSIX on the same files, or
+    /// (`dpuio bench crypto`) the agent's ciphers against OpenSSL.
+    Bench(BenchCommand),
     /// Create empty files, or leave existing ones as they are.
     Touch {
         #[arg(required = true)]
         paths: Vec<String>,
     },
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct BenchCommand {
+    #[command(subcommand)]
+    which: Option<BenchWhich>,
+    #[command(flatten)]
+    shim: bench::BenchArgs,
+}
+
+#[derive(Subcommand)]
+enum BenchWhich {
+    /// AES-256-GCM seal/open throughput per crypto provider, against `openssl speed`.
+    Crypto(bench_crypto::CryptoBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -105,7 +122,11 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> dpuio_shim::Result<()> {
     let command = match cli.command {
-        Command::Bench(args) => return bench::run(&cli.agent, &cli.tenant, args).await,
+        Command::Bench(BenchCommand { which: Some(BenchWhich::Crypto(args)), .. }) => {
+            return bench_crypto::run(args)
+                .map_err(|reason| dpuio_shim::Error::DataPlane { op: "bench crypto".into(), reason });
+        }
+        Command::Bench(BenchCommand { shim, .. }) => return bench::run(&cli.agent, &cli.tenant, shim).await,
         other => other,
     };
     let moves_data = matches!(command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
