@@ -79,7 +79,7 @@ enum Command {
     },
     /// Measure workloads through the shim and through POSIX on the same files, or
     /// (`dpuio bench crypto`) the agent's ciphers against OpenSSL.
-    Bench(BenchCommand),
+    Bench(Box<BenchCommand>),
     /// Create empty files, or leave existing ones as they are.
     Touch {
         #[arg(required = true)]
@@ -122,11 +122,13 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> dpuio_shim::Result<()> {
     let command = match cli.command {
-        Command::Bench(BenchCommand { which: Some(BenchWhich::Crypto(args)), .. }) => {
-            return bench_crypto::run(args)
-                .map_err(|reason| dpuio_shim::Error::DataPlane { op: "bench crypto".into(), reason });
+        Command::Bench(bench) => {
+            return match *bench {
+                BenchCommand { which: Some(BenchWhich::Crypto(args)), .. } => bench_crypto::run(args)
+                    .map_err(|reason| dpuio_shim::Error::DataPlane { op: "bench crypto".into(), reason }),
+                BenchCommand { shim, .. } => bench::run(&cli.agent, &cli.tenant, shim).await,
+            };
         }
-        Command::Bench(BenchCommand { shim, .. }) => return bench::run(&cli.agent, &cli.tenant, shim).await,
         other => other,
     };
     let moves_data = matches!(command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
