@@ -31,6 +31,8 @@ fn every_workload_reports_json_and_a_plot() {
         "0.2",
         "--rounds",
         "1",
+        "--threads",
+        "2",
         "--metadata-files",
         "20",
         "--checkpoint-bytes",

@@ -77,6 +77,10 @@ pub struct BenchArgs {
     /// Requests in flight (POSIX: this many threads).
     #[arg(long)]
     pub queue_depth: Option<usize>,
+    /// Threads, each with its own ring and `--queue-depth` requests in flight (POSIX:
+    /// threads x queue depth threads doing pread/pwrite).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     /// Size of the benchmark file in the container.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     pub file_bytes: u64,
@@ -118,6 +122,7 @@ pub struct Figures {
     pub path: String,
     pub block_bytes: u64,
     pub queue_depth: usize,
+    pub threads: usize,
     pub bytes: u64,
     pub ops: u64,
     pub wall: Duration,
@@ -283,8 +288,9 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
         Workload::RandRead => 32,
         _ => 1,
     });
-    if block == 0 || qd == 0 || args.file_bytes < block {
-        return Err(bench_error("block size and queue depth must be positive and the file at least one block"));
+    let threads = args.threads;
+    if block == 0 || qd == 0 || threads == 0 || args.file_bytes < block {
+        return Err(bench_error("block size, queue depth and threads must be positive and the file at least one block"));
     }
     let file_bytes = args.file_bytes - args.file_bytes % block;
     let (_, first) = &setup.clients[0];
@@ -319,7 +325,7 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
             let f = f.clone();
             let pid = setup.agent_pid;
             let mut fig = tokio::task::spawn_blocking(move || {
-                posix_cell(&f, workload, block, qd, file_bytes, duration, round as u64, pid)
+                posix_cell(&f, workload, block, qd * threads, file_bytes, duration, round as u64, pid)
             })
             .await
             .map_err(bench_error)?;
@@ -330,7 +336,7 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
         for (name, client) in &setup.clients {
             let bar = setup.spinner(format!("{} {name}, round {}", workload.name(), round + 1));
             let mut fig =
-                shim_cell(client, workload, block, qd, file_bytes, duration, round as u64, setup.agent_pid).await?;
+                shim_cell(client, workload, block, qd, threads, file_bytes, duration, round as u64, setup.agent_pid).await?;
             bar.finish_and_clear();
             fig.path = name.clone();
             cells.push(fig);
@@ -594,6 +600,7 @@ fn posix_cell(
         workload: workload.name().into(),
         block_bytes: block,
         queue_depth: qd,
+        threads: 1,
         bytes: ops * block,
         ops,
         wall,
@@ -610,6 +617,7 @@ async fn shim_cell(
     workload: Workload,
     block: u64,
     qd: usize,
+    threads: usize,
     file_bytes: u64,
     duration: Duration,
     seed: u64,
@@ -617,58 +625,43 @@ async fn shim_cell(
 ) -> dpuio_shim::Result<Figures> {
     let writing = workload == Workload::SeqWrite;
     let file = client.open(BENCH_FILE, if writing { Access::ReadWrite } else { Access::ReadOnly }).await?;
-    let mut regions = Vec::with_capacity(qd);
-    for _ in 0..qd {
+    let mut regions = Vec::with_capacity(qd * threads);
+    for _ in 0..qd * threads {
         regions.push(client.register_region(block as usize, RegionAccess::ReadWrite).await?);
     }
-    let c = client.clone();
-    let handle = file.handle();
     let requests: Vec<_> = regions
         .iter()
         .map(|r| if writing { file.write_request(r, 0, block, 0) } else { file.read_request(r, 0, block, 0) })
         .collect();
+    let c = client.clone();
     let fig = tokio::task::spawn_blocking(move || -> dpuio_shim::Result<Figures> {
-        let mut batch = c.batch()?;
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 77);
-        let mut sent_at = vec![Instant::now(); qd];
-        let mut lat = Vec::new();
-        let mut i = 0u64;
         let cpu0 = process_cpu_time();
         let agent0 = agent_pid.and_then(process_cpu);
         let start = Instant::now();
-        // Keep qd requests in flight; slot k's request reads into region k.
-        for (k, base) in requests.iter().enumerate() {
-            let at = offset(workload, i, block, file_bytes, &mut rng);
-            i += 1;
-            batch.push(&dpuio_shim::Request { file_offset: at, user_data: k as u64, handle, ..*base })?;
-            sent_at[k] = Instant::now();
-        }
-        batch.submit()?;
-        let mut ops = 0u64;
-        while batch.in_flight() > 0 {
-            let done = batch.wait(1, Duration::from_secs(30))?;
-            let now = Instant::now();
-            let keep_going = start.elapsed() < duration;
-            for d in done {
-                let k = d.user_data as usize;
-                d.result
-                    .map_err(|status| dpuio_shim::Error::Io { op: format!("bench {}", workload.name()), status })?;
-                ops += 1;
-                lat.push((now - sent_at[k]).as_micros() as u32);
-                if keep_going {
-                    let at = offset(workload, i, block, file_bytes, &mut rng);
-                    i += 1;
-                    batch.push(&dpuio_shim::Request { file_offset: at, user_data: k as u64, ..requests[k] })?;
-                    sent_at[k] = Instant::now();
-                }
-            }
-            batch.submit()?;
-        }
+        let per_thread: Vec<dpuio_shim::Result<(u64, Vec<u32>)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = requests
+                .chunks(qd)
+                .enumerate()
+                .map(|(t, mine)| {
+                    let c = &c;
+                    s.spawn(move || ring_loop(c, mine, workload, block, file_bytes, duration, start, seed * 1000 + t as u64, t, threads))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(bench_error("bench thread panicked")))).collect()
+        });
         let wall = start.elapsed();
+        let mut ops = 0;
+        let mut lat = Vec::new();
+        for r in per_thread {
+            let (n, l) = r?;
+            ops += n;
+            lat.extend(l);
+        }
         Ok(Figures {
             workload: workload.name().into(),
             block_bytes: block,
             queue_depth: qd,
+            threads,
             bytes: ops * block,
             ops,
             wall,
@@ -685,6 +678,58 @@ async fn shim_cell(
     }
     file.close().await?;
     Ok(fig)
+}
+
+/// One thread's share of a shim cell: its own ring, `requests.len()` requests kept in
+/// flight (slot k's request uses region k) until `duration` has passed.
+#[allow(clippy::too_many_arguments)]
+fn ring_loop(
+    c: &Client,
+    requests: &[dpuio_shim::Request],
+    workload: Workload,
+    block: u64,
+    file_bytes: u64,
+    duration: Duration,
+    start: Instant,
+    seed: u64,
+    thread: usize,
+    threads: usize,
+) -> dpuio_shim::Result<(u64, Vec<u32>)> {
+    let mut batch = c.batch()?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 77);
+    let qd = requests.len();
+    let mut sent_at = vec![Instant::now(); qd];
+    let mut lat = Vec::new();
+    // Sequential workloads: thread t reads blocks t, t + threads, ... in order.
+    let mut i = thread as u64;
+    let step = threads as u64;
+    for (k, base) in requests.iter().enumerate() {
+        let at = offset(workload, i, block, file_bytes, &mut rng);
+        i += step;
+        batch.push(&dpuio_shim::Request { file_offset: at, user_data: k as u64, ..*base })?;
+        sent_at[k] = Instant::now();
+    }
+    batch.submit()?;
+    let mut ops = 0u64;
+    while batch.in_flight() > 0 {
+        let done = batch.wait(1, Duration::from_secs(30))?;
+        let now = Instant::now();
+        let keep_going = start.elapsed() < duration;
+        for d in done {
+            let k = d.user_data as usize;
+            d.result.map_err(|status| dpuio_shim::Error::Io { op: format!("bench {}", workload.name()), status })?;
+            ops += 1;
+            lat.push((now - sent_at[k]).as_micros() as u32);
+            if keep_going {
+                let at = offset(workload, i, block, file_bytes, &mut rng);
+                i += step;
+                batch.push(&dpuio_shim::Request { file_offset: at, user_data: k as u64, ..requests[k] })?;
+                sent_at[k] = Instant::now();
+            }
+        }
+        batch.submit()?;
+    }
+    Ok((ops, lat))
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -707,11 +752,12 @@ fn report(totals: &[Figures], args: &BenchArgs) {
             let base = baseline(totals, t);
             let bytes = t.bytes > 0;
             println!(
-                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"gib_per_s\":{},\"iops\":{:.0},\"p50_us\":{},\"p99_us\":{},\"host_cpu_s_per_gib\":{},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"au\":{},\"accelerators\":{},\"seconds\":{:.2}}}",
+                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"threads\":{},\"gib_per_s\":{},\"iops\":{:.0},\"p50_us\":{},\"p99_us\":{},\"host_cpu_s_per_gib\":{},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"au\":{},\"accelerators\":{},\"seconds\":{:.2}}}",
                 t.workload,
                 t.path,
                 t.block_bytes,
                 t.queue_depth,
+                t.threads,
                 opt(bytes.then(|| t.gib_per_s()), 4),
                 t.iops(),
                 opt((!t.latencies_us.is_empty()).then(|| t.percentile_us(0.5)), 1),
