@@ -290,7 +290,9 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
     });
     let threads = args.threads;
     if block == 0 || qd == 0 || threads == 0 || args.file_bytes < block {
-        return Err(bench_error("block size, queue depth and threads must be positive and the file at least one block"));
+        return Err(bench_error(
+            "block size, queue depth and threads must be positive and the file at least one block",
+        ));
     }
     let file_bytes = args.file_bytes - args.file_bytes % block;
     let (_, first) = &setup.clients[0];
@@ -336,7 +338,8 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
         for (name, client) in &setup.clients {
             let bar = setup.spinner(format!("{} {name}, round {}", workload.name(), round + 1));
             let mut fig =
-                shim_cell(client, workload, block, qd, threads, file_bytes, duration, round as u64, setup.agent_pid).await?;
+                shim_cell(client, workload, block, qd, threads, file_bytes, duration, round as u64, setup.agent_pid)
+                    .await?;
             bar.finish_and_clear();
             fig.path = name.clone();
             cells.push(fig);
@@ -644,10 +647,26 @@ async fn shim_cell(
                 .enumerate()
                 .map(|(t, mine)| {
                     let c = &c;
-                    s.spawn(move || ring_loop(c, mine, workload, block, file_bytes, duration, start, seed * 1000 + t as u64, t, threads))
+                    s.spawn(move || {
+                        ring_loop(
+                            c,
+                            mine,
+                            workload,
+                            block,
+                            file_bytes,
+                            duration,
+                            start,
+                            seed * 1000 + t as u64,
+                            t,
+                            threads,
+                        )
+                    })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(bench_error("bench thread panicked")))).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(bench_error("bench thread panicked"))))
+                .collect()
         });
         let wall = start.elapsed();
         let mut ops = 0;
