@@ -1,0 +1,426 @@
+"""dpuio: attach Python training jobs to a dpuio agent.
+
+The agent (on the DPU) runs the storage client; this process only exposes memory.
+A :class:`Client` attaches to the agent, :meth:`Client.region` registers memory,
+:meth:`Client.open` opens files, and reads and writes move data between files and
+regions, with the agent doing the copying. A :class:`Region` supports the buffer
+protocol, so ``numpy.frombuffer(region, ...)`` and ``torch.frombuffer(region, ...)`` are
+zero-copy views of what the agent wrote.
+
+The agent address comes from ``Client(agent=...)``, else ``$DPUIO_AGENT``, else
+``127.0.0.1:7300`` (as for the ``dpuio`` CLI).
+
+Processes: a client notices when it is used in a new process (a ``fork``ed DataLoader
+worker) and attaches again by itself; it can be pickled (``spawn``ed workers attach
+when they unpickle it). Files and regions belong to the process that made them.
+
+PyTorch datasets and checkpoints are in :mod:`dpuio.torch`; the machinery under them,
+which needs only numpy, is in :mod:`dpuio.data`.
+"""
+
+import multiprocessing.util
+import os
+import threading
+import weakref
+from collections import namedtuple
+
+from . import _native
+from ._errors import *  # noqa: F401,F403 (the public error classes)
+from ._errors import Closed, InvalidArgument, NotFound, __all__ as _error_names
+from ._native import File, Region
+
+__all__ = ["Client", "File", "Region", "Attr", "DirEntry", "DEFAULT_AGENT", "npy", *_error_names]
+__version__ = _native.__version__
+
+#: Where clients look for the agent when neither ``agent=`` nor ``$DPUIO_AGENT`` says.
+DEFAULT_AGENT = "127.0.0.1:7300"
+
+#: Rings of a Python client: concurrent submitting threads (checkpoint writers use
+#: several). Each ring is a small registered region.
+DEFAULT_RINGS = 4
+
+
+class Attr(namedtuple("Attr", "kind size mode mtime_ns object_id")):
+    """Attributes of a file (``kind == "file"``) or directory (``kind == "dir"``)."""
+
+    __slots__ = ()
+
+    @property
+    def is_dir(self):
+        return self.kind == "dir"
+
+    @property
+    def is_file(self):
+        return self.kind == "file"
+
+
+DirEntry = namedtuple("DirEntry", "name attr")
+
+_MODES = {
+    # mode: (write, create, exclusive, truncate)
+    "r": (False, False, False, False),
+    "r+": (True, False, False, False),
+    "w": (True, True, False, True),
+    "x": (True, True, True, False),
+    "a+": (True, True, False, False),
+}
+
+_CLIENTS = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    # A thread of the parent may have held a client's lock at fork time; that thread
+    # does not exist here, so the lock would stay taken forever.
+    for client in list(_CLIENTS):
+        client._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Client:
+    """A connection to the agent for this process.
+
+    Namespace calls go through a control-only session; the data plane (regions, rings,
+    a UCX worker) is set up on first use by a second session, so a process that only
+    lists files never starts a transport, and a DataLoader forking workers from it
+    forks nothing it cannot use.
+
+    Args:
+        agent: ``host:port``; default ``$DPUIO_AGENT``, else ``127.0.0.1:7300``.
+        tenant: tenant to attach as (agents without client authentication);
+            default ``$DPUIO_TENANT``, else the agent's default tenant.
+        name: shown in the agent's logs.
+        transports: data-plane transports, ``"shm"``, ``"tcp"`` or ``"auto"``;
+            default ``$DPUIO_TRANSPORT``, else ``"auto"``.
+        rings: threads that can have requests in flight at once.
+        ring_entries: queue depth of one ring (a power of two).
+        timeout: seconds a data-plane wait may take.
+        connect_timeout: seconds to connect.
+    """
+
+    def __init__(
+        self,
+        agent=None,
+        *,
+        tenant=None,
+        name=None,
+        transports=None,
+        rings=DEFAULT_RINGS,
+        ring_entries=0,
+        timeout=0.0,
+        connect_timeout=0.0,
+    ):
+        self._options = dict(
+            agent=agent or os.environ.get("DPUIO_AGENT") or DEFAULT_AGENT,
+            tenant=tenant if tenant is not None else os.environ.get("DPUIO_TENANT", ""),
+            name=name,
+            transports=transports or os.environ.get("DPUIO_TRANSPORT") or "auto",
+            rings=int(rings or 0),
+            ring_entries=int(ring_entries or 0),
+            timeout=float(timeout or 0.0),
+            connect_timeout=float(connect_timeout or 0.0),
+        )
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._control = None
+        self._data = None
+        self._closed = False
+        _CLIENTS.add(self)
+        self._ctl()  # attach now, so a wrong address fails here and not later
+
+
+    # -- sessions ---------------------------------------------------------------
+
+    def _session(self, data):
+        if self._closed:
+            raise Closed("the dpuio client is closed")
+        with self._lock:
+            pid = os.getpid()
+            if pid != self._pid:
+                # A new process (fork): the parent's sessions are unusable here and are
+                # leaked on purpose (their destructors would touch the parent's state).
+                self._pid, self._control, self._data = pid, None, None
+            if data:
+                if self._data is None:
+                    self._data = self._attach(self._options["transports"])
+                return self._data
+            if self._control is None:
+                self._control = self._attach(None)
+            return self._control
+
+    def _attach(self, transports):
+        o = self._options
+        name = o["name"] or f"python pid {os.getpid()}"
+        _watch_exit()
+        session = _native.Session(
+            o["agent"],
+            tenant=o["tenant"],
+            client_name=name if transports is None else f"{name} data",
+            transports=transports,
+            rings=o["rings"],
+            ring_entries=o["ring_entries"],
+            timeout_s=o["timeout"],
+            connect_timeout_s=o["connect_timeout"],
+        )
+        _LIVE_SESSIONS.add(session)
+        return session
+
+    def _ctl(self):
+        return self._session(False)
+
+    def _dp(self):
+        return self._session(True)
+
+    def __reduce__(self):
+        # spawn-ed workers get a client that attaches in their own process.
+        o = dict(self._options)
+        agent = o.pop("agent")
+        return (_rebuild_client, (agent, o))
+
+    # -- state ------------------------------------------------------------------
+
+    @property
+    def agent(self):
+        return self._options["agent"]
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def tenant(self):
+        return self._ctl().tenant
+
+    @property
+    def container(self):
+        return self._ctl().container
+
+    @property
+    def chunk_bytes(self):
+        """The container's chunk size: a good request size."""
+        return self._ctl().chunk_bytes
+
+    @property
+    def limits(self):
+        """The agent's limits for the data-plane session (dict)."""
+        return self._dp().limits
+
+    @property
+    def progress_cpu_s(self):
+        """CPU seconds of the data plane's progress thread (0 on shared memory)."""
+        with self._lock:
+            data = self._data if self._pid == os.getpid() else None
+        return data.progress_cpu_s if data is not None else 0.0
+
+    def close(self):
+        """Detach from the agent (written files are synced). Later calls raise
+        :class:`dpuio.Closed`. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            sessions = [s for s in (self._control, self._data) if s is not None]
+            same_process = self._pid == os.getpid()
+        if same_process:
+            first = None
+            for s in sessions:
+                try:
+                    s.detach()
+                except Exception as e:  # detach both, report the first failure
+                    first = first or e
+            if first is not None:
+                raise first
+
+    detach = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = " closed" if self._closed else ""
+        return f"<dpuio.Client agent={self.agent!r}{state}>"
+
+    # -- namespace --------------------------------------------------------------
+
+    def stat(self, path):
+        """Attributes of ``path`` (:class:`Attr`)."""
+        return Attr(*self._ctl().stat(path))
+
+    def exists(self, path):
+        try:
+            self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    def lookup(self, paths):
+        """Attributes of many paths in few calls: one :class:`Attr` or
+        :class:`dpuio.Error` (not raised) per path."""
+        return [r if isinstance(r, BaseException) else Attr(*r) for r in self._ctl().lookup(list(paths))]
+
+    def mkdir(self, path, parents=False):
+        """Create a directory; with ``parents``, also missing parents and no error if
+        it exists."""
+        return Attr(*self._ctl().mkdir(path, parents))
+
+    def makedirs(self, path):
+        return self.mkdir(path, parents=True)
+
+    def scandir(self, path, batch_size=0):
+        """Iterate over a directory's entries (:class:`DirEntry`), fetched in batches
+        so a huge directory never has to fit in memory."""
+        for batch in self._ctl().readdir(path, batch_size):
+            for name, attr in batch:
+                yield DirEntry(name, Attr(*attr))
+
+    def listdir(self, path):
+        """Names in a directory, in name order."""
+        return [e.name for e in self.scandir(path)]
+
+    def list_files(self, path, concurrency=8):
+        """Every file under ``path``, recursively: sorted ``(path, size)`` pairs.
+        Directories are listed with batched readdir, ``concurrency`` at a time."""
+        return self._ctl().list_files(path, concurrency)
+
+    def remove(self, path, recursive=False):
+        """Remove a file or an empty directory; ``recursive`` removes a whole tree."""
+        self._ctl().remove(path, recursive)
+
+    def rename(self, src, dst):
+        """Rename; fails with :class:`dpuio.AlreadyExists` if ``dst`` exists."""
+        self._ctl().rename(src, dst)
+
+    def truncate(self, path, size):
+        self._ctl().truncate(path, size)
+
+    def sync(self):
+        """Make every acknowledged change in the container durable."""
+        self._ctl().sync()
+
+    # -- data -------------------------------------------------------------------
+
+    def open(self, path, mode="r"):
+        """Open a file: ``"r"`` read, ``"r+"`` read-write, ``"w"`` create or truncate,
+        ``"x"`` create exclusively, ``"a+"`` read-write, created if missing."""
+        try:
+            write, create, exclusive, truncate = _MODES[mode]
+        except KeyError:
+            raise InvalidArgument(f"mode must be one of {sorted(_MODES)}, not {mode!r}") from None
+        return self._dp().open(path, write, create, exclusive, truncate)
+
+    def open_many(self, paths):
+        """Open many files read-only at once (in flight together). Raises the first
+        failure, after closing the files that did open."""
+        session = self._dp()
+        results = session.open_many(list(paths))
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            session.close_many([r for r in results if not isinstance(r, BaseException)])
+            raise failed
+        return results
+
+    def close_many(self, files):
+        """Close many files at once."""
+        files = list(files)
+        if files:
+            self._dp().close_many(files)
+
+    def region(self, nbytes, access="rw"):
+        """Register ``nbytes`` of memory: ``access`` ``"rw"``, ``"w"`` (the agent
+        writes it: reads land there) or ``"r"`` (the agent reads it)."""
+        return self._dp().region(int(nbytes), access)
+
+    def submit(self, ops):
+        """Submit many requests through one ring and wait for all of them.
+
+        Each op is ``(write, file, region, region_offset, length, file_offset, sync)``.
+        Returns the bytes moved per op; raises the first failure. Requests larger than
+        the agent allows are split.
+        """
+        return self._dp().submit(list(ops))
+
+    def read_many(self, reads):
+        """Read ``(file, region, region_offset, length, file_offset)`` requests at once;
+        returns bytes read per request."""
+        return self.submit([(False, f, r, ro, n, fo, False) for f, r, ro, n, fo in reads])
+
+    def read_bytes(self, path):
+        """A whole file as ``bytes`` (copied out of registered memory: for small files
+        and tests; datasets use regions directly)."""
+        with self.open(path) as f:
+            if f.size == 0:
+                return b""
+            with self.region(f.size, "w") as r:
+                n = f.read_into(r)
+                return bytes(memoryview(r)[:n])
+
+    def write_bytes(self, path, data, sync=False):
+        """Create (or replace the contents of) ``path`` with ``data``."""
+        data = memoryview(data).cast("B")
+        with self.open(path, "w") as f:
+            if len(data):
+                with self.region(len(data), "r") as r:
+                    memoryview(r)[:] = data
+                    f.write_from(r, len(data), sync=sync)
+        return len(data)
+
+
+# Sessions still alive when a process exits are detached then, so the agent forgets
+# them at once instead of when their lease lapses. DataLoader workers leave through
+# multiprocessing, which runs its finalizers (not atexit handlers); the main process
+# runs them at exit too. A session dropped earlier detaches itself.
+_LIVE_SESSIONS = weakref.WeakSet()
+_EXIT_HOOK_PID = None
+
+
+def _watch_exit():
+    global _EXIT_HOOK_PID
+    if _EXIT_HOOK_PID != os.getpid():
+        _EXIT_HOOK_PID = os.getpid()
+        multiprocessing.util.Finalize(None, _detach_live_sessions, exitpriority=10)
+
+
+def _detach_live_sessions():
+    for s in list(_LIVE_SESSIONS):
+        try:
+            s.detach()  # a no-op for sessions of another process
+        except Exception:
+            pass
+
+
+def _rebuild_client(agent, options):
+    return Client(agent, **options)
+
+
+def npy(buf):
+    """A numpy array over a ``.npy`` file's bytes, without copying the data (a view of
+    ``buf``, typically a sample in registered memory).
+
+    Use as a dataset's ``transform_fn``. The array keeps ``buf`` (and so the region
+    under it) alive.
+    """
+    import io
+
+    import numpy as np
+    from numpy.lib import format as npformat
+
+    view = memoryview(buf)
+    head = io.BytesIO(view[: min(len(view), 65536)])
+    version = npformat.read_magic(head)
+    if version == (1, 0):
+        shape, fortran, dtype = npformat.read_array_header_1_0(head)
+    else:
+        shape, fortran, dtype = npformat.read_array_header_2_0(head)
+    if dtype.hasobject:
+        raise InvalidArgument("npy files with Python objects cannot be viewed without unpickling")
+    count = 1
+    for d in shape:
+        count *= d
+    array = np.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
+    return array.reshape(shape, order="F" if fortran else "C")

@@ -1,0 +1,333 @@
+// Pending: move to tests/tests/ once host-shim/capi (dpuio-capi) is a workspace member
+// and .ci/run builds it; it builds examples/c/read_file.c against libdpuio and runs it.
+//! The C ABI end to end: C programs built with `cc` against `libdpuio` (shared and
+//! static) and `include/dpuio.h`, run against a real agent.
+//!
+//! * `examples/c/read_file.c` reads a file with a batch of requests in flight; its
+//!   checksum must match the file's bytes.
+//! * A C program written here walks the error paths (NULL and destroyed handles,
+//!   missing paths, a full ring, calls after detach) and runs I/O from several threads
+//!   on one client.
+//!
+//! The library is built with `cargo build -p dpuio-capi` (this test runs it when the
+//! library is missing or older than its sources; `./x test` builds it beforehand).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use dpuio_tests::AgentProcess;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_owned()
+}
+
+/// target/<profile>, where the test executable's profile put libdpuio.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>").to_owned()
+}
+
+fn newest_source(dir: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir).expect("read capi sources").flatten() {
+        let path = entry.path();
+        let t = if path.is_dir() { newest_source(&path) } else { entry.metadata().and_then(|m| m.modified()).unwrap() };
+        newest = newest.max(t);
+    }
+    newest
+}
+
+/// The directory holding an up-to-date libdpuio.so and libdpuio.a.
+fn library_dir() -> PathBuf {
+    let dir = target_dir();
+    let so = dir.join("libdpuio.so");
+    let capi = workspace().join("host-shim/capi");
+    let fresh = |p: &Path| p.metadata().and_then(|m| m.modified()).is_ok_and(|t| t >= newest_source(&capi.join("src")));
+    if !fresh(&so) || !fresh(&dir.join("libdpuio.a")) {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.current_dir(workspace()).args(["build", "-q", "-p", "dpuio-capi"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo build -p dpuio-capi");
+        assert!(status.success(), "cargo build -p dpuio-capi failed");
+    }
+    assert!(so.is_file(), "{} is missing: run `cargo build -p dpuio-capi`", so.display());
+    dir
+}
+
+enum Link {
+    Shared,
+    Static,
+}
+
+/// Compile C sources against the header and the library.
+fn cc(name: &str, source: &Path, link: Link, out_dir: &Path) -> PathBuf {
+    let lib = library_dir();
+    let exe = out_dir.join(name);
+    let mut cmd = Command::new("cc");
+    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(source)
+        .arg("-I")
+        .arg(workspace().join("host-shim/capi/include"));
+    match link {
+        Link::Shared => {
+            cmd.arg("-L").arg(&lib).arg("-ldpuio").arg(format!("-Wl,-rpath,{}", lib.display()));
+        }
+        Link::Static => {
+            // What `--print native-static-libs` lists for libdpuio.a.
+            cmd.arg(lib.join("libdpuio.a")).args([
+                "-lucp",
+                "-luct",
+                "-lucs",
+                "-lucm",
+                "-lgcc_s",
+                "-lutil",
+                "-lrt",
+                "-lpthread",
+                "-lm",
+                "-ldl",
+            ]);
+        }
+    }
+    let out = cmd.output().expect("run cc");
+    assert!(out.status.success(), "cc {} failed:\n{}", source.display(), String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+fn run(exe: &Path, agent: &AgentProcess, args: &[&str]) -> Output {
+    Command::new(exe).args(args).env("DPUIO_AGENT", &agent.addr).output().expect("run C program")
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+fn pattern_file(agent: &AgentProcess, name: &str, bytes: usize) -> Vec<u8> {
+    let data: Vec<u8> = (0..bytes).map(|i| (i.wrapping_mul(31).wrapping_add(i >> 12) % 253) as u8).collect();
+    let dir = agent.data_dir.join("containers/default/data");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), &data).unwrap();
+    data
+}
+
+#[test]
+fn read_file_example_reads_the_right_bytes_shared_and_static() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    let data = pattern_file(&agent, "blob.bin", (9 << 20) + 12345);
+    pattern_file(&agent, "other.bin", 100);
+    let example = workspace().join("examples/c/read_file.c");
+    for (link, name) in [(Link::Shared, "read_file_shared"), (Link::Static, "read_file_static")] {
+        let exe = cc(name, &example, link, dir.path());
+        let out = run(&exe, &agent, &["/data/blob.bin", "1048576", "4"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        eprintln!("{name}:\n{stdout}");
+        assert!(stdout.contains("dir /data: 2 entries"), "{stdout}");
+        assert!(stdout.contains(&format!("size={}", data.len())), "{stdout}");
+        assert!(stdout.contains("up to 4 in flight"), "{stdout}");
+        assert!(stdout.contains(&format!("fnv1a64={:016x}", fnv1a(&data))), "checksum differs: {stdout}");
+
+        let missing = run(&exe, &agent, &["/data/nope.bin"]);
+        assert_eq!(missing.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&missing.stderr);
+        assert!(stderr.contains("open failed: NOT_FOUND (-2): dpuio_open: open /data/nope.bin: NOT_FOUND"), "{stderr}");
+    }
+}
+
+/// Error paths and threads, in C.
+const ERRORS_C: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dpuio.h"
+
+#define CHECK(cond) do { if (!(cond)) { \
+    fprintf(stderr, "line %d: check failed: %s (last error: %s)\n", __LINE__, #cond, \
+            dpuio_last_error_message()); exit(1); } } while (0)
+#define OK(call) do { int rc_ = (call); if (rc_ < 0) { \
+    fprintf(stderr, "line %d: %s -> %s: %s\n", __LINE__, #call, dpuio_code_name(rc_), \
+            dpuio_last_error_message()); exit(1); } } while (0)
+#define EXPECT(call, code, text) do { int rc_ = (call); if (rc_ != (code) || \
+    !strstr(dpuio_last_error_message(), (text))) { \
+    fprintf(stderr, "line %d: %s -> %d (%s), wanted %s containing \"%s\"; message: %s\n", \
+            __LINE__, #call, rc_, dpuio_code_name(rc_), #code, (text), dpuio_last_error_message()); \
+    exit(1); } \
+    printf("ok %-34s %s\n", dpuio_code_name(rc_), dpuio_last_error_message()); } while (0)
+
+struct job { dpuio_file *file; dpuio_client *client; unsigned long long sum; int rc; };
+
+static void *reader(void *arg) {
+    struct job *j = arg;
+    dpuio_region *r = NULL;
+    j->rc = dpuio_region_create(j->client, 1 << 16, DPUIO_REGION_READ_WRITE, &r);
+    if (j->rc) return NULL;
+    for (int round = 0; round < 20; round++) {
+        uint64_t n = 0;
+        j->rc = dpuio_pread(j->file, r, 0, 1 << 16, (uint64_t)round << 16, &n);
+        if (j->rc) return NULL;
+        const unsigned char *p = dpuio_region_ptr(r);
+        for (uint64_t i = 0; i < n; i++) j->sum += p[i];
+    }
+    j->rc = dpuio_region_destroy(r);
+    return NULL;
+}
+
+int main(void) {
+    dpuio_attach_options o;
+    dpuio_attach_options_init(&o);
+    o.rings = 3;
+    o.ring_entries = 8;
+    dpuio_client *c = NULL;
+    OK(dpuio_attach(&o, &c));
+
+    /* Bad arguments never crash. */
+    dpuio_attr a;
+    EXPECT(dpuio_stat(NULL, "/", &a), DPUIO_E_INVALID_ARGUMENT, "client handle is NULL");
+    EXPECT(dpuio_stat(c, NULL, &a), DPUIO_E_INVALID_ARGUMENT, "path is NULL");
+    EXPECT(dpuio_stat(c, "/", NULL), DPUIO_E_INVALID_ARGUMENT, "out is NULL");
+    EXPECT(dpuio_stat(c, "/nope", &a), DPUIO_E_NOT_FOUND, "/nope");
+    EXPECT(dpuio_stat((dpuio_client *)&a, "/", &a), DPUIO_E_INVALID_ARGUMENT, "not a live client handle");
+    EXPECT(dpuio_mkdir(c, "/x/y", 0), DPUIO_E_NOT_FOUND, "mkdir /x/y");
+    EXPECT(dpuio_mkdir(c, "/x", 0x80), DPUIO_E_INVALID_ARGUMENT, "unknown flags 0x80");
+    EXPECT(dpuio_open(c, "/x", DPUIO_O_EXCL, NULL), DPUIO_E_INVALID_ARGUMENT, "out is NULL");
+
+    /* Namespace round trip. */
+    OK(dpuio_mkdir(c, "/work/a", DPUIO_MKDIR_PARENTS));
+    dpuio_file *f = NULL;
+    OK(dpuio_open(c, "/work/a/f.bin", DPUIO_O_RDWR | DPUIO_O_CREAT | DPUIO_O_EXCL, &f));
+    EXPECT(dpuio_open(c, "/work/a/f.bin", DPUIO_O_CREAT | DPUIO_O_EXCL, &f), DPUIO_E_ALREADY_EXISTS, "f.bin");
+    EXPECT(dpuio_remove(c, "/work", 0), DPUIO_E_FAILED_PRECONDITION, "/work");
+
+    /* Write 1.25 MiB with an array of requests, read it back with a batch. */
+    dpuio_region *w = NULL, *r = NULL;
+    OK(dpuio_region_create(c, 5 << 18, DPUIO_REGION_READ_BY_AGENT, &w));
+    OK(dpuio_region_create(c, 5 << 18, DPUIO_REGION_WRITE_BY_AGENT, &r));
+    unsigned char *wp = dpuio_region_ptr(w);
+    CHECK(wp && dpuio_region_len(w) == 5 << 18);
+    for (size_t i = 0; i < 5 << 18; i++) wp[i] = (unsigned char)(i * 7 + 1);
+    dpuio_batch *b = NULL;
+    OK(dpuio_batch_create(c, &b));
+    dpuio_io ios[5];
+    for (int i = 0; i < 5; i++) {
+        ios[i] = (dpuio_io){DPUIO_OP_WRITE, i == 4 ? DPUIO_IO_SYNC : 0, f, w,
+                            (uint64_t)i << 18, 1 << 18, (uint64_t)i << 18, 100 + i};
+    }
+    CHECK(dpuio_batch_prep(b, ios, 5) == 5);
+    CHECK(dpuio_batch_in_flight(b) == 5 && dpuio_batch_room(b) == 3);
+    CHECK(dpuio_batch_submit(b) == 5);
+    dpuio_completion done[8];
+    int got = 0;
+    while (got < 5) {
+        int n = dpuio_batch_wait(b, done, 8, 1, 10000);
+        CHECK(n > 0);
+        for (int i = 0; i < n; i++) CHECK(done[i].result == 1 << 18 && done[i].user_data >= 100);
+        got += n;
+    }
+    CHECK(dpuio_batch_in_flight(b) == 0);
+    CHECK(dpuio_batch_wait(b, done, 8, 1, 0) == 0); /* nothing in flight: returns at once */
+
+    /* Mistakes are refused at prep time, with the index of the bad entry. */
+    ios[2].region = NULL;
+    EXPECT(dpuio_batch_prep(b, ios, 5), DPUIO_E_INVALID_ARGUMENT, "ios[2]: the region handle is NULL");
+    CHECK(dpuio_batch_in_flight(b) == 0);
+    EXPECT(dpuio_batch_prep_read(b, f, r, 5 << 18, 1, 0, 0), DPUIO_E_OUT_OF_RANGE, "outside the");
+    EXPECT(dpuio_batch_prep_read(b, f, r, 0, 0, 0, 0), DPUIO_E_INVALID_ARGUMENT, "length is 0");
+    for (int i = 0; i < 8; i++) OK(dpuio_batch_prep_read(b, f, r, 0, 16, 0, i));
+    EXPECT(dpuio_batch_prep_read(b, f, r, 0, 16, 0, 9), DPUIO_E_RESOURCE_EXHAUSTED, "ring is full");
+    CHECK(dpuio_batch_submit(b) == 8);
+    CHECK(dpuio_batch_wait(b, done, 8, 8, 10000) == 8);
+
+    for (int i = 0; i < 5; i++) OK(dpuio_batch_prep_read(b, f, r, (uint64_t)i << 18, 1 << 18, (uint64_t)i << 18, i));
+    OK(dpuio_batch_submit(b));
+    /* Room for 2 completions in this call: the other 3 stay for the next one. */
+    CHECK(dpuio_batch_wait(b, done, 2, 2, 10000) == 2);
+    CHECK(dpuio_batch_in_flight(b) == 3);
+    CHECK(dpuio_batch_wait(b, done + 2, 3, 3, 10000) == 3);
+    for (int i = 0; i < 5; i++) CHECK(done[i].result == 1 << 18 && done[i].status == 0);
+    CHECK(memcmp(dpuio_region_ptr(r), wp, 5 << 18) == 0);
+    /* A read through a region the agent may not write completes with an error. */
+    OK(dpuio_batch_prep_read(b, f, w, 0, 16, 0, 7));
+    OK(dpuio_batch_submit(b));
+    CHECK(dpuio_batch_wait(b, done, 8, 1, 10000) == 1);
+    CHECK(done[0].result == DPUIO_E_PERMISSION_DENIED && done[0].status != 0);
+    printf("ok completion %s (agent status %d)\n", dpuio_code_name((int)done[0].result), done[0].status);
+
+    /* Every ring held by a batch: the next batch is refused, not blocked forever. */
+    dpuio_batch *b2 = NULL, *b3 = NULL, *b4 = NULL;
+    OK(dpuio_batch_create(c, &b2));
+    OK(dpuio_batch_create(c, &b3));
+    EXPECT(dpuio_batch_create(c, &b4), DPUIO_E_RESOURCE_EXHAUSTED, "all 3 rings");
+    OK(dpuio_batch_destroy(b3));
+    OK(dpuio_batch_destroy(b2));
+
+    /* Four threads reading through one client (pread takes a ring per call). */
+    dpuio_file *ro = NULL;
+    OK(dpuio_open(c, "/data/blob.bin", DPUIO_O_RDONLY, &ro));
+    pthread_t t[4];
+    struct job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (struct job){ro, c, 0, 0};
+        CHECK(pthread_create(&t[i], NULL, reader, &jobs[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        CHECK(jobs[i].rc == 0);
+        CHECK(jobs[i].sum == jobs[0].sum);
+    }
+    printf("threads sum=%llu\n", jobs[0].sum);
+
+    /* Listing with an iterator. */
+    dpuio_dir *d = NULL;
+    OK(dpuio_dir_open(c, "/work/a", 1, &d));
+    dpuio_dirent e;
+    CHECK(dpuio_dir_next(d, &e) == 1 && strcmp(e.name, "f.bin") == 0 && e.attr.size == 5 << 18);
+    CHECK(dpuio_dir_next(d, &e) == 0);
+    OK(dpuio_dir_close(d));
+
+    OK(dpuio_rename(c, "/work/a/f.bin", "/work/a/g.bin"));
+    dpuio_file *h = NULL;
+    OK(dpuio_open(c, "/work/a/h.bin", DPUIO_O_CREAT | DPUIO_O_TRUNC, &h));
+    EXPECT(dpuio_rename(c, "/work/a/g.bin", "/work/a/h.bin"), DPUIO_E_ALREADY_EXISTS, "h.bin");
+
+    /* Used after destroy: refused by the handle registry. */
+    OK(dpuio_region_destroy(w));
+    EXPECT(dpuio_region_destroy(w), DPUIO_E_INVALID_ARGUMENT, "not a live region handle");
+    CHECK(dpuio_region_ptr(w) == NULL);
+    EXPECT(dpuio_batch_prep_read(b, f, w, 0, 1, 0, 0), DPUIO_E_INVALID_ARGUMENT, "not a live region handle");
+    EXPECT(dpuio_batch_prep_read(b, f, (dpuio_region *)f, 0, 1, 0, 0), DPUIO_E_INVALID_ARGUMENT,
+           "expected a region handle, got a file handle");
+
+    /* After detach, objects of the client say so. */
+    OK(dpuio_detach(c));
+    EXPECT(dpuio_fsync(f), DPUIO_E_CLOSED, "detached");
+    EXPECT(dpuio_batch_submit(b), DPUIO_E_CLOSED, "detached");
+    EXPECT(dpuio_stat(c, "/", &a), DPUIO_E_INVALID_ARGUMENT, "not a live client handle");
+    OK(dpuio_batch_destroy(b));
+    OK(dpuio_region_destroy(r));
+    OK(dpuio_close(f));
+    OK(dpuio_close(ro));
+    OK(dpuio_close(h));
+    printf("all ok\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn error_paths_threads_and_batches_from_c() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    pattern_file(&agent, "blob.bin", 20 << 16);
+    let source = dir.path().join("errors.c");
+    std::fs::write(&source, ERRORS_C).unwrap();
+    let exe = cc("errors", &source, Link::Shared, dir.path());
+    let out = run(&exe, &agent, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.ends_with("all ok\n"), "{stdout}");
+}
