@@ -15,6 +15,7 @@ pub mod dataplane;
 pub mod encryption;
 pub mod engine;
 pub mod error;
+pub mod keys;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -60,7 +60,7 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     let agent = Arc::new(Agent::new(config, Arc::new(backend)));
     for tenant in &tenants {
         if let Some(enc) = &tenant.encryption {
-            agent.set_encryption(&tenant.container, encryption_settings(&tenant.name, &tenant.container, enc)?);
+            agent.set_encryption(&tenant.container, crate::keys::encryption_settings(&tenant.name, &tenant.container, enc)?);
         }
     }
     agent.prepare_containers().map_err(ServeError::Containers)?;
@@ -72,32 +72,6 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
         agent.set_dataplane(dp);
     }
     Ok(agent)
-}
-
-/// The tenant's encryption settings; key files are read and checked now, so a
-/// missing or loosely protected key stops the agent at start with the reason.
-fn encryption_settings(
-    tenant: &str,
-    container: &str,
-    enc: &crate::config::EncryptionConfig,
-) -> Result<crate::encryption::EncryptionSettings, ServeError> {
-    let fail = |e: dpuio_crypto::Error| ServeError::Encryption { tenant: tenant.to_owned(), source: e };
-    let mut keys = dpuio_crypto::FileKeySource::new();
-    for (version, file) in &enc.keys {
-        keys.add_key_file(tenant, *version, file).map_err(fail)?;
-    }
-    let mut s = crate::encryption::EncryptionSettings::new(tenant, container, Arc::new(keys)).map_err(fail)?;
-    if let Some(p) = &enc.provider {
-        s.provider = dpuio_crypto::provider_by_name(p).map_err(fail)?;
-    }
-    if let Some(b) = enc.block_bytes {
-        s.block_bytes = b;
-    }
-    if let Some(v) = enc.key_version {
-        s.key_version = v;
-    }
-    s.validate().map_err(fail)?;
-    Ok(s)
 }
 
 /// Serve until SIGINT or SIGTERM, then finish in-flight calls, close every session

@@ -20,15 +20,15 @@ use crate::error::{Error, Result};
 /// The whole agent: what the services share.
 pub struct Agent {
     pub config: Config,
-    backend: Arc<dyn Backend>,
-    tenants: Mutex<HashMap<String, TenantConfig>>,
-    containers: Mutex<HashMap<String, Arc<dyn Container>>>,
-    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) tenants: Mutex<HashMap<String, TenantConfig>>,
+    pub(crate) containers: Mutex<HashMap<String, Arc<dyn Container>>>,
+    pub(crate) sessions: Mutex<HashMap<u64, Arc<Session>>>,
     draining: AtomicBool,
     pub started: Instant,
     dataplane: std::sync::OnceLock<Arc<DataPlane>>,
     /// Per container: how its files are encrypted (tenants with encryption on).
-    encryption: Mutex<HashMap<String, crate::encryption::EncryptionSettings>>,
+    pub(crate) encryption: Mutex<HashMap<String, crate::encryption::EncryptionSettings>>,
 }
 
 /// One attached host process.
@@ -53,7 +53,7 @@ pub struct Handle {
     pub writable: bool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these locks leaves plain data behind (maps of
     // Arcs); going on with it is safer than taking the whole agent down.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -112,7 +112,7 @@ impl Agent {
         Ok(())
     }
 
-    fn container(&self, name: &str) -> Result<Arc<dyn Container>> {
+    pub(crate) fn container(&self, name: &str) -> Result<Arc<dyn Container>> {
         if let Some(c) = lock(&self.containers).get(name) {
             return Ok(c.clone());
         }
