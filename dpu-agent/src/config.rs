@@ -6,9 +6,17 @@
 //!
 //! ```toml
 //! [agent]
-//! listen = "127.0.0.1:7300"   # loopback only until TLS is configured
+//! listen = "127.0.0.1:7300"   # any address: mTLS is on by default
 //! data_dir = "./dpuio-data"
 //! lease_ms = 30000
+//!
+//! [tls]
+//! mode = "mtls"               # or "off": plaintext, loopback listeners only
+//! trust_domain = "dpuio.local"
+//! # cert, key, client_ca: production files; default a development CA under data_dir/pki
+//!
+//! [admin]
+//! socket = "./dpuio-data/admin.sock"
 //!
 //! [backend]
 //! kind = "local"              # the embedded backend
@@ -20,6 +28,14 @@
 //! [[tenants]]
 //! name = "default"
 //! container = "default"
+//! max_sessions = 64           # default: [limits] max_sessions
+//! [tenants.qos]               # 0 or absent: unlimited
+//! bytes_per_s = 1073741824
+//! ops_per_s = 100000
+//! burst_bytes = 67108864
+//! burst_ops = 1000
+//! weight = 1                  # share when tenants compete
+//! max_inflight = 256          # data-plane requests in flight, all sessions
 //! ```
 
 use std::collections::HashSet;
@@ -45,6 +61,66 @@ pub struct Config {
     pub limits: Limits,
     pub tenants: Vec<TenantConfig>,
     pub data_plane: DataPlaneConfig,
+    pub tls: TlsConfig,
+    pub admin: AdminConfig,
+}
+
+/// The default SPIFFE trust domain of a development PKI.
+pub const DEFAULT_TRUST_DOMAIN: &str = "dpuio.local";
+
+/// `[tls]`: how the control plane authenticates clients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsConfig {
+    /// Mutual TLS (the default), or plaintext on a loopback listener.
+    pub mtls: bool,
+    /// The SPIFFE trust domain client certificates must name.
+    pub trust_domain: String,
+    /// Production files: the server certificate chain, its key, and the CA that
+    /// issues client certificates. All three or none (none: a development CA under
+    /// `data_dir/pki`, made on first start).
+    pub files: Option<TlsFiles>,
+    /// Where the development client bundle of the default tenant is written on start
+    /// (`None`: `$DPUIO_CONFIG_DIR`, else `$HOME/.config/dpuio`).
+    pub client_bundle_dir: Option<PathBuf>,
+}
+
+/// Operator-provided certificate files.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig { mtls: true, trust_domain: DEFAULT_TRUST_DOMAIN.into(), files: None, client_bundle_dir: None }
+    }
+}
+
+/// `[admin]`: the operator's listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminConfig {
+    /// The Unix socket of the Admin service (`None`: `data_dir/admin.sock`). Only the
+    /// agent's own user and root may connect.
+    pub socket: Option<PathBuf>,
+}
+
+/// `[tenants.qos]`: a tenant's share of the data plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QosConfig {
+    /// Rates and bursts; 0 means unlimited.
+    pub limits: dpuio_auth::qos::QosLimits,
+    /// Share of service when several tenants are backlogged.
+    pub weight: u32,
+    /// Data-plane requests of the tenant in flight at once, over all its sessions.
+    pub max_inflight: u32,
+}
+
+impl Default for QosConfig {
+    fn default() -> Self {
+        QosConfig { limits: dpuio_auth::qos::QosLimits::UNLIMITED, weight: 1, max_inflight: 1024 }
+    }
 }
 
 /// The data plane: UCX, with the transports UCX may use.
@@ -119,6 +195,22 @@ pub struct TenantConfig {
     pub container: String,
     /// Inline encryption of this tenant's new files, if on.
     pub encryption: Option<EncryptionConfig>,
+    /// Sessions of this tenant at once (`None`: only the agent-wide limit).
+    pub max_sessions: Option<u32>,
+    pub qos: QosConfig,
+}
+
+impl TenantConfig {
+    /// A tenant with defaults for everything but its names.
+    pub fn new(name: &str, container: &str) -> TenantConfig {
+        TenantConfig {
+            name: name.to_owned(),
+            container: container.to_owned(),
+            encryption: None,
+            max_sessions: None,
+            qos: QosConfig::default(),
+        }
+    }
 }
 
 /// `[tenants.encryption]`: the tenant's key-encryption keys and how files are sealed.
@@ -176,12 +268,10 @@ impl Default for Config {
             lease_ms: 30_000,
             backend: BackendConfig::Local { path: PathBuf::from(DEFAULT_DATA_DIR) },
             limits: Limits::default(),
-            tenants: vec![TenantConfig {
-                name: DEFAULT_TENANT.into(),
-                container: DEFAULT_TENANT.into(),
-                encryption: None,
-            }],
+            tenants: vec![TenantConfig::new(DEFAULT_TENANT, DEFAULT_TENANT)],
             data_plane: DataPlaneConfig::default(),
+            tls: TlsConfig::default(),
+            admin: AdminConfig { socket: None },
         }
     }
 }
@@ -208,6 +298,19 @@ impl Config {
     /// Whether the control plane may listen here without TLS: loopback only.
     pub fn listen_is_loopback(&self) -> bool {
         self.listen.ip().is_loopback()
+    }
+
+    /// The Admin service's Unix socket.
+    pub fn admin_socket(&self) -> PathBuf {
+        self.admin.socket.clone().unwrap_or_else(|| self.data_dir.join("admin.sock"))
+    }
+
+    /// The tenant a client gets when it names none: the only one, or `default`.
+    pub fn default_tenant(&self) -> Option<&TenantConfig> {
+        match self.tenants.as_slice() {
+            [only] => Some(only),
+            all => all.iter().find(|t| t.name == DEFAULT_TENANT),
+        }
     }
 }
 
@@ -274,21 +377,13 @@ impl Checker {
 
     fn config(&mut self, root: &toml::Table) -> Config {
         let mut config = Config::default();
-        self.unknown_keys("", root, &["agent", "backend", "limits", "tenants", "data_plane"]);
+        self.unknown_keys("", root, &["agent", "backend", "limits", "tenants", "data_plane", "tls", "admin"]);
 
         let mut backend_path = None;
         if let Some(agent) = self.section(root, "agent") {
             self.unknown_keys("agent", agent, &["listen", "data_dir", "lease_ms"]);
             if let Some(listen) = self.string(agent, "agent", "listen") {
                 match listen.parse::<SocketAddr>() {
-                    Ok(addr) if !addr.ip().is_loopback() => self.issue(
-                        "agent.listen",
-                        format!(
-                            "{addr} is not a loopback address; the control plane listens \
-                             beyond this machine only with TLS, which this build does not \
-                             configure yet: use 127.0.0.1 or [::1]"
-                        ),
-                    ),
                     Ok(addr) => config.listen = addr,
                     Err(_) => self.issue(
                         "agent.listen",
@@ -362,6 +457,30 @@ impl Checker {
             self.limits(limits, &mut config.limits);
         }
 
+        if let Some(tls) = self.section(root, "tls") {
+            self.tls(tls, &mut config.tls);
+        }
+        if !config.tls.mtls && !config.listen.ip().is_loopback() {
+            self.issue(
+                "tls.mode",
+                format!(
+                    "\"off\" serves plaintext, which is allowed on a loopback listener only, and agent.listen is {}: \
+                     use mode = \"mtls\" or listen on 127.0.0.1",
+                    config.listen
+                ),
+            );
+        }
+        if let Some(admin) = self.section(root, "admin") {
+            self.unknown_keys("admin", admin, &["socket"]);
+            if let Some(socket) = self.string(admin, "admin", "socket") {
+                if socket.is_empty() {
+                    self.issue("admin.socket", "must not be empty");
+                } else {
+                    config.admin.socket = Some(PathBuf::from(socket));
+                }
+            }
+        }
+
         match root.get("tenants") {
             None => {}
             Some(toml::Value::Array(items)) => config.tenants = self.tenants(items),
@@ -409,7 +528,16 @@ impl Checker {
                 self.issue(&prefix, format!("expected a table, found {}", item.type_str()));
                 continue;
             };
-            self.unknown_keys(&prefix, t, &["name", "container", "encryption"]);
+            self.unknown_keys(&prefix, t, &["name", "container", "encryption", "max_sessions", "qos"]);
+            let max_sessions = self.integer(t, &prefix, "max_sessions", 1, 1 << 20).map(|n| n as u32);
+            let qos = match t.get("qos") {
+                None => QosConfig::default(),
+                Some(toml::Value::Table(q)) => self.qos(&format!("{prefix}.qos"), q),
+                Some(other) => {
+                    self.issue(format!("{prefix}.qos"), format!("expected a table, found {}", other.type_str()));
+                    QosConfig::default()
+                }
+            };
             let encryption = match t.get("encryption") {
                 None => None,
                 Some(toml::Value::Table(e)) => self.encryption(&format!("{prefix}.encryption"), e),
@@ -449,7 +577,7 @@ impl Checker {
                 ok = false;
             }
             if ok {
-                tenants.push(TenantConfig { name, container, encryption });
+                tenants.push(TenantConfig { name, container, encryption, max_sessions, qos });
             }
         }
         tenants
@@ -457,6 +585,58 @@ impl Checker {
 }
 
 impl Checker {
+    fn tls(&mut self, t: &toml::Table, tls: &mut TlsConfig) {
+        self.unknown_keys("tls", t, &["mode", "trust_domain", "cert", "key", "client_ca", "client_bundle_dir"]);
+        match self.string(t, "tls", "mode").as_deref() {
+            None | Some("mtls") => {}
+            Some("off") => tls.mtls = false,
+            Some(other) => self.issue("tls.mode", format!("{other:?}: expected \"mtls\" or \"off\"")),
+        }
+        if let Some(domain) = self.string(t, "tls", "trust_domain") {
+            match dpuio_auth::pki::validate_trust_domain(&domain) {
+                Ok(()) => tls.trust_domain = domain,
+                Err(e) => self.issue("tls.trust_domain", e.to_string()),
+            }
+        }
+        let files: Vec<Option<String>> =
+            ["cert", "key", "client_ca"].iter().map(|k| self.string(t, "tls", k).filter(|v| !v.is_empty())).collect();
+        match files.as_slice() {
+            [Some(cert), Some(key), Some(ca)] => {
+                tls.files = Some(TlsFiles { cert: cert.into(), key: key.into(), client_ca: ca.into() })
+            }
+            [None, None, None] => {}
+            _ => self.issue(
+                "tls",
+                "cert, key and client_ca go together: name all three (production) or none (a development CA under data_dir/pki)",
+            ),
+        }
+        if let Some(dir) = self.string(t, "tls", "client_bundle_dir").filter(|d| !d.is_empty()) {
+            tls.client_bundle_dir = Some(PathBuf::from(dir));
+        }
+    }
+
+    fn qos(&mut self, prefix: &str, t: &toml::Table) -> QosConfig {
+        self.unknown_keys(
+            prefix,
+            t,
+            &["bytes_per_s", "ops_per_s", "burst_bytes", "burst_ops", "weight", "max_inflight"],
+        );
+        let mut q = QosConfig::default();
+        let max = i64::MAX;
+        let get = |c: &mut Checker, key: &str| c.integer(t, prefix, key, 0, max).map(|n| n as u64);
+        q.limits.bytes_per_s = get(self, "bytes_per_s").unwrap_or(0);
+        q.limits.ops_per_s = get(self, "ops_per_s").unwrap_or(0);
+        q.limits.bytes_burst = get(self, "burst_bytes").unwrap_or(0);
+        q.limits.ops_burst = get(self, "burst_ops").unwrap_or(0);
+        if let Some(w) = self.integer(t, prefix, "weight", 1, dpuio_auth::qos::MAX_WEIGHT.into()) {
+            q.weight = w as u32;
+        }
+        if let Some(n) = self.integer(t, prefix, "max_inflight", 1, 1 << 20) {
+            q.max_inflight = n as u32;
+        }
+        q
+    }
+
     fn encryption(&mut self, prefix: &str, t: &toml::Table) -> Option<EncryptionConfig> {
         self.unknown_keys(prefix, t, &["key_file", "keys", "key_version", "block_bytes", "provider"]);
         let mut keys = Vec::new();
@@ -630,7 +810,7 @@ mod tests {
     }
 
     #[test]
-    fn out_of_range_and_non_loopback() {
+    fn out_of_range_and_plaintext_beyond_loopback() {
         let found = issues(
             r#"
             [agent]
@@ -638,11 +818,63 @@ mod tests {
             [limits]
             max_sessions = 0
             max_io_bytes = -1
+            [tls]
+            mode = "off"
             "#,
         );
-        assert_eq!(found.len(), 3, "{found:?}");
-        assert!(found[0].reason.contains("not a loopback address"));
-        assert!(found[1].reason.contains("out of range"));
+        let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(keys, ["limits.max_sessions", "limits.max_io_bytes", "tls.mode"], "{found:?}");
+        assert!(found[0].reason.contains("out of range"));
+        assert!(found[2].reason.contains("loopback"), "{found:?}");
+        // With mTLS (the default) any address is fine.
+        assert!(Config::parse("[agent]\nlisten = \"0.0.0.0:7300\"\n").is_ok());
+    }
+
+    #[test]
+    fn tls_admin_and_qos_sections() {
+        let config = Config::parse(
+            r#"
+            [tls]
+            trust_domain = "cluster.example"
+            cert = "/etc/dpuio/server.pem"
+            key = "/etc/dpuio/server.key"
+            client_ca = "/etc/dpuio/clients-ca.pem"
+            [admin]
+            socket = "/run/dpuio/admin.sock"
+            [[tenants]]
+            name = "a"
+            container = "a"
+            max_sessions = 4
+            [tenants.qos]
+            bytes_per_s = 1000000
+            burst_bytes = 2000000
+            ops_per_s = 500
+            weight = 3
+            max_inflight = 16
+            "#,
+        )
+        .unwrap();
+        assert!(config.tls.mtls);
+        assert_eq!(config.tls.trust_domain, "cluster.example");
+        assert_eq!(config.tls.files.as_ref().unwrap().client_ca, PathBuf::from("/etc/dpuio/clients-ca.pem"));
+        assert_eq!(config.admin_socket(), PathBuf::from("/run/dpuio/admin.sock"));
+        let t = &config.tenants[0];
+        assert_eq!(t.max_sessions, Some(4));
+        assert_eq!(
+            (t.qos.limits.bytes_per_s, t.qos.limits.bytes_burst, t.qos.limits.ops_per_s),
+            (1000000, 2000000, 500)
+        );
+        assert_eq!((t.qos.weight, t.qos.max_inflight), (3, 16));
+
+        let found = issues(
+            "[tls]\nmode = \"maybe\"\ncert = \"/x\"\ntrust_domain = \"UPPER\"\n[[tenants]]\nname = \"a\"\ncontainer = \"a\"\n[tenants.qos]\nweight = 0\nrate = 1\n",
+        );
+        let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["tls.mode", "tls.trust_domain", "tls", "tenants[0].qos.rate", "tenants[0].qos.weight"],
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct RegionInfo {
 /// What the engine needs to know about an open handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HandleInfo {
+    /// Reads may fill host memory from the file (open mode and capability).
+    pub readable: bool,
+    /// Writes may change the file (open mode and capability).
     pub writable: bool,
 }
 
@@ -59,7 +62,11 @@ pub fn validate(sub: &Submission, session: &impl SessionView, max_io_bytes: u64)
         return Err(Status::TooLarge);
     }
     let handle = session.handle(sub.handle).ok_or(Status::BadHandle)?;
-    if sub.opcode == Opcode::Write && !handle.writable {
+    let permitted = match sub.opcode {
+        Opcode::Read => handle.readable,
+        Opcode::Write => handle.writable,
+    };
+    if !permitted {
         return Err(Status::Access);
     }
     let region = session.region(sub.region_id).ok_or(Status::BadRegion)?;
@@ -134,7 +141,12 @@ mod tests {
 
     fn session() -> FakeSession {
         FakeSession {
-            handles: [(10, HandleInfo { writable: false }), (11, HandleInfo { writable: true })].into(),
+            handles: [
+                (10, HandleInfo { readable: true, writable: false }),
+                (11, HandleInfo { readable: true, writable: true }),
+                (12, HandleInfo { readable: false, writable: true }),
+            ]
+            .into(),
             regions: [
                 (1, RegionInfo { length: 1 << 20, access: RW }),
                 (2, RegionInfo { length: 4096, access: RegionAccess { agent_writes: true, agent_reads: false } }),
@@ -174,6 +186,7 @@ mod tests {
         let mut w = read(10, 1, 0, 10);
         w.opcode = Opcode::Write;
         assert_eq!(validate(&w, &s, max), Err(Status::Access), "write through a read-only handle");
+        assert_eq!(validate(&read(12, 1, 0, 10), &s, max), Err(Status::Access), "read without the read right");
         assert_eq!(validate(&read(10, 9, 0, 10), &s, max), Err(Status::BadRegion));
         let mut w = read(11, 2, 0, 10);
         w.opcode = Opcode::Write;

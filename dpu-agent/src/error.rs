@@ -29,6 +29,9 @@ pub enum Error {
     /// read-only handle, an unknown tenant).
     #[error("{0}")]
     PermissionDenied(String),
+    /// The caller's identity or capability token was not accepted.
+    #[error("{0}")]
+    Unauthenticated(String),
     /// A limit was reached; the message names the limit and its value.
     #[error("{what}: limit of {limit} reached")]
     Limit { what: &'static str, limit: u64 },
@@ -57,6 +60,7 @@ impl Error {
             Error::NoSession { .. } | Error::NotMounted { .. } => Code::FailedPrecondition,
             Error::NoHandle { .. } => Code::NotFound,
             Error::PermissionDenied(_) => Code::PermissionDenied,
+            Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::Limit { .. } => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Internal(_) => Code::Internal,

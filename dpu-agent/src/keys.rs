@@ -27,4 +27,3 @@ pub fn encryption_settings(
     s.validate().map_err(fail)?;
     Ok(s)
 }
-

@@ -19,3 +19,4 @@ pub mod keys;
 pub mod server;
 pub mod service;
 pub mod state;
+pub mod tls;

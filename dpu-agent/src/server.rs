@@ -7,6 +7,7 @@ use std::time::Instant;
 use dpuio_backend::local::LocalBackend;
 use dpuio_proto::v1 as pb;
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::config::{BackendConfig, Config};
 use crate::dataplane::DataPlane;
@@ -48,6 +49,14 @@ pub enum ServeError {
     DataPlane(#[source] crate::dataplane::DataPlaneError),
     #[error("shutting down: {0}")]
     Shutdown(#[source] crate::error::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("admin socket {path}: {source}")]
+    AdminSocket {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Build the agent's state from a config: open the backend, create the containers.
@@ -57,10 +66,17 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
         .map_err(|source| ServeError::Backend { path: path.display().to_string(), source })?;
     let data_plane = config.data_plane.clone();
     let tenants = config.tenants.clone();
-    let agent = Arc::new(Agent::new(config, Arc::new(backend)));
+    let token_dir = config.data_dir.join("tokens");
+    let mut agent = Agent::new(config, Arc::new(backend));
+    agent.tokens = dpuio_auth::token::TokenAuthority::load_or_create(&token_dir)
+        .map_err(|e| ServeError::Tls(format!("capability token key in {}: {e}", token_dir.display())))?;
+    let agent = Arc::new(agent);
     for tenant in &tenants {
         if let Some(enc) = &tenant.encryption {
-            agent.set_encryption(&tenant.container, crate::keys::encryption_settings(&tenant.name, &tenant.container, enc)?);
+            agent.set_encryption(
+                &tenant.container,
+                crate::keys::encryption_settings(&tenant.name, &tenant.container, enc)?,
+            );
         }
     }
     agent.prepare_containers().map_err(ServeError::Containers)?;
@@ -83,6 +99,9 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
     let listen = config.listen;
     let max_message_bytes = config.limits.max_message_bytes as usize;
     let agent = build_agent(config)?;
+    let tls = crate::tls::prepare(&agent.config)?;
+    let auth = crate::tls::Authenticator::new(agent.clone(), tls.as_ref());
+    let intercept = move |request| auth.intercept(request);
     let listener = TcpListener::bind(listen).await.map_err(|source| ServeError::Bind { addr: listen, source })?;
     let local = listener.local_addr().map_err(|source| ServeError::Bind { addr: listen, source })?;
 
@@ -95,20 +114,28 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let reflection = reflection_builder().build_v1()?;
-    let reflection_alpha = reflection_builder().build_v1alpha()?;
+    let reflection = InterceptedService::new(reflection_builder().build_v1()?, intercept.clone());
+    let reflection_alpha = InterceptedService::new(reflection_builder().build_v1alpha()?, intercept.clone());
 
-    let session = pb::session_server::SessionServer::new(SessionService::new(agent.clone()))
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes);
-    let namespace = pb::namespace_server::NamespaceServer::new(NamespaceService::new(agent.clone()))
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes);
-
-    let memory = agent.dataplane().is_some().then(|| {
-        pb::memory_server::MemoryServer::new(MemoryService::new(agent.clone()))
+    let session = InterceptedService::new(
+        pb::session_server::SessionServer::new(SessionService::new(agent.clone()))
             .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes),
+        intercept.clone(),
+    );
+    let namespace = InterceptedService::new(
+        pb::namespace_server::NamespaceServer::new(NamespaceService::new(agent.clone()))
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes),
+        intercept.clone(),
+    );
+    let memory = agent.dataplane().is_some().then(|| {
+        InterceptedService::new(
+            pb::memory_server::MemoryServer::new(MemoryService::new(agent.clone()))
+                .max_decoding_message_size(max_message_bytes)
+                .max_encoding_message_size(max_message_bytes),
+            intercept.clone(),
+        )
     });
     if memory.is_some() {
         health_reporter.set_serving::<pb::memory_server::MemoryServer<MemoryService>>().await;
@@ -116,18 +143,24 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
 
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
     let stop = shutdown_signal(agent.clone())?;
-    tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), "serving");
+    tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), mtls = tls.is_some(), "serving");
     on_listening(local);
 
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(session)
         .add_service(namespace)
-        .add_optional_service(memory)
-        .serve_with_incoming_shutdown(incoming(listener), stop)
-        .await?;
+        .add_optional_service(memory);
+    match &tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(crate::tls::tls_incoming(listener, tls.server_config.clone()), stop)
+                .await?
+        }
+        None => router.serve_with_incoming_shutdown(incoming(listener), stop).await?,
+    }
 
     reaper.abort();
     let sessions = agent.session_count();

@@ -12,9 +12,11 @@ use dpuio_proto::v1 as pb;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::config::DEFAULT_TENANT;
+use dpuio_auth::token::Op;
+
 use crate::error::{Error, Result};
 use crate::state::{Agent, Session};
+use crate::tls::Caller;
 
 /// Entries per Readdir batch when the client does not say.
 const DEFAULT_READDIR_BATCH: u32 = 1024;
@@ -65,29 +67,9 @@ impl pb::session_server::Session for SessionService {
         &self,
         request: Request<pb::AttachRequest>,
     ) -> std::result::Result<Response<pb::AttachResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let tenant = if req.tenant.is_empty() {
-            match self.agent.config.tenants.as_slice() {
-                [only] => only.name.clone(),
-                _ if self.agent.config.tenants.iter().any(|t| t.name == DEFAULT_TENANT) => DEFAULT_TENANT.to_owned(),
-                _ => {
-                    return Err(Error::invalid(
-                        "tenant",
-                        "this agent serves several tenants and none is named \"default\": name the tenant to attach as",
-                    )
-                    .into());
-                }
-            }
-        } else {
-            req.tenant
-        };
-        if !req.capability_token.is_empty() {
-            return Err(Error::invalid(
-                "capability_token",
-                "capability tokens are not enabled on this agent yet; attach without one",
-            )
-            .into());
-        }
+        let (tenant, rights) = self.agent.authorize_attach(&caller, &req.tenant, &req.capability_token)?;
         // Check the transport before the session exists, so a refused one leaves nothing behind.
         let dataplane = match &req.transport {
             None => None,
@@ -109,7 +91,7 @@ impl pb::session_server::Session for SessionService {
                 Some((dp, t.worker_address.clone()))
             }
         };
-        let session = self.agent.attach(&tenant, &req.client_name)?;
+        let session = self.agent.attach(&tenant, &req.client_name, rights)?;
         let mut agent_transport = None;
         if let Some((dp, host_address)) = dataplane {
             let connecting = dp.clone();
@@ -155,6 +137,8 @@ impl pb::session_server::Session for SessionService {
         &self,
         request: Request<pb::KeepAliveRequest>,
     ) -> std::result::Result<Response<pb::KeepAliveResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        self.agent.session_for(request.get_ref().session_id, &caller)?;
         self.agent.keep_alive(request.into_inner().session_id)?;
         Ok(Response::new(pb::KeepAliveResponse { lease_ms: self.agent.config.lease_ms }))
     }
@@ -163,17 +147,24 @@ impl pb::session_server::Session for SessionService {
         &self,
         request: Request<pb::DelegateRequest>,
     ) -> std::result::Result<Response<pb::DelegateResponse>, Status> {
-        self.agent.session(request.into_inner().session_id)?;
-        Err(Status::unimplemented(
-            "Delegate mints capability tokens, which this agent does not issue yet; a child process can attach on its own",
-        ))
+        let caller = Caller::of(&request)?;
+        let req = request.into_inner();
+        let session = self.agent.session_for(req.session_id, &caller)?;
+        let (token, expires_at) = self.agent.delegate(&session, &req.path_prefix, &req.operations, req.lifetime_s)?;
+        let expires_unix_s = expires_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        tracing::info!(session = format!("{:#018x}", session.id), tenant = %session.tenant, expires_unix_s, "delegated a capability token");
+        Ok(Response::new(pb::DelegateResponse { capability_token: token, expires_unix_s }))
     }
 
     async fn detach(
         &self,
         request: Request<pb::DetachRequest>,
     ) -> std::result::Result<Response<pb::DetachResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let id = request.into_inner().session_id;
+        self.agent.session_for(id, &caller)?;
         let agent = self.agent.clone();
         if !blocking(move || agent.detach(id)).await? {
             return Err(Error::NoSession { id }.into());
@@ -193,8 +184,8 @@ impl NamespaceService {
         NamespaceService { agent }
     }
 
-    fn session(&self, id: u64) -> Result<Arc<Session>> {
-        self.agent.session(id)
+    fn session(&self, id: u64, caller: &Caller) -> Result<Arc<Session>> {
+        self.agent.session_for(id, caller)
     }
 }
 
@@ -206,8 +197,9 @@ impl pb::namespace_server::Namespace for NamespaceService {
         &self,
         request: Request<pb::MountRequest>,
     ) -> std::result::Result<Response<pb::MountResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let session = self.session(req.session_id)?;
+        let session = self.session(req.session_id, &caller)?;
         let agent = self.agent.clone();
         let (name, chunk_bytes, root) = blocking(move || {
             let c = agent.mount(&session, &req.container)?;
@@ -222,8 +214,10 @@ impl pb::namespace_server::Namespace for NamespaceService {
         &self,
         request: Request<pb::LookupRequest>,
     ) -> std::result::Result<Response<pb::LookupResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let container = self.session(req.session_id)?.container()?;
+        let session = self.session(req.session_id, &caller)?;
+        let container = session.container()?;
         let limit = self.agent.limits().max_lookup_paths;
         if req.paths.len() > limit as usize {
             return Err(Error::Limit { what: "paths in one Lookup", limit: limit.into() }.into());
@@ -233,7 +227,10 @@ impl pb::namespace_server::Namespace for NamespaceService {
                 .paths
                 .into_iter()
                 .map(|raw| {
-                    let outcome = path("paths", &raw).and_then(|p| Ok(container.stat(&p)?));
+                    let outcome = path("paths", &raw).and_then(|p| {
+                        session.rights.check(Op::Read, &p)?;
+                        Ok(container.stat(&p)?)
+                    });
                     match outcome {
                         Ok(attr) => pb::LookupResult {
                             path: raw,
@@ -254,11 +251,13 @@ impl pb::namespace_server::Namespace for NamespaceService {
     }
 
     async fn stat(&self, request: Request<pb::StatRequest>) -> std::result::Result<Response<pb::StatResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let session = self.session(req.session_id)?;
+        let session = self.session(req.session_id, &caller)?;
         let attr = match req.target {
             Some(pb::stat_request::Target::Path(raw)) => {
                 let p = path("path", &raw)?;
+                session.rights.check(Op::Read, &p)?;
                 let container = session.container()?;
                 blocking(move || Ok(container.stat(&p)?)).await?
             }
@@ -275,9 +274,12 @@ impl pb::namespace_server::Namespace for NamespaceService {
         &self,
         request: Request<pb::MkdirRequest>,
     ) -> std::result::Result<Response<pb::MkdirResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let container = self.session(req.session_id)?.container()?;
+        let session = self.session(req.session_id, &caller)?;
+        let container = session.container()?;
         let p = path("path", &req.path)?;
+        session.rights.check(Op::Create, &p)?;
         let mode = if req.mode == 0 { 0o755 } else { req.mode & 0o7777 };
         let attr = blocking(move || {
             if !req.parents {
@@ -288,6 +290,14 @@ impl pb::namespace_server::Namespace for NamespaceService {
             let mut attr = container.stat(&at)?;
             for name in p.components() {
                 at = at.join(name)?;
+                if session.rights.check(Op::Create, &at).is_err() {
+                    // An ancestor above the capability's prefix: it must exist already.
+                    attr = container.stat(&at)?;
+                    if attr.kind != EntryKind::Directory {
+                        return Err(dpuio_backend::Error::NotADirectory { path: at.to_string() }.into());
+                    }
+                    continue;
+                }
                 attr = match container.mkdir(&at, mode) {
                     Ok(a) => a,
                     Err(dpuio_backend::Error::AlreadyExists { .. }) => {
@@ -312,9 +322,12 @@ impl pb::namespace_server::Namespace for NamespaceService {
         &self,
         request: Request<pb::ReaddirRequest>,
     ) -> std::result::Result<Response<ReaddirStream>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let container = self.session(req.session_id)?.container()?;
+        let session = self.session(req.session_id, &caller)?;
+        let container = session.container()?;
         let p = path("path", &req.path)?;
+        session.rights.check(Op::Read, &p)?;
         if !req.anchor.is_empty() {
             NsPath::root()
                 .join(&req.anchor)
@@ -360,6 +373,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
     }
 
     async fn open(&self, request: Request<pb::OpenRequest>) -> std::result::Result<Response<pb::OpenResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let write = match pb::Access::try_from(req.access) {
             Ok(pb::Access::Unspecified | pb::Access::ReadOnly) => false,
@@ -370,13 +384,14 @@ impl pb::namespace_server::Namespace for NamespaceService {
             return Err(Error::invalid("truncate", "truncate on open needs ACCESS_READ_WRITE").into());
         }
         let options = OpenOptions { write, truncate: req.truncate, ..OpenOptions::default() };
-        self.open_with(req.session_id, &req.path, options, 0).await
+        self.open_with(req.session_id, &caller, &req.path, options, 0).await
     }
 
     async fn create(
         &self,
         request: Request<pb::CreateRequest>,
     ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let mode = if req.mode == 0 { 0o644 } else { req.mode & 0o7777 };
         let options = OpenOptions {
@@ -386,15 +401,16 @@ impl pb::namespace_server::Namespace for NamespaceService {
             truncate: !req.exclusive,
             layout: Layout { chunk_bytes: req.chunk_bytes, object_class: req.object_class },
         };
-        self.open_with(req.session_id, &req.path, options, mode).await
+        self.open_with(req.session_id, &caller, &req.path, options, mode).await
     }
 
     async fn close(
         &self,
         request: Request<pb::CloseRequest>,
     ) -> std::result::Result<Response<pb::CloseResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let session = self.session(req.session_id)?;
+        let session = self.session(req.session_id, &caller)?;
         blocking(move || session.close_handle(req.handle)).await?;
         Ok(Response::new(pb::CloseResponse {}))
     }
@@ -403,9 +419,12 @@ impl pb::namespace_server::Namespace for NamespaceService {
         &self,
         request: Request<pb::RemoveRequest>,
     ) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let container = self.session(req.session_id)?.container()?;
+        let session = self.session(req.session_id, &caller)?;
+        let container = session.container()?;
         let p = path("path", &req.path)?;
+        session.rights.check(Op::Delete, &p)?;
         blocking(move || Ok(container.remove(&p, req.recursive)?)).await?;
         Ok(Response::new(pb::RemoveResponse {}))
     }
@@ -414,9 +433,13 @@ impl pb::namespace_server::Namespace for NamespaceService {
         &self,
         request: Request<pb::RenameRequest>,
     ) -> std::result::Result<Response<pb::RenameResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let container = self.session(req.session_id)?.container()?;
+        let session = self.session(req.session_id, &caller)?;
+        let container = session.container()?;
         let (from, to) = (path("from", &req.from)?, path("to", &req.to)?);
+        session.rights.check(Op::Delete, &from)?;
+        session.rights.check(Op::Create, &to)?;
         blocking(move || Ok(container.rename(&from, &to)?)).await?;
         Ok(Response::new(pb::RenameResponse {}))
     }
@@ -425,12 +448,14 @@ impl pb::namespace_server::Namespace for NamespaceService {
         &self,
         request: Request<pb::TruncateRequest>,
     ) -> std::result::Result<Response<pb::TruncateResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let session = self.session(req.session_id)?;
+        let session = self.session(req.session_id, &caller)?;
         let size = req.size;
         match req.target {
             Some(pb::truncate_request::Target::Path(raw)) => {
                 let p = path("path", &raw)?;
+                session.rights.check(Op::Write, &p)?;
                 let container = session.container()?;
                 blocking(move || Ok(container.truncate(&p, size)?)).await?;
             }
@@ -451,8 +476,9 @@ impl pb::namespace_server::Namespace for NamespaceService {
     }
 
     async fn sync(&self, request: Request<pb::SyncRequest>) -> std::result::Result<Response<pb::SyncResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let session = self.session(req.session_id)?;
+        let session = self.session(req.session_id, &caller)?;
         if req.handle == 0 {
             let container = session.container()?;
             blocking(move || Ok(container.sync()?)).await?;
@@ -468,13 +494,18 @@ impl NamespaceService {
     async fn open_with(
         &self,
         session_id: u64,
+        caller: &Caller,
         raw: &str,
         options: OpenOptions,
         mode: u32,
     ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
-        let session = self.session(session_id)?;
+        let session = self.session(session_id, caller)?;
         let container = session.container()?;
         let p = path("path", raw)?;
+        if options.create {
+            session.rights.check(Op::Create, &p)?;
+        }
+        session.rights.check(if options.write { Op::Write } else { Op::Read }, &p)?;
         let limit = self.agent.limits().max_handles_per_session;
         if session.handle_count() >= limit as usize {
             return Err(Error::Limit { what: "open handles in this session", limit: limit.into() }.into());
@@ -526,8 +557,9 @@ impl pb::memory_server::Memory for MemoryService {
         &self,
         request: Request<pb::RegisterRegionRequest>,
     ) -> std::result::Result<Response<pb::RegisterRegionResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let session = self.agent.session(req.session_id)?;
+        let session = self.agent.session_for(req.session_id, &caller)?;
         let peer = session.peer()?;
         let dp = self.dataplane()?;
         let access = region_access(req.access)?;
@@ -565,8 +597,9 @@ impl pb::memory_server::Memory for MemoryService {
         &self,
         request: Request<pb::DeregisterRegionRequest>,
     ) -> std::result::Result<Response<pb::DeregisterRegionResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        self.agent.session(req.session_id)?.remove_region(req.region_id)?;
+        self.agent.session_for(req.session_id, &caller)?.remove_region(req.region_id)?;
         Ok(Response::new(pb::DeregisterRegionResponse {}))
     }
 
@@ -574,8 +607,9 @@ impl pb::memory_server::Memory for MemoryService {
         &self,
         request: Request<pb::RegisterRingRequest>,
     ) -> std::result::Result<Response<pb::RegisterRingResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let session = self.agent.session(req.session_id)?;
+        let session = self.agent.session_for(req.session_id, &caller)?;
         let peer = session.peer()?;
         let dp = self.dataplane()?;
         let region = session.host_region(req.region_id).ok_or_else(|| {
@@ -597,8 +631,9 @@ impl pb::memory_server::Memory for MemoryService {
         &self,
         request: Request<pb::DeregisterRingRequest>,
     ) -> std::result::Result<Response<pb::DeregisterRingResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        self.agent.session(req.session_id)?.remove_ring(req.ring_id)?;
+        self.agent.session_for(req.session_id, &caller)?.remove_ring(req.ring_id)?;
         Ok(Response::new(pb::DeregisterRingResponse {}))
     }
 }

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use dpuio_backend::{Backend, Container, Object};
+use dpuio_auth::token::{Op, OpMask, TokenAuthority};
+use dpuio_backend::{Backend, Container, NsPath, Object};
 
 use crate::dataplane::{DataPlane, HostRegion, HostRing, Peer};
 use crate::engine::{HandleInfo, RegionInfo, SessionView};
@@ -29,6 +30,55 @@ pub struct Agent {
     dataplane: std::sync::OnceLock<Arc<DataPlane>>,
     /// Per container: how its files are encrypted (tenants with encryption on).
     pub(crate) encryption: Mutex<HashMap<String, crate::encryption::EncryptionSettings>>,
+    /// Signs and verifies capability tokens (its key lives under `data_dir/tokens`).
+    pub tokens: TokenAuthority,
+}
+
+/// What a session may do: all of its tenant's container, or what its capability
+/// token grants. Checked on every namespace call; compiled into each handle's
+/// [`HandleInfo`] for the data plane.
+#[derive(Clone, Debug)]
+pub struct SessionRights {
+    pub ops: OpMask,
+    /// The subtree the session may touch (`/` for the whole container).
+    pub prefix: NsPath,
+    /// When the rights end (`None`: with the session).
+    pub expires_at: Option<SystemTime>,
+    /// The token the session attached with; delegations attenuate it.
+    pub token: Option<String>,
+}
+
+impl SessionRights {
+    /// Everything in the tenant's container, for as long as the session lives.
+    pub fn full() -> SessionRights {
+        SessionRights { ops: OpMask::ALL, prefix: NsPath::root(), expires_at: None, token: None }
+    }
+
+    pub fn expired(&self, now: SystemTime) -> bool {
+        self.expires_at.is_some_and(|at| now >= at)
+    }
+
+    /// Whether `op` on `path` is allowed now; the error says what the token grants.
+    pub fn check(&self, op: Op, path: &NsPath) -> Result<()> {
+        if self.expired(SystemTime::now()) {
+            return Err(Error::Unauthenticated(
+                "the session's capability token has expired; attach again with a fresh token".into(),
+            ));
+        }
+        if !self.ops.contains(op.mask()) {
+            return Err(Error::PermissionDenied(format!(
+                "the session's capability token does not allow {op} (it allows {}); ask the parent for a delegation that does",
+                self.ops
+            )));
+        }
+        if !dpuio_auth::names::path_within(path.as_str(), self.prefix.as_str()) {
+            return Err(Error::PermissionDenied(format!(
+                "{path} is outside the session's capability prefix {}",
+                self.prefix
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One attached host process.
@@ -38,6 +88,7 @@ pub struct Session {
     pub container_name: String,
     pub client_name: String,
     pub attached_at: SystemTime,
+    pub rights: SessionRights,
     container: Mutex<Option<Arc<dyn Container>>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     lease_deadline: Mutex<Instant>,
@@ -50,6 +101,9 @@ pub struct Session {
 /// An open file of a session.
 pub struct Handle {
     pub object: Arc<dyn Object>,
+    /// Opened for reading and the session's rights allow reading it.
+    pub readable: bool,
+    /// Opened for writing and the session's rights allow writing it.
     pub writable: bool,
 }
 
@@ -58,6 +112,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Arcs); going on with it is safer than taking the whole agent down.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Lifetime of a delegation from a session without a token, when none is asked for.
+const DEFAULT_DELEGATION: Duration = Duration::from_secs(3600);
+/// Longest delegation.
+const MAX_DELEGATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// A fresh id that is neither 0 (reserved for "none" on the wire) nor guessable.
 fn fresh_id() -> u64 {
@@ -82,7 +141,35 @@ impl Agent {
             started: Instant::now(),
             dataplane: std::sync::OnceLock::new(),
             encryption: Mutex::new(HashMap::new()),
+            tokens: TokenAuthority::generate(),
         }
+    }
+
+    /// Whether `tenant` is configured now.
+    pub fn has_tenant(&self, tenant: &str) -> bool {
+        lock(&self.tenants).contains_key(tenant)
+    }
+
+    /// The tenant's configuration now.
+    pub fn tenant(&self, tenant: &str) -> Option<TenantConfig> {
+        lock(&self.tenants).get(tenant).cloned()
+    }
+
+    /// Every tenant, by name.
+    pub fn tenant_list(&self) -> Vec<TenantConfig> {
+        let mut all: Vec<TenantConfig> = lock(&self.tenants).values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// The session `id` if it belongs to a tenant `caller` may act for. Another
+    /// tenant's session is reported exactly like an unknown id.
+    pub fn session_for(&self, id: u64, caller: &crate::tls::Caller) -> Result<Arc<Session>> {
+        let session = self.session(id)?;
+        if !caller.may_use(&session.tenant) {
+            return Err(Error::NoSession { id });
+        }
+        Ok(session)
     }
 
     pub fn limits(&self) -> &Limits {
@@ -137,13 +224,157 @@ impl Agent {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// Start a session for `tenant`.
-    pub fn attach(&self, tenant: &str, client_name: &str) -> Result<Arc<Session>> {
+    /// Which tenant an Attach is for and what the session may do: the caller's
+    /// certificate decides the tenant (a plaintext loopback listener takes the named
+    /// one); a capability token narrows the rights and must be this agent's, for that
+    /// tenant and its container, unexpired and unaltered.
+    pub fn authorize_attach(
+        &self,
+        caller: &crate::tls::Caller,
+        requested: &str,
+        token: &str,
+    ) -> Result<(String, SessionRights)> {
+        let now = SystemTime::now();
+        let verified = if token.is_empty() {
+            None
+        } else {
+            Some(self.tokens.verify(token, now).map_err(|e| Error::Unauthenticated(format!("capability_token: {e}")))?)
+        };
+        let tenant = match caller {
+            crate::tls::Caller::Tenant(t) => {
+                if !requested.is_empty() && requested != t {
+                    return Err(Error::PermissionDenied(format!(
+                        "the client certificate is for tenant {t:?}; it cannot attach as tenant {requested:?}"
+                    )));
+                }
+                t.clone()
+            }
+            crate::tls::Caller::Unauthenticated if !requested.is_empty() => requested.to_owned(),
+            crate::tls::Caller::Unauthenticated => match &verified {
+                Some(rights) => rights.tenant().to_owned(),
+                None => self.default_tenant()?,
+            },
+        };
+        let Some(rights) = verified else {
+            return Ok((tenant, SessionRights::full()));
+        };
+        if rights.tenant() != tenant {
+            return Err(Error::Unauthenticated(format!(
+                "capability_token: the token is for tenant {:?}, but the caller is tenant {tenant:?}",
+                rights.tenant()
+            )));
+        }
+        let container = self
+            .tenant(&tenant)
+            .map(|t| t.container)
+            .ok_or_else(|| Error::PermissionDenied(format!("tenant {tenant:?} is not configured on this agent")))?;
+        if rights.container() != container {
+            return Err(Error::Unauthenticated(format!(
+                "capability_token: the token is for container {:?}, tenant {tenant:?} has {container:?}",
+                rights.container()
+            )));
+        }
+        let prefix = NsPath::parse(rights.prefix())
+            .map_err(|e| Error::Unauthenticated(format!("capability_token: its prefix is not a path: {e}")))?;
+        Ok((
+            tenant,
+            SessionRights {
+                ops: rights.ops(),
+                prefix,
+                expires_at: Some(rights.expires_at()),
+                token: Some(token.to_owned()),
+            },
+        ))
+    }
+
+    fn default_tenant(&self) -> Result<String> {
+        let tenants = lock(&self.tenants);
+        if tenants.len() == 1 {
+            return Ok(tenants.keys().next().cloned().unwrap_or_default());
+        }
+        if tenants.contains_key(crate::config::DEFAULT_TENANT) {
+            return Ok(crate::config::DEFAULT_TENANT.to_owned());
+        }
+        Err(Error::invalid(
+            "tenant",
+            "this agent serves several tenants and none is named \"default\": name the tenant to attach as",
+        ))
+    }
+
+    /// A capability token for a child of `session` (e.g. a DataLoader worker): the
+    /// session's rights narrowed to `prefix`, `operations` and `lifetime_s` (empty or
+    /// zero keep the parent's). It can never do more than the session: the token is an
+    /// attenuation of the session's own, and the agent refuses any widening.
+    pub fn delegate(
+        &self,
+        session: &Session,
+        prefix: &str,
+        operations: &[String],
+        lifetime_s: u64,
+    ) -> Result<(String, SystemTime)> {
+        use dpuio_auth::token::{Scope, TokenError};
+        let now = SystemTime::now();
+        if lifetime_s > MAX_DELEGATION.as_secs() {
+            return Err(Error::invalid(
+                "lifetime_s",
+                format!("{lifetime_s} s is longer than the limit of {} s", MAX_DELEGATION.as_secs()),
+            ));
+        }
+        let lifetime = (lifetime_s > 0).then(|| Duration::from_secs(lifetime_s));
+        let parent = match &session.rights.token {
+            Some(token) => token.clone(),
+            None => {
+                // A session with no token holds its tenant's rights for its own life: the
+                // root of its delegations lasts as long as the longest child may.
+                let scope = Scope {
+                    tenant: session.tenant.clone(),
+                    container: session.container_name.clone(),
+                    prefix: session.rights.prefix.to_string(),
+                    ops: session.rights.ops,
+                    expires_at: now + lifetime.unwrap_or(DEFAULT_DELEGATION),
+                };
+                self.tokens.mint(&scope).map_err(|e| Error::Internal(format!("minting a session token: {e}")))?
+            }
+        };
+        let parent_rights = self.tokens.verify(&parent, now).map_err(|e| Error::Unauthenticated(e.to_string()))?;
+        let mut scope = parent_rights.to_scope();
+        if !prefix.is_empty() {
+            scope.prefix = NsPath::parse(prefix)
+                .map_err(|e| Error::invalid("path_prefix", format!("{prefix:?} is not a path: {e}")))?
+                .to_string();
+        }
+        if !operations.is_empty() {
+            scope.ops = dpuio_auth::token::OpMask::parse_list(&operations.join(",")).map_err(|e| {
+                Error::invalid("operations", format!("{e}; use any of \"read\", \"write\", \"create\", \"delete\""))
+            })?;
+            if scope.ops.is_empty() {
+                return Err(Error::invalid("operations", "names no operation"));
+            }
+        }
+        if let Some(lifetime) = lifetime {
+            scope.expires_at = now + lifetime;
+        }
+        let token =
+            dpuio_auth::token::attenuate(&parent, &self.tokens.public_key(), &scope, now).map_err(|e| match e {
+                TokenError::Widening(_) => {
+                    Error::PermissionDenied(format!("a delegation cannot do more than its parent: {e}"))
+                }
+                TokenError::InvalidScope { .. } | TokenError::InvalidName(_) => {
+                    Error::invalid("path_prefix", e.to_string())
+                }
+                TokenError::Expired { .. } => Error::Unauthenticated(e.to_string()),
+                other => Error::Internal(format!("attenuating a token: {other}")),
+            })?;
+        Ok((token, scope.expires_at))
+    }
+
+    /// Start a session for `tenant` with `rights`.
+    pub fn attach(&self, tenant: &str, client_name: &str, rights: SessionRights) -> Result<Arc<Session>> {
         if self.is_draining() {
             return Err(Error::Unavailable("shutting down"));
         }
-        let container_name = match lock(&self.tenants).get(tenant) {
-            Some(t) => t.container.clone(),
+        let (container_name, tenant_max) = match lock(&self.tenants).get(tenant) {
+            Some(t) => (t.container.clone(), t.max_sessions),
             None => {
                 return Err(Error::PermissionDenied(format!("tenant {tenant:?} is not configured on this agent")));
             }
@@ -156,12 +387,18 @@ impl Agent {
         if sessions.len() >= limit as usize {
             return Err(Error::Limit { what: "sessions on this agent", limit: limit.into() });
         }
+        if let Some(max) = tenant_max
+            && sessions.values().filter(|s| s.tenant == tenant).count() >= max as usize
+        {
+            return Err(Error::Limit { what: "sessions of this tenant", limit: max.into() });
+        }
         let session = Arc::new(Session {
             id: fresh_id(),
             tenant: tenant.to_owned(),
             container_name,
             client_name: client_name.to_owned(),
             attached_at: SystemTime::now(),
+            rights,
             container: Mutex::new(None),
             handles: Mutex::new(HashMap::new()),
             lease_deadline: Mutex::new(Instant::now() + self.lease()),
@@ -274,15 +511,18 @@ impl Session {
         lock(&self.container).clone().ok_or(Error::NotMounted { id: self.id })
     }
 
-    /// Register an open object; fails past the per-session limit.
+    /// Register an open object; fails past the per-session limit. What the data plane
+    /// may do with it is fixed now: the open mode narrowed by the session's rights.
     pub fn add_handle(&self, object: Arc<dyn Object>, limit: u32) -> Result<u64> {
         let mut handles = lock(&self.handles);
         if handles.len() >= limit as usize {
             return Err(Error::Limit { what: "open handles in this session", limit: limit.into() });
         }
-        let writable = object.writable();
+        let path = object.path().clone();
+        let readable = self.rights.check(Op::Read, &path).is_ok();
+        let writable = object.writable() && self.rights.check(Op::Write, &path).is_ok();
         let id = fresh_id();
-        handles.insert(id, Arc::new(Handle { object, writable }));
+        handles.insert(id, Arc::new(Handle { object, readable, writable }));
         Ok(id)
     }
 
@@ -391,7 +631,8 @@ impl Session {
 
 impl SessionView for Session {
     fn handle(&self, id: u64) -> Option<HandleInfo> {
-        lock(&self.handles).get(&id).map(|h| HandleInfo { writable: h.writable })
+        let live = !self.rights.expired(SystemTime::now());
+        lock(&self.handles).get(&id).map(|h| HandleInfo { readable: h.readable && live, writable: h.writable && live })
     }
     fn region(&self, id: u32) -> Option<RegionInfo> {
         lock(&self.regions).get(&id).map(|r| r.info())

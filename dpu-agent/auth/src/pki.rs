@@ -185,6 +185,14 @@ pub enum IdentityError {
     /// The tenant name in the SPIFFE ID is not a valid tenant name.
     #[error("the SPIFFE ID names an invalid tenant: {0}")]
     BadTenantName(NameError),
+    /// The certificate chain does not lead to the client CA, or is not valid now.
+    #[error(
+        "the client certificate is not trusted ({reason}): use one issued by this agent's client CA (dpuctl cert issue)"
+    )]
+    NotTrusted {
+        /// What the chain check said.
+        reason: String,
+    },
 }
 
 /// Why the PKI could not be loaded, created or used.
@@ -945,3 +953,104 @@ fn set_validity(params: &mut CertificateParams, days: u32) {
 
 #[cfg(test)]
 mod tests;
+
+/// A client-certificate verifier that lets the handshake finish without a valid
+/// client certificate, so the request can be refused with a gRPC status that says why
+/// (UNAUTHENTICATED: no certificate, another CA, expired) instead of a bare TLS alert.
+///
+/// It still checks, during the handshake, that the client holds the private key of
+/// whatever certificate it sent (the TLS 1.3 CertificateVerify signature); only the
+/// chain check is deferred. Every request must then pass [`DeferredClientVerifier::check`]
+/// (the agent does it in one interceptor in front of every service but health).
+#[derive(Debug)]
+pub struct DeferredClientVerifier {
+    strict: Arc<dyn ClientCertVerifier>,
+}
+
+impl DeferredClientVerifier {
+    /// A verifier deferring to the chain checks of a strict one for `client_ca_pem`.
+    pub fn new(client_ca_pem: &str, provider: Arc<CryptoProvider>) -> Result<DeferredClientVerifier, PkiError> {
+        Ok(DeferredClientVerifier { strict: client_verifier(client_ca_pem, provider)? })
+    }
+
+    /// The deferred check: the chain leads to the client CA and is valid at `now`.
+    pub fn check(&self, chain: &[CertificateDer<'_>], now: rustls_pki_types::UnixTime) -> Result<(), IdentityError> {
+        let (leaf, intermediates) = chain.split_first().ok_or(IdentityError::NoPeerCertificate)?;
+        self.strict
+            .verify_client_cert(leaf, intermediates, now)
+            .map(|_| ())
+            .map_err(|e| IdentityError::NotTrusted { reason: e.to_string() })
+    }
+}
+
+impl ClientCertVerifier for DeferredClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.strict.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        // Deferred to `check`, on every request.
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.strict.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.strict.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.strict.supported_verify_schemes()
+    }
+}
+
+/// A TLS 1.3 server config whose client-certificate check is deferred to the returned
+/// verifier's [`DeferredClientVerifier::check`], which the caller must run on every
+/// request.
+pub fn deferred_server_config(
+    server_cert_pem: &str,
+    server_key_pem: &str,
+    client_ca_pem: &str,
+    provider: Arc<CryptoProvider>,
+) -> Result<(rustls::ServerConfig, Arc<DeferredClientVerifier>), PkiError> {
+    let chain =
+        CertificateDer::pem_slice_iter(server_cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(tls_err)?;
+    if chain.is_empty() {
+        return Err(PkiError::Tls { reason: "the server certificate PEM holds no certificate".into() });
+    }
+    let key = PrivateKeyDer::from_pem_slice(server_key_pem.as_bytes()).map_err(tls_err)?;
+    let verifier = Arc::new(DeferredClientVerifier::new(client_ca_pem, provider.clone())?);
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_client_cert_verifier(verifier.clone())
+        .with_single_cert(chain, key)
+        .map_err(tls_err)?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok((config, verifier))
+}
