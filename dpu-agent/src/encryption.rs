@@ -94,7 +94,12 @@
 //! making the new version current for new files; [`rotate`] does the same on a raw
 //! container that no agent is serving. Data blocks are not touched. [`key_status`]
 //! counts files per key version: a version no file (and no unreadable file) uses can
-//! be retired.
+//! be retired. [`EncryptedContainer::rotate_to_key_file`] is what the agent runs: it
+//! adds a key file to the key source as the next version and rotates to it, one
+//! rotation at a time per container. The agent reaches the running container through
+//! its settings ([`EncryptionSettings::running_container`]). A file created or
+//! re-created during a rotation is wrapped under the version current when it takes
+//! its lock, so the walk cannot miss it.
 //!
 //! Deliberately not here: key sources and key caching (the crate's [`KeySource`]),
 //! directory or file-name encryption (names stay in the clear), and protection
@@ -173,6 +178,9 @@ pub struct EncryptionSettings {
     pub block_bytes: u32,
     /// Files without a header.
     pub plaintext_files: PlaintextFiles,
+    /// The containers made from these settings (every clone shares the list), so
+    /// whoever holds the settings reaches the running one: key rotation does.
+    running: Arc<Mutex<Vec<Weak<Core>>>>,
 }
 
 impl EncryptionSettings {
@@ -189,9 +197,17 @@ impl EncryptionSettings {
             key_version,
             block_bytes: crypto::DEFAULT_BLOCK_BYTES,
             plaintext_files: PlaintextFiles::default(),
+            running: Arc::default(),
         };
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// The container [`EncryptedContainer::new`] made from these settings (or a clone
+    /// of them) that is still in use, if any: a handle sharing its state, open files
+    /// and locks.
+    pub fn running_container(&self) -> Option<EncryptedContainer> {
+        lock(&self.running).iter().rev().find_map(Weak::upgrade).map(|core| EncryptedContainer { core })
     }
 
     /// Check what can be checked before the first file: names that fit the AAD, a
@@ -234,12 +250,21 @@ impl Shared {
     }
 }
 
-/// A container whose files are encrypted: see the module documentation.
+/// A container whose files are encrypted: see the module documentation. A handle:
+/// every `EncryptedContainer` made from the same [`EncryptedContainer::new`] (see
+/// [`EncryptionSettings::running_container`]) shares one state.
 pub struct EncryptedContainer {
+    core: Arc<Core>,
+}
+
+/// The state of one encrypted container.
+struct Core {
     inner: Arc<dyn Container>,
     shared: Arc<Shared>,
     /// Open files by the backend's object id, so every open of a file shares its state.
     files: Mutex<Registry>,
+    /// Held through a whole rotation: one at a time per container.
+    rotation: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -252,8 +277,8 @@ struct Registry {
 impl fmt::Debug for EncryptedContainer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EncryptedContainer")
-            .field("container", &self.inner.name())
-            .field("settings", &self.shared.settings)
+            .field("container", &self.core.inner.name())
+            .field("settings", &self.core.shared.settings)
             .field("key_version", &self.key_version())
             .finish_non_exhaustive()
     }
@@ -271,32 +296,38 @@ impl EncryptedContainer {
         settings.validate()?;
         let ctx = FileContext::new(&settings.tenant, &settings.container)?;
         let key_version = AtomicU32::new(settings.key_version);
-        Ok(Self {
+        let running = settings.running.clone();
+        let core = Arc::new(Core {
             inner,
             shared: Arc::new(Shared { settings, ctx, key_version }),
             files: Mutex::new(Registry::default()),
-        })
+            rotation: Mutex::new(()),
+        });
+        let mut running = lock(&running);
+        running.retain(|c| c.strong_count() > 0);
+        running.push(Arc::downgrade(&core));
+        Ok(Self { core })
     }
 
     /// The raw container underneath (ciphertext).
     pub fn inner(&self) -> &Arc<dyn Container> {
-        &self.inner
+        &self.core.inner
     }
 
     /// The settings this container was made with (`key_version` as configured; see
     /// [`EncryptedContainer::key_version`] for the current one).
     pub fn settings(&self) -> &EncryptionSettings {
-        &self.shared.settings
+        &self.core.shared.settings
     }
 
     /// The KEK version new files are wrapped under now.
     pub fn key_version(&self) -> u32 {
-        self.shared.key_version.load(Ordering::Relaxed)
+        self.core.shared.key_version.load(Ordering::Relaxed)
     }
 
     /// Files per key version in this container (see [`key_status`]).
     pub fn key_status(&self) -> Result<KeyStatus> {
-        key_status(&*self.inner)
+        key_status(&*self.core.inner)
     }
 
     /// Re-wrap the data key of every file wrapped under `old_version` with
@@ -306,23 +337,50 @@ impl EncryptedContainer {
     /// fail are listed in the report and left as they were: keep the old key until
     /// [`KeyStatus`] shows nothing uses it. Ends with a container sync.
     pub fn rotate(&self, old_version: u32, new_version: u32) -> Result<RotationReport> {
-        let (old_kek, new_kek) = rotation_keys(&self.shared, old_version, new_version)?;
-        self.shared.key_version.store(new_version, Ordering::Relaxed);
+        let _one_at_a_time = lock(&self.core.rotation);
+        self.rotate_locked(old_version, new_version)
+    }
+
+    /// Key rotation to a new key file: add it to the key source as the tenant's next
+    /// version ([`KeySource::add_next_key_file`]), make that current for new files,
+    /// and re-wrap every file of the current version under it
+    /// ([`EncryptedContainer::rotate`]). One rotation at a time per container, so
+    /// versions move strictly up.
+    pub fn rotate_to_key_file(&self, key_file: &std::path::Path) -> std::result::Result<KeyChange, RotateError> {
+        let _one_at_a_time = lock(&self.core.rotation);
+        let shared = &self.core.shared;
+        let new_version = shared
+            .settings
+            .key_source
+            .add_next_key_file(&shared.settings.tenant, key_file)
+            .map_err(RotateError::KeyFile)?;
+        let old_version = self.key_version();
+        let report = self.rotate_locked(old_version, new_version).map_err(|source| RotateError::Rewrap {
+            old_version,
+            new_version,
+            source,
+        })?;
+        Ok(KeyChange { old_version, new_version, report })
+    }
+
+    fn rotate_locked(&self, old_version: u32, new_version: u32) -> Result<RotationReport> {
+        let (old_kek, new_kek) = rotation_keys(&self.core.shared, old_version, new_version)?;
+        self.core.shared.key_version.store(new_version, Ordering::Relaxed);
         let mut report = RotationReport::default();
-        walk_files(&*self.inner, |path, _| {
+        walk_files(&*self.core.inner, |path, _| {
             let outcome = self.rotate_file(path, &old_kek, &new_kek);
             report.count(path, outcome);
         })?;
-        self.inner.sync()?;
+        self.core.inner.sync()?;
         Ok(report)
     }
 
     fn rotate_file(&self, path: &NsPath, old_kek: &Kek, new_kek: &Kek) -> Result<Rewrap> {
-        let inner = self.inner.open(path, OpenOptions { write: true, ..OpenOptions::default() }, 0)?;
+        let inner = self.core.inner.open(path, OpenOptions { write: true, ..OpenOptions::default() }, 0)?;
         let file = self.file_state(&*inner)?;
         let mut meta = file.loaded_mut(&*inner, path)?;
         match &mut meta.mode {
-            Mode::Encrypted(sealed) => rewrap(&self.shared, path, &*inner, &mut sealed.header, old_kek, new_kek),
+            Mode::Encrypted(sealed) => rewrap(&self.core.shared, path, &*inner, &mut sealed.header, old_kek, new_kek),
             _ => Ok(Rewrap::Unencrypted),
         }
     }
@@ -330,11 +388,11 @@ impl EncryptedContainer {
     /// The shared state of the file `inner` is open on.
     fn file_state(&self, inner: &dyn Object) -> Result<Arc<FileState>> {
         let id = inner.stat()?.object_id;
-        let mut registry = lock(&self.files);
+        let mut registry = lock(&self.core.files);
         if let Some(file) = registry.files.get(&id).and_then(Weak::upgrade) {
             return Ok(file);
         }
-        let file = Arc::new(FileState::new(self.shared.clone()));
+        let file = Arc::new(FileState::new(self.core.shared.clone()));
         if registry.files.len() >= registry.sweep_at {
             registry.files.retain(|_, f| f.strong_count() > 0);
             registry.sweep_at = (registry.files.len() * 2).max(64);
@@ -349,10 +407,10 @@ impl EncryptedContainer {
         if attr.kind != EntryKind::File || attr.size == 0 {
             return Ok(attr.size);
         }
-        let object = self.inner.open(path, OpenOptions::default(), 0)?;
+        let object = self.core.inner.open(path, OpenOptions::default(), 0)?;
         let mut first = [0u8; HEADER_BYTES];
         let got = object.read_at(&mut first, 0)?;
-        Ok(match classify(&self.shared.settings, path, &first[..got])? {
+        Ok(match classify(&self.core.shared.settings, path, &first[..got])? {
             Kind::Empty => 0,
             Kind::Plain => attr.size,
             Kind::Header(header) => header.plaintext_bytes(),
@@ -362,25 +420,25 @@ impl EncryptedContainer {
 
 impl Container for EncryptedContainer {
     fn name(&self) -> &str {
-        self.inner.name()
+        self.core.inner.name()
     }
 
     fn chunk_bytes(&self) -> u64 {
-        self.inner.chunk_bytes()
+        self.core.inner.chunk_bytes()
     }
 
     fn stat(&self, path: &NsPath) -> Result<Attr> {
-        let mut attr = self.inner.stat(path)?;
+        let mut attr = self.core.inner.stat(path)?;
         attr.size = self.plaintext_size(path, &attr)?;
         Ok(attr)
     }
 
     fn mkdir(&self, path: &NsPath, mode: u32) -> Result<Attr> {
-        self.inner.mkdir(path, mode)
+        self.core.inner.mkdir(path, mode)
     }
 
     fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)> {
-        let (mut entries, more) = self.inner.readdir(path, anchor, max)?;
+        let (mut entries, more) = self.core.inner.readdir(path, anchor, max)?;
         for entry in &mut entries {
             if entry.attr.kind != EntryKind::File {
                 continue;
@@ -389,7 +447,7 @@ impl Container for EncryptedContainer {
             // size 0 here, and its own stat or open reports the error.
             let size = path.join(&entry.name).and_then(|p| self.plaintext_size(&p, &entry.attr));
             entry.attr.size = size.unwrap_or_else(|e| {
-                tracing::warn!(container = self.inner.name(), error = %e, "readdir: no plaintext size");
+                tracing::warn!(container = self.core.inner.name(), error = %e, "readdir: no plaintext size");
                 0
             });
         }
@@ -402,7 +460,7 @@ impl Container for EncryptedContainer {
         // refuses it as it would anyway.
         let replace = options.truncate && options.write;
         let inner_options = OpenOptions { truncate: options.truncate && !options.write, ..options };
-        let inner = self.inner.open(path, inner_options, mode)?;
+        let inner = self.core.inner.open(path, inner_options, mode)?;
         let file = self.file_state(&*inner)?;
         if replace {
             file.replace(&*inner, path)?;
@@ -415,12 +473,12 @@ impl Container for EncryptedContainer {
     }
 
     fn remove(&self, path: &NsPath, recursive: bool) -> Result<()> {
-        self.inner.remove(path, recursive)
+        self.core.inner.remove(path, recursive)
     }
 
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
         // The AAD binds the file id in the header, not the path: renames are free.
-        self.inner.rename(from, to)
+        self.core.inner.rename(from, to)
     }
 
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
@@ -430,7 +488,7 @@ impl Container for EncryptedContainer {
     }
 
     fn sync(&self) -> Result<()> {
-        self.inner.sync()
+        self.core.inner.sync()
     }
 }
 
@@ -666,8 +724,14 @@ impl FileState {
     /// file, which is an empty encrypted file.
     fn replace(&self, inner: &dyn Object, path: &NsPath) -> Result<()> {
         // The new envelope first, so a missing key fails before anything is cut.
-        let sealed = new_envelope(&self.shared, path)?;
+        let mut sealed = new_envelope(&self.shared, path)?;
         let mut meta = self.write_meta();
+        if sealed.header.key_version() != self.shared.key_version.load(Ordering::Relaxed) {
+            // A rotation made another version current meanwhile and may have walked
+            // past this file already: wrap under the current one (under the lock that
+            // the rotation takes for this file).
+            sealed = new_envelope(&self.shared, path)?;
+        }
         meta.mode = Mode::Unloaded;
         inner.truncate(0)?;
         meta.mode = Mode::Empty;
@@ -1093,6 +1157,42 @@ enum Rewrap {
     Unencrypted,
 }
 
+/// What [`EncryptedContainer::rotate_to_key_file`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyChange {
+    /// The version that was current before (the one files were re-wrapped from).
+    pub old_version: u32,
+    /// The new key's version, current now.
+    pub new_version: u32,
+    /// What happened to each file.
+    pub report: RotationReport,
+}
+
+/// Why [`EncryptedContainer::rotate_to_key_file`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RotateError {
+    /// The new key file was refused (unreadable, not a 256-bit key, accessible by
+    /// group or others, or a key the tenant has already); nothing changed.
+    #[error(transparent)]
+    KeyFile(crypto::Error),
+    /// The new version was added and made current, but the walk over the container
+    /// stopped. Every file stays readable (the old key is kept); those still on the
+    /// old version show in the key status.
+    #[error(
+        "key version {new_version} was added and is current, but re-wrapping the files of version \
+         {old_version} stopped: {source}; files stay readable, keep version {old_version} until the key \
+         status shows no file under it"
+    )]
+    Rewrap {
+        /// The version files were being re-wrapped from.
+        old_version: u32,
+        /// The new, current version.
+        new_version: u32,
+        /// What stopped the walk.
+        source: Error,
+    },
+}
+
 /// What [`rotate`] or [`EncryptedContainer::rotate`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RotationReport {
@@ -1354,6 +1454,7 @@ mod tests {
             key_version,
             block_bytes: B as u32,
             plaintext_files: PlaintextFiles::ReadOnly,
+            running: Arc::default(),
         }
     }
 

@@ -38,6 +38,15 @@ pub enum Error {
     /// The agent is shutting down or draining and takes no new work.
     #[error("the agent is {0}; retry against another agent or later")]
     Unavailable(&'static str),
+    /// A request named a tenant that this agent does not serve.
+    #[error("tenant {tenant:?} is not configured on this agent: check the name against the agent's config")]
+    UnknownTenant { tenant: String },
+    /// A key request (rotate, status) for a tenant without inline encryption.
+    #[error(
+        "tenant {tenant:?} does not encrypt its files, so it has no keys to rotate or list: turn encryption on \
+         with [tenants.encryption] in the agent's config and restart the agent (it applies to new files)"
+    )]
+    NotEncrypted { tenant: String },
     /// A bug or an environment failure inside the agent.
     #[error("internal error: {0}")]
     Internal(String),
@@ -58,7 +67,8 @@ impl Error {
             Error::Backend(e) => backend_code(e),
             Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::NoSession { .. } | Error::NotMounted { .. } => Code::FailedPrecondition,
-            Error::NoHandle { .. } => Code::NotFound,
+            Error::NoHandle { .. } | Error::UnknownTenant { .. } => Code::NotFound,
+            Error::NotEncrypted { .. } => Code::FailedPrecondition,
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::Limit { .. } => Code::ResourceExhausted,

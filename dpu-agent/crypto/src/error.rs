@@ -75,6 +75,28 @@ pub enum Error {
         /// The repeated version.
         key_version: u32,
     },
+    /// The key source cannot take key versions while the agent runs (keys read once
+    /// at start, or kept in a KMS, where they are rotated).
+    #[error(
+        "the key source of tenant {tenant:?} takes no new keys while the agent runs; add the key version to \
+         its configuration and restart the agent"
+    )]
+    FixedKeySource {
+        /// The tenant.
+        tenant: String,
+    },
+    /// A new key version would hold the same key as a version the source already has:
+    /// rotating to it would change nothing.
+    #[error(
+        "the new key for tenant {tenant:?} is the key of its version {key_version} already; a rotation needs \
+         a fresh key (`head -c 32 /dev/urandom > FILE`, then `chmod 600 FILE`)"
+    )]
+    KeyReused {
+        /// The tenant.
+        tenant: String,
+        /// The version that already holds this key.
+        key_version: u32,
+    },
     /// A file's data key did not unwrap: its tag did not verify under this tenant's
     /// key-encryption key of that version. Either the key is the wrong one (another
     /// key file behind the same version), or the file header was altered, or it belongs

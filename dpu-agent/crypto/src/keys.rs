@@ -18,7 +18,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use zeroize::{Zeroize, Zeroizing};
 
@@ -161,6 +161,15 @@ pub trait KeySource: Send + Sync {
     fn current_key_version(&self, tenant: &str) -> Result<u32> {
         self.key_versions(tenant)?.last().copied().ok_or_else(|| Error::NoKeys { tenant: tenant.to_owned() })
     }
+
+    /// Key rotation: read the key file at `path` (checked as [`Kek::from_file`] says)
+    /// as `tenant`'s next key version, one above the highest it has, and return that
+    /// version. Known versions never change. A source that cannot grow while the
+    /// agent runs refuses with [`Error::FixedKeySource`], the default.
+    fn add_next_key_file(&self, tenant: &str, path: &Path) -> Result<u32> {
+        let _ = path;
+        Err(Error::FixedKeySource { tenant: tenant.to_owned() })
+    }
 }
 
 /// Key-encryption keys read from files, one file per tenant and version.
@@ -194,6 +203,27 @@ impl FileKeySource {
     pub fn key_file(&self, tenant: &str, key_version: u32) -> Option<&Path> {
         self.tenants.get(tenant)?.get(&key_version).map(|(path, _)| path.as_path())
     }
+
+    /// Add `secret`, read from `path`, as `tenant`'s version after its highest (1 if
+    /// it has none); a key equal to one of its known versions is refused
+    /// ([`Error::KeyReused`]).
+    fn add_next(&mut self, tenant: &str, path: &Path, secret: Secret) -> Result<u32> {
+        let versions = self.tenants.entry(tenant.to_owned()).or_default();
+        for (version, (_, kek)) in versions.iter() {
+            if aws_lc_rs::constant_time::verify_slices_are_equal(kek.secret().bytes(), secret.bytes()).is_ok() {
+                return Err(Error::KeyReused { tenant: tenant.to_owned(), key_version: *version });
+            }
+        }
+        let highest = versions.keys().next_back().copied().unwrap_or(0);
+        let version = highest.checked_add(1).ok_or(Error::OutOfRange {
+            what: "key version",
+            value: u64::from(highest) + 1,
+            max: u64::from(u32::MAX),
+        })?;
+        let kek = Kek { tenant: tenant.to_owned(), version, secret };
+        versions.insert(version, (path.to_owned(), Arc::new(kek)));
+        Ok(version)
+    }
 }
 
 impl KeySource for FileKeySource {
@@ -220,6 +250,58 @@ impl fmt::Debug for FileKeySource {
             }
         }
         map.finish()
+    }
+}
+
+/// A [`FileKeySource`] that takes new key versions while the agent runs
+/// ([`KeySource::add_next_key_file`]): what key rotation adds the new key to.
+///
+/// Readers (a file open fetching its KEK) take a shared lock for a map lookup; a new
+/// version is read and checked before it becomes visible, and known versions never
+/// change, so a file that opened under a version keeps opening under it.
+#[derive(Default)]
+pub struct RotatingKeySource {
+    files: RwLock<FileKeySource>,
+}
+
+impl RotatingKeySource {
+    /// A source starting with the keys of `files` (read at start).
+    pub fn new(files: FileKeySource) -> Self {
+        Self { files: RwLock::new(files) }
+    }
+
+    /// The file a key was read from.
+    pub fn key_file(&self, tenant: &str, key_version: u32) -> Option<PathBuf> {
+        self.read().key_file(tenant, key_version).map(Path::to_owned)
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, FileKeySource> {
+        // Plain data (maps of paths and Arcs), complete after every insert.
+        self.files.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl KeySource for RotatingKeySource {
+    fn key_encryption_key(&self, tenant: &str, key_version: u32) -> Result<Arc<Kek>> {
+        self.read().key_encryption_key(tenant, key_version)
+    }
+
+    fn key_versions(&self, tenant: &str) -> Result<Vec<u32>> {
+        self.read().key_versions(tenant)
+    }
+
+    fn add_next_key_file(&self, tenant: &str, path: &Path) -> Result<u32> {
+        // Read outside the lock (a slow file system must not hold up file opens); the
+        // version is chosen and inserted under one write lock, so two rotations never
+        // get the same one.
+        let secret = read_key_file(path)?;
+        self.files.write().unwrap_or_else(PoisonError::into_inner).add_next(tenant, path, secret)
+    }
+}
+
+impl fmt::Debug for RotatingKeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.read().fmt(f)
     }
 }
 
@@ -380,6 +462,40 @@ mod tests {
         );
         assert!(matches!(source.current_key_version("nlp"), Err(Error::NoKeys { .. })));
         assert!(format!("{source:?}").contains("vision/v3"));
+    }
+
+    #[test]
+    fn rotating_source_adds_the_next_version_and_refuses_bad_or_reused_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = FileKeySource::new();
+        files.add_key_file("vision", 2, key_file(&dir, "v2", HEX.as_bytes(), 0o600)).unwrap();
+        assert!(matches!(files.add_next_key_file("vision", &dir.path().join("v2")), Err(Error::FixedKeySource { .. })));
+        let source = RotatingKeySource::new(files);
+        let before = source.key_encryption_key("vision", 2).unwrap();
+
+        let v3 = key_file(&dir, "v3", &[3u8; 32], 0o600);
+        assert_eq!(source.add_next_key_file("vision", &v3).unwrap(), 3);
+        assert_eq!(source.key_versions("vision").unwrap(), [2, 3]);
+        assert_eq!(source.current_key_version("vision").unwrap(), 3);
+        assert_eq!(source.key_file("vision", 3).unwrap(), v3);
+        // Known versions do not change.
+        assert!(Arc::ptr_eq(&before, &source.key_encryption_key("vision", 2).unwrap()));
+
+        // Refused, and nothing added: loose mode, bad content, a key already known.
+        let loose = key_file(&dir, "loose", &[4u8; 32], 0o640);
+        assert!(matches!(source.add_next_key_file("vision", &loose), Err(Error::KeyFilePermissions { .. })));
+        let short = key_file(&dir, "short", &[4u8; 31], 0o600);
+        assert!(matches!(source.add_next_key_file("vision", &short), Err(Error::KeyFileFormat { .. })));
+        let again = key_file(&dir, "again", format!("{HEX}\n").as_bytes(), 0o600);
+        let err = source.add_next_key_file("vision", &again).unwrap_err();
+        assert!(matches!(err, Error::KeyReused { key_version: 2, .. }), "{err:?}");
+        assert!(err.to_string().contains("\"vision\"") && err.to_string().contains("version 2"), "{err}");
+        assert_eq!(source.key_versions("vision").unwrap(), [2, 3]);
+
+        // A tenant without keys starts at version 1; tenants do not share versions.
+        assert_eq!(source.add_next_key_file("nlp", &key_file(&dir, "n1", &[5u8; 32], 0o600)).unwrap(), 1);
+        assert_eq!(source.add_next_key_file("vision", &key_file(&dir, "v4", &[6u8; 32], 0o600)).unwrap(), 4);
+        assert!(format!("{source:?}").contains("vision/v4"));
     }
 
     #[test]
