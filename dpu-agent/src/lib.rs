@@ -10,12 +10,14 @@
 //! data moves only on the data plane), or hold any `unsafe` code.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod config;
 pub mod dataplane;
 pub mod encryption;
 pub mod engine;
 pub mod error;
 pub mod keys;
+pub mod qos;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -141,6 +141,20 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
         health_reporter.set_serving::<pb::memory_server::MemoryServer<MemoryService>>().await;
     }
 
+    let tls = tls.map(Arc::new);
+    let admin_path = agent.config.admin_socket();
+    let admin_listener = crate::admin::bind(&admin_path)?;
+    let admin_service = pb::admin_server::AdminServer::new(crate::admin::AdminService::new(agent.clone(), tls.clone()));
+    let (admin_stop_tx, admin_stop) = tokio::sync::oneshot::channel::<()>();
+    let admin =
+        tokio::spawn(tonic::transport::Server::builder().add_service(admin_service).serve_with_incoming_shutdown(
+            crate::admin::incoming(admin_listener),
+            async {
+                let _ = admin_stop.await;
+            },
+        ));
+    tracing::info!(socket = %admin_path.display(), "admin service listening");
+
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
     let stop = shutdown_signal(agent.clone())?;
     tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), mtls = tls.is_some(), "serving");
@@ -163,6 +177,11 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
     }
 
     reaper.abort();
+    let _ = admin_stop_tx.send(());
+    if let Ok(Err(e)) = admin.await {
+        tracing::warn!(error = %e, "admin service stopped with an error");
+    }
+    let _ = std::fs::remove_file(&admin_path);
     let sessions = agent.session_count();
     let closing = agent.clone();
     tokio::task::spawn_blocking(move || closing.close_everything())

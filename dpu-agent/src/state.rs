@@ -162,6 +162,56 @@ impl Agent {
         all
     }
 
+    /// Every attached session.
+    pub fn session_list(&self) -> Vec<Arc<Session>> {
+        let mut all: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        all.sort_by(|a, b| (&a.tenant, a.attached_at).cmp(&(&b.tenant, b.attached_at)));
+        all
+    }
+
+    /// Add a tenant at run time and create its container. Its name and container must
+    /// be new: tenants never share a container.
+    pub fn add_tenant(&self, tenant: TenantConfig) -> Result<()> {
+        {
+            let mut tenants = lock(&self.tenants);
+            if tenants.contains_key(&tenant.name) {
+                return Err(Error::invalid("tenant.name", format!("tenant {:?} exists already", tenant.name)));
+            }
+            if let Some(owner) = tenants.values().find(|t| t.container == tenant.container) {
+                return Err(Error::invalid(
+                    "tenant.container",
+                    format!(
+                        "container {:?} belongs to tenant {:?}; tenants never share a container",
+                        tenant.container, owner.name
+                    ),
+                ));
+            }
+            tenants.insert(tenant.name.clone(), tenant.clone());
+        }
+        if let Err(e) = self.container(&tenant.container) {
+            lock(&self.tenants).remove(&tenant.name);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Remove a tenant at run time: from now on its certificate and tokens are
+    /// refused, and its sessions are detached at once (their written files synced).
+    /// Its container's data stays on disk. Returns how many sessions were detached.
+    pub fn remove_tenant(&self, tenant: &str) -> Result<usize> {
+        if lock(&self.tenants).remove(tenant).is_none() {
+            return Err(Error::invalid("name", format!("tenant {tenant:?} is not configured on this agent")));
+        }
+        let ids: Vec<u64> = lock(&self.sessions).values().filter(|s| s.tenant == tenant).map(|s| s.id).collect();
+        let mut first_error = None;
+        for id in &ids {
+            if let Err(e) = self.detach(*id) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(ids.len()), Err)
+    }
+
     /// The session `id` if it belongs to a tenant `caller` may act for. Another
     /// tenant's session is reported exactly like an unknown id.
     pub fn session_for(&self, id: u64, caller: &crate::tls::Caller) -> Result<Arc<Session>> {

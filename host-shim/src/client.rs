@@ -6,15 +6,98 @@ use std::time::Duration;
 use dpuio_proto::v1 as pb;
 use pb::namespace_client::NamespaceClient;
 use pb::session_client::SessionClient;
+use std::path::PathBuf;
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::dataplane::{self, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
 use crate::error::{Error, Result};
 use dpuio_proto::wire::Opcode;
 
-/// Where the CLI and library look for the agent when nothing says otherwise.
-pub const DEFAULT_AGENT: &str = "http://127.0.0.1:7300";
+/// Where the CLI and library look for the agent when nothing says otherwise. An
+/// address without a scheme (or `https://`) is reached with mutual TLS; `http://`
+/// means plaintext, which agents allow on loopback with `[tls] mode = "off"` only.
+pub const DEFAULT_AGENT: &str = "127.0.0.1:7300";
+
+/// How the shim proves who it is to the agent (mutual TLS).
+///
+/// Each file not given is taken from the bundle directory: `bundle_dir`, else
+/// `$DPUIO_CONFIG_DIR`, else `$HOME/.config/dpuio`, which holds `ca.pem`, `client.pem`
+/// and `client.key`. A `dpu-agent` started on this machine with no TLS files configured
+/// writes a development bundle for its default tenant there, so a local agent needs no
+/// setup; `dpuctl cert issue --tenant NAME --out DIR` makes one for any tenant.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// The client certificate (PEM); `$DPUIO_CERT` by default.
+    pub cert: Option<PathBuf>,
+    /// Its private key (PEM); `$DPUIO_KEY` by default.
+    pub key: Option<PathBuf>,
+    /// The CA that issued the agent's certificate (PEM); `$DPUIO_CA` by default.
+    pub ca: Option<PathBuf>,
+    /// Where the files not named above are.
+    pub bundle_dir: Option<PathBuf>,
+    /// The name the agent's certificate must carry (default: the address's host).
+    pub server_name: Option<String>,
+}
+
+impl TlsOptions {
+    /// Files named by `$DPUIO_CERT`, `$DPUIO_KEY`, `$DPUIO_CA`, `$DPUIO_CONFIG_DIR`.
+    pub fn from_env() -> TlsOptions {
+        let path = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        TlsOptions {
+            cert: path("DPUIO_CERT"),
+            key: path("DPUIO_KEY"),
+            ca: path("DPUIO_CA"),
+            bundle_dir: path("DPUIO_CONFIG_DIR"),
+            server_name: None,
+        }
+    }
+
+    /// Only a bundle directory.
+    pub fn bundle(dir: impl Into<PathBuf>) -> TlsOptions {
+        TlsOptions { bundle_dir: Some(dir.into()), ..TlsOptions::default() }
+    }
+
+    fn bundle_dir(&self) -> Option<PathBuf> {
+        self.bundle_dir.clone().or_else(|| {
+            std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".config/dpuio"))
+        })
+    }
+
+    /// The tonic TLS settings for an agent at `host`.
+    fn client_config(&self, host: &str) -> Result<ClientTlsConfig> {
+        let dir = self.bundle_dir();
+        let pick = |given: &Option<PathBuf>, file: &str| given.clone().or_else(|| dir.as_ref().map(|d| d.join(file)));
+        let files = [
+            (pick(&self.cert, "client.pem"), "client certificate"),
+            (pick(&self.key, "client.key"), "client key"),
+            (pick(&self.ca, "ca.pem"), "CA certificate"),
+        ];
+        let mut pems = Vec::new();
+        for (path, what) in files {
+            let Some(path) = path else {
+                return Err(Error::Tls { reason: format!("no {what}: $HOME is not set; pass --cert, --key and --ca") });
+            };
+            let pem = std::fs::read(&path).map_err(|e| Error::Tls {
+                reason: format!(
+                    "cannot read the {what} {}: {e}. A dpu-agent on this machine writes a development bundle to \
+                     $DPUIO_CONFIG_DIR or ~/.config/dpuio on start; `dpuctl cert issue --tenant NAME --out DIR` makes \
+                     one; or pass --cert/--key/--ca",
+                    path.display()
+                ),
+            })?;
+            pems.push(pem);
+        }
+        let [cert, key, ca] =
+            <[Vec<u8>; 3]>::try_from(pems).map_err(|_| Error::Tls { reason: "internal: three files".into() })?;
+        let name =
+            self.server_name.clone().unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']').to_owned());
+        Ok(ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .identity(Identity::from_pem(cert, key))
+            .domain_name(name))
+    }
+}
 
 /// Kind of a namespace entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +144,11 @@ pub struct ConnectOptions {
     /// Set up the data plane (regions, rings) so files can be read and written; `None`
     /// attaches a control-only session (enough for `ls`, `mkdir`, ...).
     pub data_plane: Option<DataPlaneOptions>,
+    /// Client certificate for mutual TLS (unused with an `http://` address).
+    pub tls: TlsOptions,
+    /// A capability token (from a parent's [`Client::delegate`]) that narrows what this
+    /// session may do; empty for the tenant's full rights. `$DPUIO_TOKEN` by default.
+    pub capability_token: String,
 }
 
 impl Default for ConnectOptions {
@@ -75,6 +163,8 @@ impl Default for ConnectOptions {
             ),
             connect_timeout: Duration::from_secs(5),
             data_plane: None,
+            tls: TlsOptions::from_env(),
+            capability_token: std::env::var("DPUIO_TOKEN").unwrap_or_default(),
         }
     }
 }
@@ -116,9 +206,40 @@ pub struct File {
     chunk_bytes: u64,
 }
 
-fn endpoint(address: &str) -> Result<Endpoint> {
-    let url = if address.contains("://") { address.to_owned() } else { format!("http://{address}") };
-    Endpoint::from_shared(url).map_err(|e| Error::Address { address: address.to_owned(), reason: e.to_string() })
+fn endpoint(address: &str, tls: &TlsOptions) -> Result<Endpoint> {
+    let bad = |reason: String| Error::Address { address: address.to_owned(), reason };
+    let (plaintext, rest) = match address.split_once("://") {
+        Some(("http", rest)) => (true, rest),
+        Some(("https", rest)) => (false, rest),
+        Some((scheme, _)) => {
+            return Err(bad(format!(
+                "unknown scheme {scheme:?}: use HOST:PORT (mTLS) or http://HOST:PORT (plaintext)"
+            )));
+        }
+        None => (false, address),
+    };
+    let url = format!("{}://{rest}", if plaintext { "http" } else { "https" });
+    let endpoint = Endpoint::from_shared(url).map_err(|e| bad(e.to_string()))?;
+    if plaintext {
+        return Ok(endpoint);
+    }
+    let host = endpoint.uri().host().unwrap_or("localhost").to_owned();
+    endpoint.tls_config(tls.client_config(&host)?).map_err(|e| Error::Tls { reason: error_chain(&e) })
+}
+
+/// An error and its sources on one line: tonic's transport errors say little at the top.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
 }
 
 fn attr_from(op: &str, a: Option<pb::Attr>) -> Result<Attr> {
@@ -136,12 +257,12 @@ fn attr_from(op: &str, a: Option<pb::Attr>) -> Result<Attr> {
 impl Client {
     /// Connect, attach and mount the tenant's container.
     pub async fn connect(options: ConnectOptions) -> Result<Client> {
-        let channel = endpoint(&options.agent)?
+        let channel = endpoint(&options.agent, &options.tls)?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
             .connect()
             .await
-            .map_err(|source| Error::Connect { address: options.agent.clone(), source })?;
+            .map_err(|source| Error::Connect { address: options.agent.clone(), reason: error_chain(&source) })?;
         let mut session = SessionClient::new(channel.clone());
         let mut namespace = NamespaceClient::new(channel.clone());
         let prepared = match options.data_plane.clone() {
@@ -161,7 +282,7 @@ impl Client {
                     worker_address: p.address.clone(),
                     transports: vec![],
                 }),
-                ..Default::default()
+                capability_token: options.capability_token.clone(),
             })
             .await
             .map_err(|s| Error::from_status("attach", s))?
@@ -194,6 +315,28 @@ impl Client {
 
     pub fn session_id(&self) -> u64 {
         self.inner.session_id
+    }
+
+    /// A capability token for a child process (e.g. a DataLoader worker), narrower than
+    /// this session's: paths under `prefix`, `operations` (any of "read", "write",
+    /// "create", "delete"), for `lifetime_s` seconds; empty or 0 keep this session's.
+    /// The child attaches with it in [`ConnectOptions::capability_token`]. Returns the
+    /// token and its expiry in Unix seconds.
+    pub async fn delegate(&self, prefix: &str, operations: &[String], lifetime_s: u64) -> Result<(String, i64)> {
+        let r = self
+            .inner
+            .session
+            .clone()
+            .delegate(pb::DelegateRequest {
+                session_id: self.inner.session_id,
+                path_prefix: prefix.to_owned(),
+                operations: operations.to_vec(),
+                lifetime_s,
+            })
+            .await
+            .map_err(|s| Error::from_status("delegate", s))?
+            .into_inner();
+        Ok((r.capability_token, r.expires_unix_s))
     }
     pub fn tenant(&self) -> &str {
         &self.tenant

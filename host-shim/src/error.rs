@@ -9,13 +9,12 @@ pub enum Error {
     Address { address: String, reason: String },
     /// No connection to the agent.
     #[error(
-        "cannot reach the agent at {address}: {source} (is `dpu-agent serve` running there? set --agent or DPUIO_AGENT)"
+        "cannot reach the agent at {address}: {reason} (is `dpu-agent serve` running there? set --agent or DPUIO_AGENT)"
     )]
-    Connect {
-        address: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    Connect { address: String, reason: String },
+    /// The client certificate, key or CA could not be used.
+    #[error("TLS: {reason}")]
+    Tls { reason: String },
     /// The agent answered with an error; `message` is its reason.
     #[error("{op}: {}: {message}", code_name(*code))]
     Agent { op: String, code: tonic::Code, message: String },

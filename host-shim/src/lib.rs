@@ -14,7 +14,9 @@ mod client;
 mod dataplane;
 mod error;
 
-pub use client::{Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool};
+pub use client::{
+    Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool, TlsOptions,
+};
 pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
 pub use dpuio_proto::v1::RegionAccess;
 pub use dpuio_proto::wire::{Opcode, Status as IoStatus};

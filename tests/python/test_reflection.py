@@ -17,18 +17,45 @@ BIN_DIR = os.environ.get("DPUIO_BIN_DIR", os.path.join(os.path.dirname(__file__)
 
 @pytest.fixture(scope="module")
 def agent():
+    """A fresh agent (mutual TLS, development PKI) and the client bundle it wrote."""
     data = tempfile.mkdtemp(prefix="dpuio-py-")
+    bundle = os.path.join(data, "client")
     proc = subprocess.Popen(
         [os.path.join(BIN_DIR, "dpu-agent"), "serve", "--data-dir", data, "--listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, "DPUIO_CONFIG_DIR": bundle},
     )
     line = proc.stdout.readline()
     match = re.match(r"dpu-agent listening on (\S+)", line)
     assert match, f"unexpected first line: {line!r}"
-    yield match.group(1)
+    yield match.group(1), bundle
     proc.terminate()
     assert proc.wait(timeout=20) == 0
+
+
+def secure_channel(agent):
+    address, bundle = agent
+
+    def read(name):
+        with open(os.path.join(bundle, name), "rb") as f:
+            return f.read()
+
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read("ca.pem"), private_key=read("client.key"), certificate_chain=read("client.pem")
+    )
+    return grpc.secure_channel(address, credentials)
+
+
+def test_no_client_certificate_is_unauthenticated(agent):
+    address, bundle = agent
+    with open(os.path.join(bundle, "ca.pem"), "rb") as f:
+        credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+    with grpc.secure_channel(address, credentials) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            list_services(channel)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "no client certificate" in e.value.details()
 
 
 def list_services(channel):
@@ -39,7 +66,7 @@ def list_services(channel):
 
 
 def test_reflection_lists_dpuio_and_health(agent):
-    with grpc.insecure_channel(agent) as channel:
+    with secure_channel(agent) as channel:
         services = list_services(channel)
     assert "dpuio.v1.Session" in services
     assert "dpuio.v1.Namespace" in services
@@ -47,7 +74,7 @@ def test_reflection_lists_dpuio_and_health(agent):
 
 
 def test_health_serving(agent):
-    with grpc.insecure_channel(agent) as channel:
+    with secure_channel(agent) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for service in ["", "dpuio.v1.Session", "dpuio.v1.Namespace"]:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service))
@@ -57,7 +84,7 @@ def test_health_serving(agent):
 def test_call_built_from_reflected_descriptors(agent):
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-    with grpc.insecure_channel(agent) as channel:
+    with secure_channel(agent) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
 
         def ask(**kwargs):

@@ -43,6 +43,9 @@ impl AgentProcess {
             .args(["--listen", "127.0.0.1:0"])
             .args(extra)
             .env("RUST_LOG", "warn")
+            // The development client bundle goes beside the data, never into the
+            // user's ~/.config/dpuio, so parallel tests each have their own.
+            .env("DPUIO_CONFIG_DIR", data_dir.join("client"))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -64,9 +67,49 @@ impl AgentProcess {
         AgentProcess { child, addr, data_dir: data_dir.to_owned() }
     }
 
-    /// `http://ADDR`, for the shim library.
+    /// The address for the shim library (mutual TLS: use with [`AgentProcess::tls`]).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.addr.clone()
+    }
+
+    /// The development client bundle the agent wrote for its default tenant.
+    pub fn client_dir(&self) -> PathBuf {
+        self.data_dir.join("client")
+    }
+
+    /// TLS options that use [`AgentProcess::client_dir`].
+    pub fn tls(&self) -> dpuio_shim::TlsOptions {
+        dpuio_shim::TlsOptions::bundle(self.client_dir())
+    }
+
+    /// Options to connect to this agent as its default tenant.
+    pub fn connect_options(&self) -> dpuio_shim::ConnectOptions {
+        dpuio_shim::ConnectOptions { agent: self.url(), tls: self.tls(), ..dpuio_shim::ConnectOptions::default() }
+    }
+
+    /// A raw gRPC channel to this agent, with the default tenant's client certificate.
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+        let read = |file: &str| std::fs::read(self.client_dir().join(file)).expect("the agent's client bundle");
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read("ca.pem")))
+            .identity(Identity::from_pem(read("client.pem"), read("client.key")))
+            .domain_name("127.0.0.1");
+        Endpoint::from_shared(format!("https://{}", self.addr))
+            .expect("agent address")
+            .tls_config(tls)
+            .expect("TLS settings")
+            .connect()
+            .await
+            .expect("connect to the agent")
+    }
+
+    /// A command for a workspace binary with this agent's address and client bundle
+    /// in its environment (`DPUIO_AGENT`, `DPUIO_CONFIG_DIR`).
+    pub fn command(&self, name: &str) -> Command {
+        let mut c = Command::new(binary(name));
+        c.env("DPUIO_AGENT", &self.addr).env("DPUIO_CONFIG_DIR", self.client_dir());
+        c
     }
 
     /// Send a signal (`"TERM"`, `"KILL"`, `"STOP"`, `"CONT"`) with kill(1).
@@ -92,7 +135,7 @@ impl AgentProcess {
 
     /// Run the `dpuio` CLI against this agent.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(binary("dpuio")).args(args).env("DPUIO_AGENT", &self.addr).output().expect("run dpuio")
+        self.command("dpuio").args(args).output().expect("run dpuio")
     }
 }
 

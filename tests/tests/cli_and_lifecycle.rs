@@ -74,7 +74,9 @@ fn sigterm_stops_cleanly_with_exit_0() {
 async fn acknowledged_changes_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let mut agent = AgentProcess::start(dir.path(), &[]);
-    let c = Client::connect(ConnectOptions { agent: agent.url(), ..ConnectOptions::default() }).await.unwrap();
+    let c = Client::connect(ConnectOptions { agent: agent.url(), tls: agent.tls(), ..ConnectOptions::default() })
+        .await
+        .unwrap();
     c.mkdir("/ckpt/epoch-1", true).await.unwrap();
     let f = c.create("/ckpt/epoch-1/model.tmp", true).await.unwrap();
     f.truncate(1 << 20).await.unwrap();
@@ -88,7 +90,10 @@ async fn acknowledged_changes_survive_sigkill() {
     drop(c);
 
     let restarted = AgentProcess::start(dir.path(), &[]);
-    let c = Client::connect(ConnectOptions { agent: restarted.url(), ..ConnectOptions::default() }).await.unwrap();
+    let c =
+        Client::connect(ConnectOptions { agent: restarted.url(), tls: restarted.tls(), ..ConnectOptions::default() })
+            .await
+            .unwrap();
     assert_eq!(c.stat("/ckpt/epoch-1/model.pt").await.unwrap().size, 1 << 20);
     assert!(c.stat("/later").await.is_ok());
     assert!(c.stat("/ckpt/epoch-1/model.tmp").await.is_err());

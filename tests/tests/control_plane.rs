@@ -7,9 +7,14 @@ use dpuio_tests::AgentProcess;
 use tonic::Code;
 
 async fn client(agent: &AgentProcess) -> Client {
-    Client::connect(ConnectOptions { agent: agent.url(), client_name: "e2e".into(), ..ConnectOptions::default() })
-        .await
-        .expect("attach")
+    Client::connect(ConnectOptions {
+        agent: agent.url(),
+        tls: agent.tls(),
+        client_name: "e2e".into(),
+        ..ConnectOptions::default()
+    })
+    .await
+    .expect("attach")
 }
 
 fn code<T: std::fmt::Debug>(r: dpuio_shim::Result<T>) -> (Code, String) {
@@ -138,7 +143,7 @@ async fn forged_sessions_handles_and_containers_are_refused() {
     let b = client(&agent).await;
     let file = a.create("/secret", true).await.unwrap();
 
-    let channel = tonic::transport::Endpoint::from_shared(agent.url()).unwrap().connect().await.unwrap();
+    let channel = agent.channel().await;
     let mut ns = pb::namespace_client::NamespaceClient::new(channel.clone());
     let mut sessions = pb::session_client::SessionClient::new(channel);
 
@@ -194,7 +199,8 @@ async fn limits_are_enforced() {
     let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
     let c = client(&agent).await;
     let _other = client(&agent).await;
-    let third = Client::connect(ConnectOptions { agent: agent.url(), ..ConnectOptions::default() }).await;
+    let third =
+        Client::connect(ConnectOptions { agent: agent.url(), tls: agent.tls(), ..ConnectOptions::default() }).await;
     assert_eq!(third.err().and_then(|e| e.code()), Some(Code::ResourceExhausted));
 
     let _f1 = c.create("/1", true).await.unwrap();
@@ -206,7 +212,7 @@ async fn limits_are_enforced() {
     // The library splits lookups to the agent's limit; a raw oversized call is refused.
     let paths: Vec<String> = (0..10).map(|i| format!("/{i}")).collect();
     assert_eq!(c.lookup(&paths).await.unwrap().len(), 10);
-    let channel = tonic::transport::Endpoint::from_shared(agent.url()).unwrap().connect().await.unwrap();
+    let channel = agent.channel().await;
     let mut ns = pb::namespace_client::NamespaceClient::new(channel);
     let e = ns.lookup(pb::LookupRequest { session_id: c.session_id(), paths: paths.clone() }).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");

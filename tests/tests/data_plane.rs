@@ -21,6 +21,7 @@ fn write_pattern_file(agent: &AgentProcess, name: &str, bytes: u64) {
 async fn data_client(agent: &AgentProcess, transports: &str) -> Client {
     Client::connect(ConnectOptions {
         agent: agent.url(),
+        tls: agent.tls(),
         client_name: "e2e data".into(),
         data_plane: Some(DataPlaneOptions { transports: transports.into(), rings: 2, ..Default::default() }),
         ..ConnectOptions::default()
@@ -36,7 +37,8 @@ fn stopped_host_receives_payload_and_completion() {
     let agent = AgentProcess::start(dir.path(), &[]);
     write_pattern_file(&agent, "big", BYTES);
 
-    let mut host = Command::new(binary("dpuio-test-host"))
+    let mut host = agent
+        .command("dpuio-test-host")
         .args(["stopped-read", &agent.addr, "/big", &BYTES.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -150,7 +152,8 @@ fn run_integrity(transport: &str, io_bytes: u64) {
     let agent = AgentProcess::start(dir.path(), &[]);
     let hosts: Vec<_> = (0..2)
         .map(|i| {
-            Command::new(binary("dpuio-test-host"))
+            agent
+                .command("dpuio-test-host")
                 .args(["integrity", &agent.addr, transport, &format!("/f{i}"), &(48u64 << 20).to_string()])
                 .arg(io_bytes.to_string())
                 .arg((100 + i).to_string())

@@ -218,14 +218,12 @@ impl Setup {
     }
 }
 
-pub async fn run(agent: &str, tenant: &str, args: BenchArgs) -> dpuio_shim::Result<()> {
+pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<()> {
     let connect = |transports: &str| {
         Client::connect(ConnectOptions {
-            agent: agent.to_owned(),
-            tenant: tenant.to_owned(),
             client_name: format!("dpuio bench ({transports})"),
             data_plane: Some(DataPlaneOptions { transports: transports.to_owned(), rings: 8, ..Default::default() }),
-            ..ConnectOptions::default()
+            ..base.clone()
         })
     };
     let mut clients = Vec::new();

@@ -11,7 +11,7 @@ mod bench_plot;
 
 use std::io::{Read, Write};
 
-use dpuio_shim::{Access, Attr, Client, ConnectOptions, DEFAULT_AGENT, DataPlaneOptions, EntryKind};
+use dpuio_shim::{Access, Attr, Client, ConnectOptions, DEFAULT_AGENT, DataPlaneOptions, EntryKind, TlsOptions};
 
 /// Bytes per data-plane request of put/get/cat.
 const TRANSFER_CHUNK_BYTES: usize = 4 << 20;
@@ -22,12 +22,34 @@ const TRANSFER_DEPTH: usize = 4;
 #[derive(Parser)]
 #[command(name = "dpuio", version, about)]
 struct Cli {
-    /// Agent address (host:port or http://host:port).
+    /// Agent address: HOST:PORT (mutual TLS) or http://HOST:PORT (plaintext, agents with [tls] mode = "off").
     #[arg(long, env = "DPUIO_AGENT", default_value = DEFAULT_AGENT, global = true)]
     agent: String,
-    /// Tenant to attach as (agents without client authentication only; default: the agent's default tenant).
+    /// Tenant to attach as (plaintext agents only: with TLS the certificate decides; default: the agent's default tenant).
     #[arg(long, env = "DPUIO_TENANT", default_value = "", hide_default_value = true, global = true)]
     tenant: String,
+    /// Client certificate (PEM) [default: client.pem in $DPUIO_CONFIG_DIR or ~/.config/dpuio].
+    #[arg(long, env = "DPUIO_CERT", global = true)]
+    cert: Option<std::path::PathBuf>,
+    /// Client private key (PEM) [default: client.key beside the certificate bundle].
+    #[arg(long, env = "DPUIO_KEY", global = true)]
+    key: Option<std::path::PathBuf>,
+    /// CA certificate that signed the agent's certificate (PEM) [default: ca.pem in the bundle].
+    #[arg(long, env = "DPUIO_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
+    /// Name the agent's certificate must carry [default: the host of --agent].
+    #[arg(long, global = true)]
+    tls_server_name: Option<String>,
+    /// Capability token to attach with (e.g. from `dpuio delegate`), narrowing what this command may do.
+    #[arg(
+        long,
+        env = "DPUIO_TOKEN",
+        default_value = "",
+        hide_default_value = true,
+        hide_env_values = true,
+        global = true
+    )]
+    token: String,
     /// Data-plane transports for put/get/cat: shm, tcp, auto, or a UCX_TLS list.
     #[arg(long, env = "DPUIO_TRANSPORT", default_value = "auto", global = true)]
     transport: String,
@@ -85,6 +107,19 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<String>,
     },
+    /// Print a capability token narrower than this session's, for a child process
+    /// (pass it as --token or DPUIO_TOKEN).
+    Delegate {
+        /// Only paths under this prefix [default: all the parent may reach].
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Operations kept, comma-separated: read, write, create, delete [default: the parent's].
+        #[arg(long, default_value = "")]
+        ops: String,
+        /// Lifetime in seconds [default: the parent's, or one hour for a session without a token].
+        #[arg(long, default_value_t = 0)]
+        lifetime: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -121,23 +156,33 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> dpuio_shim::Result<()> {
+    let mut tls = TlsOptions::from_env();
+    tls.cert = cli.cert.or(tls.cert);
+    tls.key = cli.key.or(tls.key);
+    tls.ca = cli.ca.or(tls.ca);
+    tls.server_name = cli.tls_server_name;
+    let base = ConnectOptions {
+        agent: cli.agent,
+        tenant: cli.tenant,
+        client_name: "dpuio cli".into(),
+        tls,
+        capability_token: cli.token,
+        ..ConnectOptions::default()
+    };
     let command = match cli.command {
         Command::Bench(bench) => {
             return match *bench {
                 BenchCommand { which: Some(BenchWhich::Crypto(args)), .. } => bench_crypto::run(args)
                     .map_err(|reason| dpuio_shim::Error::DataPlane { op: "bench crypto".into(), reason }),
-                BenchCommand { shim, .. } => bench::run(&cli.agent, &cli.tenant, shim).await,
+                BenchCommand { shim, .. } => bench::run(&base, shim).await,
             };
         }
         other => other,
     };
     let moves_data = matches!(command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
     let client = Client::connect(ConnectOptions {
-        agent: cli.agent,
-        tenant: cli.tenant,
-        client_name: "dpuio cli".into(),
         data_plane: moves_data.then(|| DataPlaneOptions { transports: cli.transport, rings: 1, ..Default::default() }),
-        ..ConnectOptions::default()
+        ..base
     })
     .await?;
     let result = run_command(&client, command).await;
@@ -148,6 +193,11 @@ async fn run(cli: Cli) -> dpuio_shim::Result<()> {
 
 async fn run_command(client: &Client, command: Command) -> dpuio_shim::Result<()> {
     match command {
+        Command::Delegate { prefix, ops, lifetime } => {
+            let ops: Vec<String> = ops.split(',').map(str::trim).filter(|o| !o.is_empty()).map(String::from).collect();
+            let (token, _expires) = client.delegate(&prefix, &ops, lifetime).await?;
+            println!("{token}");
+        }
         Command::Ls { long, path } => {
             client
                 .readdir_batches(&path, None, 0, |batch| {

@@ -1,0 +1,397 @@
+//! `dpuctl`: the operator's command line for a running `dpu-agent`, over the agent's
+//! admin Unix socket (only the agent's user and root may use it).
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use dpuio_proto::v1 as pb;
+use pb::admin_client::AdminClient;
+use tonic::transport::Channel;
+
+/// Operate a dpuio agent: tenants, QoS, sessions, certificates, encryption keys.
+#[derive(Parser)]
+#[command(name = "dpuctl", version, about)]
+struct Cli {
+    /// The agent's admin socket [default: DATA_DIR/admin.sock].
+    #[arg(long, env = "DPUCTL_SOCKET", global = true)]
+    socket: Option<PathBuf>,
+    /// The agent's data directory, to find its admin socket.
+    #[arg(long, default_value = dpu_agent::config::DEFAULT_DATA_DIR, global = true)]
+    data_dir: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Version, backend, uptime, sessions, tenants.
+    Status,
+    /// Attached sessions.
+    Sessions {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Tenants: list, add, rm, set-qos (changes last until the agent restarts).
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Client certificates from the agent's development CA.
+    #[command(subcommand)]
+    Cert(CertCommand),
+    /// Inline-encryption keys of a tenant.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Stop accepting new sessions; existing ones run to completion.
+    Drain,
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// List tenants with their container and QoS.
+    List,
+    /// Add a tenant and create its container.
+    Add {
+        name: String,
+        /// Its container [default: the tenant's name].
+        #[arg(long)]
+        container: Option<String>,
+        /// Sessions at once [default: only the agent-wide limit].
+        #[arg(long)]
+        max_sessions: Option<u32>,
+        #[command(flatten)]
+        qos: QosArgs,
+    },
+    /// Remove a tenant: its sessions are detached at once; its data stays on disk.
+    Rm { name: String },
+    /// Change a tenant's QoS now (unset values become unlimited / default).
+    SetQos {
+        name: String,
+        #[command(flatten)]
+        qos: QosArgs,
+    },
+}
+
+#[derive(Args)]
+struct QosArgs {
+    /// Payload bytes per second, e.g. 500MiB (0: unlimited).
+    #[arg(long, value_parser = parse_bytes, default_value = "0")]
+    bytes_per_s: u64,
+    /// Operations per second (0: unlimited).
+    #[arg(long, default_value_t = 0)]
+    ops_per_s: u64,
+    /// Bytes admitted at once after idling [default: one second's worth].
+    #[arg(long, value_parser = parse_bytes, default_value = "0")]
+    burst_bytes: u64,
+    /// Operations admitted at once after idling [default: one second's worth].
+    #[arg(long, default_value_t = 0)]
+    burst_ops: u64,
+    /// Share of service when tenants compete [default: 1].
+    #[arg(long, default_value_t = 0)]
+    weight: u32,
+    /// Data-plane requests in flight at once, over all the tenant's sessions [default: 1024].
+    #[arg(long, default_value_t = 0)]
+    max_inflight: u32,
+}
+
+impl QosArgs {
+    fn to_proto(&self) -> pb::Qos {
+        pb::Qos {
+            bytes_per_s: self.bytes_per_s,
+            ops_per_s: self.ops_per_s,
+            burst_bytes: self.burst_bytes,
+            burst_ops: self.burst_ops,
+            weight: self.weight,
+            max_inflight: self.max_inflight,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum CertCommand {
+    /// Write ca.pem, client.pem and client.key for a tenant into a directory.
+    Issue {
+        #[arg(long)]
+        tenant: String,
+        /// Directory to write to (created, mode 0700; the key gets mode 0600).
+        #[arg(long)]
+        out: PathBuf,
+        /// Validity in days.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Add a new key version and re-wrap every file's data key under it (no data is
+    /// re-encrypted; files stay readable throughout).
+    Rotate {
+        #[arg(long)]
+        tenant: String,
+        /// File with the new 256-bit key (32 bytes or 64 hex digits, mode 0600), as the agent sees it.
+        #[arg(long)]
+        new_key: PathBuf,
+    },
+    /// Key versions and how many files each wraps; a version wrapping none can be retired.
+    Status {
+        #[arg(long)]
+        tenant: String,
+    },
+}
+
+/// `4096`, `64KiB`, `500MiB`, `1GiB` (also K/M/G, KB/MB/GB as powers of 1000).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size such as 4096, 64KiB or 1GiB"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => return Err(format!("unknown unit {other:?}: use B, KiB, MiB or GiB")),
+    };
+    n.checked_mul(scale).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+async fn connect(socket: &Path) -> Result<AdminClient<Channel>, String> {
+    let path = socket.to_owned();
+    let channel = tonic::transport::Endpoint::from_static("http://admin.sock")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
+        }))
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot reach the agent's admin socket {}: {} (is dpu-agent running with this data directory? \
+                 pass --data-dir or --socket; only the agent's user and root may connect)",
+                socket.display(),
+                chain(&e)
+            )
+        })?;
+    Ok(AdminClient::new(channel))
+}
+
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(&format!(": {part}"));
+        }
+        source = s.source();
+    }
+    text
+}
+
+fn status(op: &str) -> impl Fn(tonic::Status) -> String + '_ {
+    move |s| format!("{op}: {}", s.message())
+}
+
+fn qos_line(q: Option<&pb::Qos>) -> String {
+    let Some(q) = q else { return "unlimited".into() };
+    let rate = |v: u64, unit: &str| if v == 0 { "unlimited".to_owned() } else { format!("{v} {unit}") };
+    format!(
+        "bytes {} (burst {}), ops {} (burst {}), weight {}, max in flight {}",
+        rate(q.bytes_per_s, "B/s"),
+        q.burst_bytes,
+        rate(q.ops_per_s, "/s"),
+        q.burst_ops,
+        q.weight,
+        q.max_inflight
+    )
+}
+
+fn write_bundle(out: &Path, issued: &pb::IssueCertResponse) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let fail = |what: &Path, e: std::io::Error| format!("cannot write {}: {e}", what.display());
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(out).map_err(|e| fail(out, e))?;
+    let files = [
+        ("ca.pem", &issued.ca_pem, 0o644),
+        ("client.pem", &issued.cert_pem, 0o644),
+        ("client.key", &issued.key_pem, 0o600),
+    ];
+    for (name, text, mode) in files {
+        let path = out.join(name);
+        let _ = std::fs::remove_file(&path);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&path)
+            .map_err(|e| fail(&path, e))?;
+        f.write_all(text.as_bytes()).map_err(|e| fail(&path, e))?;
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let socket = cli.socket.unwrap_or_else(|| cli.data_dir.join("admin.sock"));
+    let mut admin = connect(&socket).await?;
+    match cli.command {
+        Command::Status => {
+            let s = admin.status(pb::StatusRequest {}).await.map_err(status("status"))?.into_inner();
+            println!("version   {}", s.version);
+            println!("backend   {}", s.backend);
+            println!("uptime    {} s", s.uptime_s);
+            println!("sessions  {}", s.sessions);
+            println!("tenants   {}", s.tenants);
+            println!("draining  {}", s.draining);
+        }
+        Command::Sessions { tenant } => {
+            let r = admin
+                .list_sessions(pb::ListSessionsRequest { tenant: tenant.unwrap_or_default() })
+                .await
+                .map_err(status("sessions"))?
+                .into_inner();
+            println!(
+                "{:<18}  {:<16}  {:>7}  {:>7}  {:>12}  client",
+                "session", "tenant", "handles", "regions", "attached"
+            );
+            for s in r.sessions {
+                println!(
+                    "{:#018x}  {:<16}  {:>7}  {:>7}  {:>12}  {}",
+                    s.session_id, s.tenant, s.open_handles, s.regions, s.attached_unix_s, s.client_name
+                );
+            }
+        }
+        Command::Tenant(TenantCommand::List) => {
+            let r = admin.list_tenants(pb::ListTenantsRequest {}).await.map_err(status("tenant list"))?.into_inner();
+            for t in r.tenants {
+                let sessions = if t.max_sessions == 0 { "agent limit".to_owned() } else { t.max_sessions.to_string() };
+                println!(
+                    "{}  container {}  encrypted {}  max sessions {}  qos: {}",
+                    t.name,
+                    t.container,
+                    t.encrypted,
+                    sessions,
+                    qos_line(t.qos.as_ref())
+                );
+            }
+        }
+        Command::Tenant(TenantCommand::Add { name, container, max_sessions, qos }) => {
+            let tenant = pb::Tenant {
+                name: name.clone(),
+                container: container.unwrap_or_default(),
+                qos: Some(qos.to_proto()),
+                max_sessions: max_sessions.unwrap_or(0),
+                encrypted: false,
+            };
+            admin.add_tenant(pb::AddTenantRequest { tenant: Some(tenant) }).await.map_err(status("tenant add"))?;
+            println!("added tenant {name} (until the agent restarts: add it to the config file to keep it)");
+        }
+        Command::Tenant(TenantCommand::Rm { name }) => {
+            let r = admin
+                .remove_tenant(pb::RemoveTenantRequest { name: name.clone() })
+                .await
+                .map_err(status("tenant rm"))?
+                .into_inner();
+            println!("removed tenant {name}: {} session(s) detached; its data stays on disk", r.detached_sessions);
+        }
+        Command::Tenant(TenantCommand::SetQos { name, qos }) => {
+            admin
+                .set_qos(pb::SetQosRequest { tenant: name.clone(), qos: Some(qos.to_proto()) })
+                .await
+                .map_err(status("tenant set-qos"))?;
+            println!("tenant {name}: {}", qos_line(Some(&qos.to_proto())));
+        }
+        Command::Cert(CertCommand::Issue { tenant, out, days }) => {
+            let issued = admin
+                .issue_cert(pb::IssueCertRequest { tenant, validity_days: days })
+                .await
+                .map_err(status("cert issue"))?
+                .into_inner();
+            write_bundle(&out, &issued)?;
+            println!("wrote ca.pem, client.pem, client.key to {} for {}", out.display(), issued.spiffe_id);
+            println!("use: dpuio --cert {0}/client.pem --key {0}/client.key --ca {0}/ca.pem ...", out.display());
+        }
+        Command::Key(KeyCommand::Rotate { tenant, new_key }) => {
+            let file = std::path::absolute(&new_key).unwrap_or(new_key);
+            let r = admin
+                .rotate_key(pb::RotateKeyRequest { tenant: tenant.clone(), new_key_file: file.display().to_string() })
+                .await
+                .map_err(status("key rotate"))?
+                .into_inner();
+            println!(
+                "tenant {tenant}: key version {} -> {}: {} re-wrapped, {} already new, {} on other versions, {} unencrypted, {} failed",
+                r.old_version, r.new_version, r.rewrapped, r.already_new, r.other_version, r.unencrypted, r.failed
+            );
+            for f in &r.failures {
+                println!("  failed: {f}");
+            }
+            if r.failed > 0 {
+                return Err(format!("{} file(s) still use key version {}: keep that key", r.failed, r.old_version));
+            }
+        }
+        Command::Key(KeyCommand::Status { tenant }) => {
+            let r = admin
+                .key_status(pb::KeyStatusRequest { tenant: tenant.clone() })
+                .await
+                .map_err(status("key status"))?
+                .into_inner();
+            println!("tenant {tenant}: current key version {}", r.current_version);
+            for v in r.versions {
+                let note = if v.current {
+                    "current"
+                } else if v.can_retire {
+                    "can be retired"
+                } else {
+                    "in use"
+                };
+                println!("  version {}: {} file(s), {note}", v.version, v.files);
+            }
+            println!("  unencrypted files: {}, unreadable: {}", r.unencrypted, r.unreadable);
+            for f in r.unreadable_files {
+                println!("  unreadable: {f}");
+            }
+        }
+        Command::Drain => {
+            admin.drain(pb::DrainRequest {}).await.map_err(status("drain"))?;
+            println!("draining: the agent takes no new sessions");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("dpuctl: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dpuctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_bytes("500MiB"), Ok(500 << 20));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("5 parsecs").is_err());
+        assert!(parse_bytes("99999999999999GiB").is_err());
+    }
+}
