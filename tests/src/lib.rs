@@ -104,6 +104,11 @@ impl AgentProcess {
             .expect("connect to the agent")
     }
 
+    /// Run `dpuctl` against this agent's admin socket.
+    pub fn dpuctl(&self, args: &[&str]) -> Output {
+        Command::new(binary("dpuctl")).arg("--data-dir").arg(&self.data_dir).args(args).output().expect("run dpuctl")
+    }
+
     /// A command for a workspace binary with this agent's address and client bundle
     /// in its environment (`DPUIO_AGENT`, `DPUIO_CONFIG_DIR`).
     pub fn command(&self, name: &str) -> Command {

@@ -32,10 +32,21 @@ fn cli_mkdir_then_ls() {
 
 #[test]
 fn cli_without_an_agent_says_so() {
-    let out = std::process::Command::new(binary("dpuio")).args(["--agent", "127.0.0.1:9", "ls"]).output().unwrap();
+    let out =
+        std::process::Command::new(binary("dpuio")).args(["--agent", "http://127.0.0.1:9", "ls"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot reach the agent at 127.0.0.1:9"), "{err}");
+    assert!(err.contains("cannot reach the agent at http://127.0.0.1:9"), "{err}");
+    // With TLS (the default) and no client bundle, the error says where it looked.
+    let empty = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(binary("dpuio"))
+        .args(["--agent", "127.0.0.1:9", "ls"])
+        .env("DPUIO_CONFIG_DIR", empty.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read the client certificate") && err.contains("dpuctl cert issue"), "{err}");
 }
 
 #[test]

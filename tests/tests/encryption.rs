@@ -28,7 +28,11 @@ fn config(dir: &std::path::Path, key: &std::path::Path) -> std::path::PathBuf {
 fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
-        if p.is_dir() { files_under(&p, out) } else { out.push(p) }
+        if p.is_dir() {
+            files_under(&p, out)
+        } else if p.is_file() {
+            out.push(p)
+        }
     }
 }
 
