@@ -9,6 +9,13 @@
 //!     completion once, without waiting, and check the payload pattern.
 //! dpuio-test-host integrity AGENT TRANSPORT PATH FILE_BYTES IO_BYTES SEED
 //!     random-offset writes and reads on PATH checked against a model of the file.
+//! dpuio-test-host overwrite-stream AGENT PATH FILE_BYTES SEED
+//!     create PATH and fill it with generation 0 (`generation_byte`), sync, print
+//!     "ready"; then overwrite random ranges (1 byte to 1 MiB, unaligned, inside the
+//!     file) one at a time with generations 1, 2, ...: print "begin G OFFSET LENGTH"
+//!     right before each write is submitted (its data is ready) and "end G" once it
+//!     completed. Runs until a
+//!     write fails (the agent was killed), then prints "stopped G: WHY" and exits 0.
 //! ```
 #![forbid(unsafe_code)]
 
@@ -37,6 +44,12 @@ fn main() {
             args[4].parse().expect("FILE_BYTES"),
             args[5].parse().expect("IO_BYTES"),
             args[6].parse().expect("SEED"),
+        )),
+        Some("overwrite-stream") if args.len() == 5 => runtime.block_on(overwrite_stream(
+            &args[1],
+            &args[2],
+            args[3].parse().expect("FILE_BYTES"),
+            args[4].parse().expect("SEED"),
         )),
         _ => Err("usage: see the module docs of tests/src/bin/dpuio-test-host.rs".to_owned()),
     };
@@ -154,6 +167,64 @@ async fn integrity(
     file.close().await.map_err(|e| e.to_string())?;
     if digest_file != digest_model {
         return Err("final checksum differs".into());
+    }
+    Ok(())
+}
+
+/// The byte at file offset `i` after write generation `g` of `overwrite-stream`
+/// covered it (generation 0 fills the file). Two generations differ in most bytes of
+/// any range, so a block that mixes them, or holds another offset's bytes, shows.
+/// The end-to-end test has its own copy; both must change together.
+pub fn generation_byte(g: u64, i: u64) -> u8 {
+    let x = (i / 8).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ g.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    let x = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (x >> (8 * (i % 8))) as u8
+}
+
+/// See the module docs: a stream of overwrites, each announced before it is
+/// submitted, until the agent goes away.
+async fn overwrite_stream(agent: &str, path: &str, file_bytes: u64, seed: u64) -> Result<(), String> {
+    const MAX_IO: u64 = 1 << 20;
+    let client = connect(agent, "shm").await?;
+    let file = client.create(path, false).await.map_err(|e| e.to_string())?;
+    let mut region =
+        client.register_region(MAX_IO as usize, RegionAccess::ReadWrite).await.map_err(|e| e.to_string())?;
+    let c = client.clone();
+    let fill = |region: &mut dpuio_shim::RegisteredRegion, g: u64, off: u64, len: u64| {
+        for (k, b) in region.memory_mut().as_mut_slice()[..len as usize].iter_mut().enumerate() {
+            *b = generation_byte(g, off + k as u64);
+        }
+    };
+    let write = |region: &dpuio_shim::RegisteredRegion, off: u64, len: u64| {
+        let req = file.write_request(region, 0, len, off);
+        match tokio::task::block_in_place(|| c.submit_blocking(&[req])) {
+            Ok(done) if done[0].result == Ok(len) => Ok(()),
+            Ok(done) => Err(format!("{:?}", done[0].result)),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    let mut at = 0;
+    while at < file_bytes {
+        let len = MAX_IO.min(file_bytes - at);
+        fill(&mut region, 0, at, len);
+        write(&region, at, len).map_err(|e| format!("fill at {at}: {e}"))?;
+        at += len;
+    }
+    file.sync().await.map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout().lock();
+    let mut say = |line: String| writeln!(out, "{line}").and_then(|()| out.flush()).map_err(|e| e.to_string());
+    say("ready".into())?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for g in 1.. {
+        let len = rng.random_range(1..=MAX_IO.min(file_bytes));
+        let off = rng.random_range(0..=file_bytes - len);
+        // Filled first, so a write is in the agent's hands from "begin" to "end".
+        fill(&mut region, g, off, len);
+        say(format!("begin {g} {off} {len}"))?;
+        match write(&region, off, len) {
+            Ok(()) => say(format!("end {g}"))?,
+            Err(e) => return say(format!("stopped {g}: {e}")),
+        }
     }
     Ok(())
 }
