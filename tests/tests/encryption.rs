@@ -129,7 +129,8 @@ fn killed_during_overwrites_every_block_is_old_new_or_an_integrity_error() {
     for round in 0..3u64 {
         let mut agent = AgentProcess::start(&data_dir, &args);
         let path = format!("/stream{round}");
-        let mut writer = Command::new(binary("dpuio-test-host"))
+        let mut writer = agent
+            .command("dpuio-test-host")
             .args(["overwrite-stream", &agent.addr, &path, &FILE.to_string(), &(40 + round).to_string()])
             .stdout(Stdio::piped())
             .spawn()
@@ -219,6 +220,7 @@ async fn read_blocks(agent: &AgentProcess, path: &str, file: u64, block: u64, ol
     use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, IoStatus, RegionAccess};
     let client = Client::connect(ConnectOptions {
         agent: agent.url(),
+        tls: agent.tls(),
         client_name: "crash check".into(),
         data_plane: Some(DataPlaneOptions { transports: "shm".into(), rings: 1, ..Default::default() }),
         ..ConnectOptions::default()
