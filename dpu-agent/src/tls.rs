@@ -206,12 +206,15 @@ pub fn tls_incoming(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// A leaf certificate's checked outcome (its tenant, or why not) and when it was checked.
+type Verified = (Instant, Result<String, String>);
+
 /// The check in front of every service but health: establishes the [`Caller`].
 #[derive(Clone)]
 pub struct Authenticator {
     agent: Arc<Agent>,
     tls: Option<(Arc<DeferredClientVerifier>, String)>,
-    verified: Arc<Mutex<HashMap<Vec<u8>, (Instant, Result<String, String>)>>>,
+    verified: Arc<Mutex<HashMap<Vec<u8>, Verified>>>,
 }
 
 impl Authenticator {

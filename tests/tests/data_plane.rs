@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, IoStatus, Opcode, RegionAccess, Request};
-use dpuio_tests::{AgentProcess, binary, ok_stdout};
+use dpuio_tests::{AgentProcess, ok_stdout};
 
 fn pattern(i: u64) -> u8 {
     (i.wrapping_mul(7).wrapping_add(3) % 251) as u8
