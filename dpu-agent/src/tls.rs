@@ -134,8 +134,11 @@ pub fn prepare(config: &Config) -> Result<Option<ControlTls>, ServeError> {
         pki::deferred_server_config(dev.server().cert_pem(), dev.server().key_pem(), dev.ca().cert_pem(), provider())
             .map_err(|e| ServeError::Tls(e.to_string()))?;
     let bundle_dir = tls.client_bundle_dir.clone().or_else(default_client_dir);
-    if let (Some(tenant), Some(dir)) = (config.default_tenant(), bundle_dir) {
-        write_dev_bundle(&dev, &tenant.name, &dir)?;
+    if let (Some(tenant), Some(dir)) = (config.default_tenant(), bundle_dir)
+        && let Err(e) = write_dev_bundle(&dev, &tenant.name, &dir)
+    {
+        // Not fatal: clients can still use `dpuctl cert issue` or --cert/--key/--ca.
+        tracing::warn!(error = %e, "no development client bundle");
     }
     Ok(Some(ControlTls {
         server_config: Arc::new(server_config),
