@@ -16,6 +16,7 @@ pub mod encryption;
 pub mod engine;
 pub mod error;
 pub mod keys;
+pub mod qos;
 pub mod server;
 pub mod service;
 pub mod state;
