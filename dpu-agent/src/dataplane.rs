@@ -18,23 +18,34 @@
 //!   put/get; the backend read of the next chunk overlaps the put of the previous
 //!   one, and a flush orders "payload, then completion entry, then its `seq` word".
 //!
+//! QoS: an entry that passes validation counts against its tenant's in-flight limit
+//! from the moment it is taken off the ring until its completion is posted; a tenant
+//! at its limit has its rings left alone (parked) until one of its requests finishes.
+//! While a single unlimited tenant has work and nothing is queued, entries run as they
+//! are taken (no queueing cost); otherwise they go through the [`crate::qos::Scheduler`]
+//! (per-tenant token buckets, start-time fair queueing by weight) and run in the order
+//! it gives. Throttled entries wait, never fail; the engine sleeps until the soonest
+//! one is due, and a doorbell from another tenant wakes it at once.
+//!
 //! Thread model: one engine thread owns the staging region and does all ring work;
 //! gRPC handlers register peers, regions and rings (UCX serialises the worker inside
 //! [`fabric`]). Nothing the host writes is trusted: a ring whose indices make no sense
 //! is stopped, an entry that fails a check gets an error completion, and a peer that
 //! fails a transfer has its data plane closed, never the agent's.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dpuio_proto::wire::{self, Completion, Opcode, Submission};
 use fabric::{FabricConfig, MappedRemote, Transport, ucx};
 
+use crate::config::QosConfig;
 use crate::engine::{self, RegionAccess};
-use crate::state::{Agent, Session};
+use crate::qos::{Scheduler, TenantSlot};
+use crate::state::{Agent, Session, lock};
 
 /// Bytes of the staging region used for ring entries and counters (1024 submissions).
 const SCRATCH_BYTES: usize = 64 * 1024;
@@ -46,6 +57,8 @@ const IDLE_SCAN: Duration = Duration::from_millis(200);
 /// Submissions the engine takes from one ring before turning to the next, so one busy
 /// ring cannot starve the others.
 const RING_BATCH: u64 = 64;
+/// Queued requests the engine runs before it looks at the rings again.
+const QUEUE_BATCH: usize = 64;
 
 /// Why a data-plane call failed.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +122,9 @@ pub struct DataPlane {
     address: Vec<u8>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Tenants' buckets, fair queue and in-flight counts: the engine's, shared so
+    /// [`Agent::set_qos`] changes them at once.
+    qos: Arc<Mutex<Scheduler<Queued>>>,
 }
 
 impl DataPlane {
@@ -116,7 +132,20 @@ impl DataPlane {
     pub fn open(config: &FabricConfig) -> Result<DataPlane, DataPlaneError> {
         let worker = Arc::new(ucx::Worker::open(config)?);
         let address = worker.address()?;
-        Ok(DataPlane { worker, address, stop: Arc::new(AtomicBool::new(false)), thread: Mutex::new(None) })
+        Ok(DataPlane {
+            worker,
+            address,
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: Mutex::new(None),
+            qos: Arc::new(Mutex::new(Scheduler::new())),
+        })
+    }
+
+    /// Apply a tenant's new QoS to the engine now (see [`Agent::set_qos`]), and wake
+    /// the engine so requests waiting under the old limits are looked at again.
+    pub(crate) fn set_qos(&self, tenant: &str, qos: &QosConfig) {
+        lock(&self.qos).reconfigure(tenant, qos, Instant::now());
+        let _ = self.worker.wake();
     }
 
     /// This agent's worker address, for `AttachResponse.agent_transport`.
@@ -145,8 +174,15 @@ impl DataPlane {
                 .spawn(move || io_worker(queue))
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot start an I/O thread: {e}")))?;
         }
-        let mut engine =
-            Engine { agent, worker: self.worker.clone(), staging, chunk_bytes, stop: self.stop.clone(), jobs };
+        let mut engine = Engine {
+            agent,
+            worker: self.worker.clone(),
+            staging,
+            chunk_bytes,
+            stop: self.stop.clone(),
+            jobs,
+            qos: self.qos.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("dpuio-engine".into())
             .spawn(move || engine.run())
@@ -211,7 +247,7 @@ impl DataPlane {
                 wire::MAX_RING_ENTRIES
             )));
         }
-        if offset % 64 != 0 || offset.checked_add(bytes).is_none_or(|end| end > region.length) {
+        if !offset.is_multiple_of(64) || offset.checked_add(bytes).is_none_or(|end| end > region.length) {
             return Err(DataPlaneError::Invalid(format!(
                 "a ring of {entries} entries needs {bytes} bytes at a 64-byte aligned offset inside region {} \
                  ({} bytes); offset {offset} does not fit",
@@ -303,6 +339,25 @@ struct Engine {
     stop: Arc<AtomicBool>,
     /// Chunks of mapped requests, for the I/O workers (bounded: in-flight work is).
     jobs: crossbeam_channel::Sender<Job>,
+    qos: Arc<Mutex<Scheduler<Queued>>>,
+}
+
+/// A ring being served, with what its entries need: session, peer and tenant.
+struct Serving {
+    key: RingKey,
+    session: Arc<Session>,
+    peer: Arc<Peer>,
+    ring: Arc<HostRing>,
+    /// `None`: the session's tenant is no longer configured (removed at run time).
+    tenant: Option<Arc<TenantSlot>>,
+}
+
+/// A validated entry waiting in the scheduler; it already has its completion slot and
+/// counts in its tenant's in-flight requests.
+struct Queued {
+    serving: Arc<Serving>,
+    sub: Submission,
+    cq_index: u64,
 }
 
 /// Chunk jobs queued for the I/O workers at most; the engine waits when it is full.
@@ -328,6 +383,10 @@ struct InFlight {
     failed: AtomicBool,
     /// A piece failed an integrity check (inline encryption): the completion says so.
     integrity: AtomicBool,
+    /// Counts this request in flight until its completion is posted.
+    tenant: Arc<TenantSlot>,
+    /// Woken when finishing this request makes room for a parked tenant.
+    engine: Arc<ucx::Worker>,
 }
 
 struct Job {
@@ -376,11 +435,13 @@ fn run_piece(Job { request: r, piece }: Job) {
 /// The last piece of a mapped request is done: sync if asked, post the completion.
 fn finish_mapped(r: &InFlight) {
     let mut failed = r.failed.load(Ordering::Relaxed);
-    if !failed && r.sub.opcode == Opcode::Write && r.sub.flags & wire::FLAG_SYNC != 0 {
-        if let Err(e) = r.handle.object.sync() {
-            tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
-            failed = true;
-        }
+    if !failed
+        && r.sub.opcode == Opcode::Write
+        && r.sub.flags & wire::FLAG_SYNC != 0
+        && let Err(e) = r.handle.object.sync()
+    {
+        tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
+        failed = true;
     }
     let short_end = r.short_end.load(Ordering::Relaxed);
     let result = if short_end == u64::MAX { r.sub.length } else { short_end.saturating_sub(r.sub.file_offset) };
@@ -399,6 +460,9 @@ fn finish_mapped(r: &InFlight) {
     mem.slice_mut_shared(at, 24).copy_from_slice(&c.encode()[..24]);
     mem.store_u64_release(at + 24, c.seq);
     wake_waiters(&r.ring);
+    if r.tenant.finish(1) {
+        let _ = r.engine.wake();
+    }
 }
 
 /// Whether a mapped ring has submissions the engine has not taken.
@@ -439,8 +503,11 @@ impl Engine {
         // Mapped rings with recent work: polled directly while the engine spins, with
         // agent_polling set so their hosts skip the doorbell.
         let mut hot: Vec<(RingKey, Arc<HostRing>)> = Vec::new();
+        // Rings left alone until their tenant has room for another request in flight.
+        let mut parked: HashMap<RingKey, Arc<TenantSlot>> = HashMap::new();
         let mut scan_all = true;
-        let mut last_work = std::time::Instant::now();
+        let mut last_scan = Instant::now();
+        let mut last_work = Instant::now();
         let mut spins = 0u32;
         while !self.stop.load(Ordering::SeqCst) {
             while self.worker.progress() > 0 {}
@@ -458,16 +525,29 @@ impl Engine {
             }
             if scan_all {
                 pending.extend(self.agent.all_rings());
+                self.drop_removed_tenants();
                 scan_all = false;
+                last_scan = Instant::now();
             }
             for (key, ring) in &hot {
                 if ring_has_work(ring) {
                     pending.insert(*key);
                 }
             }
-            if pending.is_empty() {
+            if !parked.is_empty() {
+                parked.retain(|key, tenant| {
+                    let stay = tenant.room() == 0;
+                    if !stay {
+                        pending.insert(*key);
+                    }
+                    stay
+                });
+                pending.retain(|key| !parked.contains_key(key));
+            }
+            let queued_wait = self.queued_wait();
+            if pending.is_empty() && queued_wait != Some(Duration::ZERO) {
                 spins += 1;
-                if spins % 64 != 0 || last_work.elapsed() < ENGINE_SPIN {
+                if !spins.is_multiple_of(64) || last_work.elapsed() < ENGINE_SPIN {
                     std::hint::spin_loop();
                     continue;
                 }
@@ -483,48 +563,180 @@ impl Engine {
                     pending.extend(missed);
                     continue;
                 }
-                match self.worker.wait(IDLE_SCAN) {
-                    Ok(true) => {}
-                    Ok(false) => scan_all = true,
-                    Err(e) => {
-                        tracing::error!(error = %e, "engine cannot wait on the transport; polling");
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
+                // Until the safety-net scan, or until the first throttled request is due
+                // (whole milliseconds: the transport's wait has no finer unit, and
+                // rounding down would spin).
+                let mut timeout = IDLE_SCAN.saturating_sub(last_scan.elapsed());
+                if let Some(wait) = queued_wait {
+                    timeout = timeout.min(Duration::from_millis(wait.as_nanos().div_ceil(1_000_000) as u64));
+                }
+                if let Err(e) = self.worker.wait(timeout) {
+                    tracing::error!(error = %e, "engine cannot wait on the transport; polling");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if last_scan.elapsed() >= IDLE_SCAN {
+                    scan_all = true;
                 }
                 continue;
             }
-            last_work = std::time::Instant::now();
-            let keys: Vec<RingKey> = pending.drain().collect();
-            for key in keys {
-                let (session_id, ring_id) = key;
-                let Some((session, peer, ring)) = self.agent.ring(session_id, ring_id) else { continue };
-                if peer.failed.load(Ordering::Relaxed) || ring.broken.load(Ordering::Relaxed) {
+            last_work = Instant::now();
+            let serving = self.resolve(pending.drain());
+            // One unlimited tenant with work and nothing queued: run entries as they
+            // are taken, as fast as without QoS. Otherwise the scheduler decides.
+            let direct = queued_wait.is_none()
+                && serving.first().is_some_and(|first| {
+                    first.tenant.as_ref().is_some_and(|t| t.is_unlimited())
+                        && serving.iter().all(|s| match (&s.tenant, &first.tenant) {
+                            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                            _ => false,
+                        })
+                });
+            for s in serving {
+                let key = s.key;
+                if let Some(tenant) = &s.tenant
+                    && tenant.room() == 0
+                {
+                    park(&mut parked, &mut hot, &s, tenant);
                     continue;
                 }
-                if ring.region.mapped.is_some() && !hot.iter().any(|(k, _)| *k == key) {
-                    set_polling(&ring, true);
-                    hot.push((key, ring.clone()));
+                if s.ring.region.mapped.is_some() && !hot.iter().any(|(k, _)| *k == key) {
+                    set_polling(&s.ring, true);
+                    hot.push((key, s.ring.clone()));
                 }
-                match self.serve_ring(&session, &peer, &ring) {
-                    Ok(true) => {
-                        pending.insert(key); // more waiting: come back after the others
-                    }
+                match self.serve_ring(&s, direct) {
+                    Ok(true) => match &s.tenant {
+                        Some(tenant) if tenant.room() == 0 => park(&mut parked, &mut hot, &s, tenant),
+                        _ => {
+                            pending.insert(key); // more waiting: come back after the others
+                        }
+                    },
                     Ok(false) => {}
-                    Err(e) => {
-                        peer.failed.store(true, Ordering::Relaxed);
-                        tracing::warn!(session = format!("{session_id:#018x}"), error = %e,
-                            "data plane to this host failed; its rings are no longer served");
-                    }
+                    Err(e) => fail_peer(&s, &e),
                 }
             }
+            self.serve_queue(QUEUE_BATCH);
         }
         for (_, ring) in &hot {
             set_polling(ring, false);
         }
     }
 
-    /// Serve up to [`RING_BATCH`] submissions of one ring. Returns whether more remain.
-    fn serve_ring(&mut self, session: &Session, peer: &Peer, ring: &Arc<HostRing>) -> Result<bool, DataPlaneError> {
+    /// The rings behind `keys` that still exist and are served, with their tenants.
+    fn resolve(&self, keys: impl Iterator<Item = RingKey>) -> Vec<Arc<Serving>> {
+        let rings: Vec<_> = keys
+            .filter_map(|key| {
+                let (session, peer, ring) = self.agent.ring(key.0, key.1)?;
+                let served = !peer.failed.load(Ordering::Relaxed) && !ring.broken.load(Ordering::Relaxed);
+                served.then_some((key, session, peer, ring))
+            })
+            .collect();
+        if rings.is_empty() {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let mut scheduler = lock(&self.qos);
+        rings
+            .into_iter()
+            .map(|(key, session, peer, ring)| {
+                let tenant = scheduler.slot(&session.tenant, now, || self.agent.tenant(&session.tenant).map(|t| t.qos));
+                Arc::new(Serving { key, session, peer, ring, tenant })
+            })
+            .collect()
+    }
+
+    /// How long until a queued request may run (`None`: nothing queued).
+    fn queued_wait(&self) -> Option<Duration> {
+        let mut scheduler = lock(&self.qos);
+        if scheduler.is_empty() {
+            return None;
+        }
+        scheduler.next_ready_in(Instant::now())
+    }
+
+    /// Forget tenants removed from the agent; their queued requests complete as
+    /// cancelled.
+    fn drop_removed_tenants(&mut self) {
+        let dropped = lock(&self.qos).retain_tenants(|name| self.agent.has_tenant(name));
+        for q in dropped {
+            let s = &q.serving;
+            let completion = Completion {
+                user_data: q.sub.user_data,
+                status: wire::Status::Cancelled as i32,
+                result: 0,
+                seq: q.cq_index + 1,
+            };
+            if let Some(tenant) = &s.tenant {
+                let _ = tenant.finish(1); // the tenant is gone: nobody waits for its room
+            }
+            match self.post_completion(&s.peer, &s.ring, q.cq_index, &completion) {
+                Ok(()) => wake_waiters(&s.ring),
+                Err(e) => fail_peer(s, &e),
+            }
+        }
+    }
+
+    /// Run up to `budget` queued requests in the scheduler's order.
+    fn serve_queue(&mut self, budget: usize) {
+        let mut posted: Vec<Arc<HostRing>> = Vec::new();
+        for _ in 0..budget {
+            let next = {
+                let mut scheduler = lock(&self.qos);
+                if scheduler.is_empty() {
+                    break;
+                }
+                scheduler.pop(Instant::now())
+            };
+            let Some(q) = next else { break }; // every queued tenant is over its rate
+            let s = &q.serving;
+            let Some(tenant) = &s.tenant else { continue }; // only known tenants are queued
+            if s.peer.failed.load(Ordering::Relaxed) || s.ring.broken.load(Ordering::Relaxed) {
+                let _ = tenant.finish(1); // its host is gone; the engine is running anyway
+                continue;
+            }
+            match self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.sub, q.cq_index) {
+                Ok(false) => {}
+                Ok(true) => {
+                    if !posted.iter().any(|r| Arc::ptr_eq(r, &s.ring)) {
+                        posted.push(s.ring.clone());
+                    }
+                }
+                Err(e) => fail_peer(s, &e),
+            }
+        }
+        for ring in posted {
+            wake_waiters(&ring);
+        }
+    }
+
+    /// Run one validated entry that counts in `tenant`'s in-flight requests: on the I/O
+    /// workers (they post its completion), or here. Returns whether a completion was
+    /// posted here (its ring's waiters need a wake).
+    fn run_entry(
+        &mut self,
+        session: &Session,
+        peer: &Peer,
+        ring: &Arc<HostRing>,
+        tenant: &Arc<TenantSlot>,
+        sub: &Submission,
+        cq_index: u64,
+    ) -> Result<bool, DataPlaneError> {
+        if self.dispatch(session, ring, sub, cq_index, tenant).is_some() {
+            return Ok(false);
+        }
+        let outcome = self.execute(session, peer, sub);
+        // Parked rings are looked at by this thread on its next round: no wake needed.
+        let _ = tenant.finish(1);
+        let (status, result) = outcome?;
+        let completion = Completion { user_data: sub.user_data, status: status as i32, result, seq: cq_index + 1 };
+        self.post_completion(peer, ring, cq_index, &completion)?;
+        Ok(true)
+    }
+
+    /// Take up to [`RING_BATCH`] submissions of one ring (no more than its tenant has
+    /// room for): invalid ones complete with their error at once; valid ones run now
+    /// (`direct`) or go to the scheduler. Returns whether more remain.
+    fn serve_ring(&mut self, s: &Arc<Serving>, direct: bool) -> Result<bool, DataPlaneError> {
+        let (session, peer, ring) = (&*s.session, &*s.peer, &s.ring);
         let base = ring.offset;
         let entries = u64::from(ring.entries);
         let sq_tail = self.load_u64(peer, &ring.region, base + wire::SQ_TAIL_OFFSET as u64)?;
@@ -543,14 +755,16 @@ impl Engine {
             );
             return Ok(false);
         }
-        // Take what was submitted, as far as the completion ring has room.
+        // Take what was submitted, as far as the completion ring and the tenant have room.
         let room = entries - tail.wrapping_sub(cq_head);
-        let take = submitted.min(room).min(RING_BATCH);
+        let tenant_room = s.tenant.as_ref().map_or(RING_BATCH, |t| u64::from(t.room()));
+        let take = submitted.min(room).min(RING_BATCH).min(tenant_room);
         if take == 0 {
             return Ok(false);
         }
         let mut entry = [0u8; wire::SQE_BYTES];
         let mut posted_inline = false;
+        let mut queued = Vec::new();
         for _ in 0..take {
             let at = base + wire::sqe_offset(ring.entries, head) as u64;
             self.read_host(peer, &ring.region, at, &mut entry)?;
@@ -561,17 +775,26 @@ impl Engine {
                 Err(_) => Err(wire::Status::Malformed),
                 Ok(sub) => engine::validate(&sub, session, self.agent.limits().max_io_bytes).map(|v| v.submission),
             };
-            let (status, result) = match checked {
-                Err(status) => (status, 0),
-                Ok(sub) => match self.dispatch(session, ring, &sub, cq_index) {
-                    Some(()) => continue, // the I/O workers complete it
-                    None => self.execute(session, peer, &sub)?,
-                },
+            let status = match (checked, &s.tenant) {
+                (Err(status), _) => status,
+                // The tenant was removed: its sessions are ending.
+                (Ok(_), None) => wire::Status::Cancelled,
+                (Ok(sub), Some(tenant)) => {
+                    if direct {
+                        tenant.start(1);
+                        posted_inline |= self.run_entry(session, peer, ring, tenant, &sub, cq_index)?;
+                    } else {
+                        // Counted when queued, below: an early return on a transport
+                        // failure must not leave it counted.
+                        queued.push(Queued { serving: s.clone(), sub, cq_index });
+                    }
+                    continue;
+                }
             };
             let completion = Completion {
                 user_data: Submission::peek_user_data(&entry),
                 status: status as i32,
-                result,
+                result: 0,
                 seq: cq_index + 1,
             };
             self.post_completion(peer, ring, cq_index, &completion)?;
@@ -579,6 +802,31 @@ impl Engine {
         }
         ring.sq_head.store(head, Ordering::Relaxed);
         ring.cq_tail.store(tail, Ordering::Relaxed);
+        if let (false, Some(tenant)) = (queued.is_empty(), &s.tenant) {
+            let mut refused = Vec::new();
+            {
+                let mut scheduler = lock(&self.qos);
+                for q in queued {
+                    let cost = q.sub.length;
+                    match scheduler.push(tenant, q, cost) {
+                        Ok(()) => tenant.start(1),
+                        Err(q) => refused.push(q),
+                    }
+                }
+            }
+            // Only when the tenant's max_inflight was lowered below its queue at run
+            // time: the host may submit again.
+            for q in refused {
+                let completion = Completion {
+                    user_data: q.sub.user_data,
+                    status: wire::Status::Busy as i32,
+                    result: 0,
+                    seq: q.cq_index + 1,
+                };
+                self.post_completion(peer, ring, q.cq_index, &completion)?;
+                posted_inline = true;
+            }
+        }
         // Advisory for the host (it trusts the seq words, not this).
         self.store_u64(peer, &ring.region, base + wire::SQ_HEAD_OFFSET as u64, head)?;
         if posted_inline {
@@ -589,7 +837,14 @@ impl Engine {
 
     /// Queue a request whose region and ring are mapped on the I/O workers, split in
     /// pieces. `None` when it must run inline (an unmapped region: put/get).
-    fn dispatch(&mut self, session: &Session, ring: &Arc<HostRing>, sub: &Submission, cq_index: u64) -> Option<()> {
+    fn dispatch(
+        &mut self,
+        session: &Session,
+        ring: &Arc<HostRing>,
+        sub: &Submission,
+        cq_index: u64,
+        tenant: &Arc<TenantSlot>,
+    ) -> Option<()> {
         let region = session.host_region(sub.region_id)?;
         region.mapped.as_ref()?;
         ring.region.mapped.as_ref()?;
@@ -612,6 +867,8 @@ impl Engine {
             short_end: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
             integrity: AtomicBool::new(false),
+            tenant: tenant.clone(),
+            engine: self.worker.clone(),
         });
         for piece in rest {
             if let Err(crossbeam_channel::SendError(job)) = self.jobs.send(Job { request: request.clone(), piece }) {
@@ -705,10 +962,11 @@ impl Engine {
                 }
             }
         }
-        if sub.opcode == Opcode::Write && sub.flags & wire::FLAG_SYNC != 0 {
-            if let Err(e) = object.sync() {
-                return Ok(io_failed(session, sub, &e));
-            }
+        if sub.opcode == Opcode::Write
+            && sub.flags & wire::FLAG_SYNC != 0
+            && let Err(e) = object.sync()
+        {
+            return Ok(io_failed(session, sub, &e));
         }
         Ok((wire::Status::Ok, done))
     }
@@ -777,6 +1035,28 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Leave a ring alone until its tenant has room: no polling (its host rings the
+/// doorbell again), and a wake from the request that makes room.
+fn park(
+    parked: &mut HashMap<RingKey, Arc<TenantSlot>>,
+    hot: &mut Vec<(RingKey, Arc<HostRing>)>,
+    s: &Serving,
+    tenant: &Arc<TenantSlot>,
+) {
+    tenant.park();
+    parked.insert(s.key, tenant.clone());
+    if let Some(i) = hot.iter().position(|(k, _)| *k == s.key) {
+        set_polling(&hot.swap_remove(i).1, false);
+    }
+}
+
+/// A transfer to this host failed: its rings are not served again.
+fn fail_peer(s: &Serving, e: &DataPlaneError) {
+    s.peer.failed.store(true, Ordering::Relaxed);
+    tracing::warn!(session = format!("{:#018x}", s.session.id), error = %e,
+        "data plane to this host failed; its rings are no longer served");
 }
 
 fn io_failed(session: &Session, sub: &Submission, e: &dpuio_backend::Error) -> (wire::Status, u64) {

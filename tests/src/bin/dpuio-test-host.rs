@@ -16,6 +16,10 @@
 //!     right before each write is submitted (its data is ready) and "end G" once it
 //!     completed. Runs until a
 //!     write fails (the agent was killed), then prints "stopped G: WHY" and exits 0.
+//! dpuio-test-host qos-load AGENT TENANT PATH BLOCK DEPTH SECONDS
+//!     attach as TENANT and read PATH (at least BLOCK bytes) from its start, over and
+//!     over, BLOCK bytes at a time with DEPTH reads in flight, for SECONDS; print
+//!     "bytes=N seconds=S". Any failed read is an error.
 //! ```
 #![forbid(unsafe_code)]
 
@@ -50,6 +54,14 @@ fn main() {
             &args[2],
             args[3].parse().expect("FILE_BYTES"),
             args[4].parse().expect("SEED"),
+        )),
+        Some("qos-load") if args.len() == 7 => runtime.block_on(qos_load(
+            &args[1],
+            &args[2],
+            &args[3],
+            args[4].parse().expect("BLOCK"),
+            args[5].parse().expect("DEPTH"),
+            args[6].parse().expect("SECONDS"),
         )),
         _ => Err("usage: see the module docs of tests/src/bin/dpuio-test-host.rs".to_owned()),
     };
@@ -238,4 +250,59 @@ fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// Read as fast as the agent lets this tenant; report the bytes read.
+async fn qos_load(agent: &str, tenant: &str, path: &str, block: u64, depth: usize, seconds: f64) -> Result<(), String> {
+    let client = Client::connect(ConnectOptions {
+        agent: agent.to_owned(),
+        tenant: tenant.to_owned(),
+        client_name: format!("dpuio-test-host qos-load ({tenant})"),
+        data_plane: Some(DataPlaneOptions { transports: "shm".into(), rings: 1, ..Default::default() }),
+        ..ConnectOptions::default()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let file = client.open(path, Access::ReadOnly).await.map_err(|e| e.to_string())?;
+    let blocks = client.stat(path).await.map_err(|e| e.to_string())?.size / block;
+    if blocks == 0 {
+        return Err(format!("{path} is shorter than one block of {block} bytes"));
+    }
+    let mut regions = Vec::new();
+    for _ in 0..depth {
+        regions
+            .push(client.register_region(block as usize, RegionAccess::WriteByAgent).await.map_err(|e| e.to_string())?);
+    }
+    let requests: Vec<_> = regions.iter().map(|r| file.read_request(r, 0, block, 0)).collect();
+    let c = client.clone();
+    let (bytes, elapsed) = tokio::task::block_in_place(|| -> Result<(u64, Duration), String> {
+        let mut batch = c.batch().map_err(|e| e.to_string())?;
+        let start = std::time::Instant::now();
+        let run_for = Duration::from_secs_f64(seconds);
+        let mut next = 0u64;
+        for (k, r) in requests.iter().enumerate() {
+            let req = dpuio_shim::Request { file_offset: (next % blocks) * block, user_data: k as u64, ..*r };
+            batch.push(&req).map_err(|e| e.to_string())?;
+            next += 1;
+        }
+        batch.submit().map_err(|e| e.to_string())?;
+        let mut bytes = 0u64;
+        while batch.in_flight() > 0 {
+            let done = batch.wait(1, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+            let going = start.elapsed() < run_for;
+            for d in done {
+                bytes += d.result.map_err(|s| format!("read failed: {s:?}"))?;
+                if going {
+                    let k = d.user_data as usize;
+                    let req = dpuio_shim::Request { file_offset: (next % blocks) * block, ..requests[k] };
+                    batch.push(&req).map_err(|e| e.to_string())?;
+                    next += 1;
+                }
+            }
+            batch.submit().map_err(|e| e.to_string())?;
+        }
+        Ok((bytes, start.elapsed()))
+    })?;
+    println!("bytes={bytes} seconds={:.3}", elapsed.as_secs_f64());
+    client.detach().await.map_err(|e| e.to_string())
 }

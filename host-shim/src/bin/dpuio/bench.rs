@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, RegionAccess, process_cpu_time};
 use rand::{Rng, SeedableRng};
 
+#[path = "bench_qos.rs"]
+mod bench_qos;
+
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// A byte count with an optional binary suffix: `4096`, `4KiB`, `1MiB`, `2GiB` (`K`, `M`,
@@ -50,6 +53,9 @@ pub enum Workload {
     Metadata,
     Unet3d,
     Checkpoint,
+    /// Two tenants: a rate-limited one loading the agent, an unlimited one measuring
+    /// latency (run on its own; see `bench_qos.rs`).
+    Qos,
 }
 
 impl Workload {
@@ -61,6 +67,7 @@ impl Workload {
             Workload::Metadata => "metadata",
             Workload::Unet3d => "unet3d",
             Workload::Checkpoint => "checkpoint",
+            Workload::Qos => "qos",
         }
     }
 }
@@ -113,6 +120,8 @@ pub struct BenchArgs {
     /// checkpoint: size of the checkpoint written and read back.
     #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
     pub checkpoint_bytes: u64,
+    #[command(flatten)]
+    pub qos: bench_qos::QosArgs,
 }
 
 /// One measured cell.
@@ -219,6 +228,12 @@ impl Setup {
 }
 
 pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<()> {
+    if args.workloads.contains(&Workload::Qos) {
+        if args.workloads.len() > 1 {
+            return Err(bench_error("qos attaches as two tenants of its own: run it alone (dpuio bench qos)"));
+        }
+        return bench_qos::run(&base.agent, &args).await;
+    }
     let connect = |transports: &str| {
         Client::connect(ConnectOptions {
             client_name: format!("dpuio bench ({transports})"),
@@ -260,6 +275,7 @@ pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<(
             Workload::Metadata => metadata(&setup, args.metadata_files).await?,
             Workload::Unet3d => crate::bench_dlio::unet3d(&setup, &args.unet3d).await?,
             Workload::Checkpoint => checkpoint(&setup, args.checkpoint_bytes).await?,
+            Workload::Qos => return Err(bench_error("qos runs on its own")), // handled above
         };
         report(&figures, &args);
         all.extend(figures);
