@@ -84,10 +84,11 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let result = runtime.block_on(dpu_agent::server::serve(config, |addr| {
-                // Tests and scripts read this line to find a port picked with :0.
+            let result = runtime.block_on(dpu_agent::server::serve(config, |addr, mtls| {
+                // Tests and scripts read this line to find a port picked with :0: the
+                // address, then "(mtls)" or "(plaintext)".
                 let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "dpu-agent listening on {addr}");
+                let _ = writeln!(out, "dpu-agent listening on {addr} ({})", if mtls { "mtls" } else { "plaintext" });
                 let _ = out.flush();
             }));
             match result {

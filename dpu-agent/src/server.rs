@@ -93,9 +93,10 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
 /// Serve until SIGINT or SIGTERM, then finish in-flight calls, close every session
 /// (syncing written files), sync the containers and return.
 ///
-/// `on_listening` is called with the bound address once the listener is up (the
+/// `on_listening` is called with the bound address and whether it speaks mutual TLS
+/// once the listener is up (the
 /// binary prints it, so a port of 0 is usable).
-pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
+pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) -> Result<(), ServeError> {
     let listen = config.listen;
     let max_message_bytes = config.limits.max_message_bytes as usize;
     let agent = build_agent(config)?;
@@ -158,7 +159,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr)) -> Res
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
     let stop = shutdown_signal(agent.clone())?;
     tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), mtls = tls.is_some(), "serving");
-    on_listening(local);
+    on_listening(local, tls.is_some());
 
     let router = tonic::transport::Server::builder()
         .add_service(health_service)

@@ -30,6 +30,8 @@ pub struct AgentProcess {
     /// `127.0.0.1:PORT`.
     pub addr: String,
     pub data_dir: PathBuf,
+    /// The agent serves plaintext (`[tls] mode = "off"`).
+    pub plaintext: bool,
 }
 
 impl AgentProcess {
@@ -60,16 +62,17 @@ impl AgentProcess {
             for _ in lines {} // keep draining so the agent never blocks on stdout
         });
         let line = rx.recv_timeout(Duration::from_secs(30)).expect("dpu-agent did not report its address within 30 s");
-        let addr = line
+        let rest = line
             .strip_prefix("dpu-agent listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from dpu-agent: {line:?}"))
-            .to_owned();
-        AgentProcess { child, addr, data_dir: data_dir.to_owned() }
+            .unwrap_or_else(|| panic!("unexpected first line from dpu-agent: {line:?}"));
+        let (addr, mode) = rest.split_once(' ').unwrap_or((rest, "(mtls)"));
+        AgentProcess { child, addr: addr.to_owned(), data_dir: data_dir.to_owned(), plaintext: mode == "(plaintext)" }
     }
 
-    /// The address for the shim library (mutual TLS: use with [`AgentProcess::tls`]).
+    /// The address for the shim library and the CLI: `ADDR` (mutual TLS: use with
+    /// [`AgentProcess::tls`]), or `http://ADDR` for a plaintext agent.
     pub fn url(&self) -> String {
-        self.addr.clone()
+        if self.plaintext { format!("http://{}", self.addr) } else { self.addr.clone() }
     }
 
     /// The development client bundle the agent wrote for its default tenant.
@@ -113,7 +116,7 @@ impl AgentProcess {
     /// in its environment (`DPUIO_AGENT`, `DPUIO_CONFIG_DIR`).
     pub fn command(&self, name: &str) -> Command {
         let mut c = Command::new(binary(name));
-        c.env("DPUIO_AGENT", &self.addr).env("DPUIO_CONFIG_DIR", self.client_dir());
+        c.env("DPUIO_AGENT", self.url()).env("DPUIO_CONFIG_DIR", self.client_dir());
         c
     }
 
