@@ -61,7 +61,11 @@ class PosixDataset(torch.utils.data.Dataset):
         return torch.from_numpy(np.load(self.files[i]))
 
 
-def start_agent(binary, data_dir):
+def start_agent(binary, data_dir, config_dir):
+    """An agent of this run's own; it and this process's clients share ``config_dir`` as
+    ``DPUIO_CONFIG_DIR`` (where an agent writes its development client bundle)."""
+    os.makedirs(config_dir, exist_ok=True)
+    os.environ["DPUIO_CONFIG_DIR"] = config_dir  # for the clients made below, and the workers
     proc = subprocess.Popen([binary, "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, "RUST_LOG": "warn"})
@@ -111,7 +115,7 @@ def main():
     torch.set_num_threads(args.torch_threads)
 
     with tempfile.TemporaryDirectory(prefix="dpuio-bench-") as tmp:
-        agent, addr = start_agent(args.agent_bin, os.path.join(tmp, "data"))
+        agent, addr = start_agent(args.agent_bin, os.path.join(tmp, "data"), os.path.join(tmp, "config"))
         try:
             root = os.path.join(tmp, "data", "containers", "default", "bench")
             os.makedirs(root)

@@ -5,14 +5,16 @@
 #
 # - Creates VENV if needed (kept between runs: it is the cache) and installs maturin,
 #   numpy and pytest into it.
-# - Tries to install torch (PyPI; on Linux x86-64 that is the CUDA build: about 3 GB
-#   of wheels, 5.4 GB installed, ~3 minutes here) within DPUIO_TORCH_INSTALL_TIMEOUT
-#   seconds (default 600). If that fails, the torch tests are skipped and both this
-#   script and pytest say why; a failed attempt is not repeated for a day
-#   (DPUIO_TORCH_RETRY=1 forces it). DPUIO_SKIP_TORCH=1 skips torch on purpose.
+# - Tries to install torch within DPUIO_TORCH_INSTALL_TIMEOUT seconds in all (default
+#   600): first the CPU-only wheel from download.pytorch.org (about 200 MB), then, if
+#   that fails, PyPI's (on Linux x86-64 the CUDA build: about 3 GB of wheels). If both
+#   fail, the torch tests are skipped and both this script and pytest say why; a failed
+#   attempt is not repeated for a day (DPUIO_TORCH_RETRY=1 forces it).
+#   DPUIO_SKIP_TORCH=1 does not try to install it (the tests say so when they skip).
 # - Builds the extension into VENV with `maturin develop` (dev profile: it shares
-#   target/debug with the workspace build) and runs pytest against the agent in
-#   REPO_ROOT/target/debug (build it first: cargo build --workspace --bins).
+#   target/debug, or $CARGO_TARGET_DIR/debug, with the workspace build) and runs pytest
+#   against the agent in $DPUIO_BIN_DIR, default that same directory (build it first:
+#   cargo build --workspace --bins).
 set -euo pipefail
 
 if (($# != 2)); then
@@ -34,39 +36,68 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if ! "$VENV/bin/python" -c 'import maturin, numpy, pytest' 2>/dev/null; then
     say "installing maturin, numpy, pytest"
+    t0=$(date +%s)
     pip install 'maturin>=1.9.4,<2' numpy pytest
+    say "installed in $(($(date +%s) - t0)) s"
 fi
 
-# torch, or the reason there is none.
+# torch, or the reason there is none (for pytest's skip messages).
+skip_reason=""
+# The CPU-only wheel first; then pip's configured index (PyPI unless pip.conf says).
+TORCH_INDEXES=("https://download.pytorch.org/whl/cpu" "PyPI")
+try_torch() {  # try_torch INDEX SECONDS LOG: install torch from INDEX within SECONDS
+    local from=()
+    [ "$1" = PyPI ] || from=(--index-url "$1")
+    timeout "$2" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+        "${from[@]}" torch >>"$3" 2>&1 && "$VENV/bin/python" -c 'import torch' >>"$3" 2>&1
+}
 if "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
     rm -f "$SKIP_MARK"
 elif [ -n "${DPUIO_SKIP_TORCH:-}" ]; then
-    echo "DPUIO_SKIP_TORCH is set" >"$SKIP_MARK"
+    skip_reason="DPUIO_SKIP_TORCH is set"
 elif [ -f "$SKIP_MARK" ] && [ -z "${DPUIO_TORCH_RETRY:-}" ] &&
     [ -n "$(find "$SKIP_MARK" -mmin -1440 2>/dev/null)" ]; then
     say "not retrying the torch install today ($(cat "$SKIP_MARK")); DPUIO_TORCH_RETRY=1 forces it"
 else
-    say "installing torch from PyPI (at most ${TORCH_TIMEOUT} s; about 3 GB with its CUDA wheels)"
     t0=$(date +%s)
+    deadline=$((t0 + TORCH_TIMEOUT))
     log="$VENV/.dpuio-torch-install.log"
-    if timeout "$TORCH_TIMEOUT" "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-        --no-cache-dir torch >"$log" 2>&1 && "$VENV/bin/python" -c 'import torch' 2>>"$log"; then
-        rm -f "$SKIP_MARK"
-        say "torch installed in $(($(date +%s) - t0)) s"
-    else
-        rc=$?
-        if [ "$rc" = 124 ]; then
-            reason="pip install torch did not finish within ${TORCH_TIMEOUT} s"
-        else
-            reason="pip install torch failed: $(tail -n 1 "$log")"
+    : >"$log"
+    reasons=()
+    for index in "${TORCH_INDEXES[@]}"; do
+        left=$((deadline - $(date +%s)))
+        if ((left <= 0)); then
+            reasons+=("no time left for $index")
+            continue
         fi
+        say "installing torch from $index (at most $left s)"
+        if try_torch "$index" "$left" "$log"; then
+            reasons=()
+            break
+        else
+            rc=$?
+            if [ "$rc" = 124 ]; then
+                reasons+=("$index: did not finish within $left s")
+            else
+                reasons+=("$index: $(grep -v '^\s*$' "$log" | tail -n 1)")
+            fi
+            say "that failed (${reasons[-1]})"
+        fi
+    done
+    if "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+        rm -f "$SKIP_MARK"
+        say "torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)') installed in $(($(date +%s) - t0)) s"
+    else
+        reason="pip install torch failed: $(IFS=';'; echo "${reasons[*]}")"
         echo "$reason" >"$SKIP_MARK"
         say "torch tests will be skipped: $reason (log: $log)"
     fi
 fi
-if [ -f "$SKIP_MARK" ]; then
-    export DPUIO_TORCH_SKIP_REASON
-    DPUIO_TORCH_SKIP_REASON="torch is not installed: $(cat "$SKIP_MARK")"
+if [ -z "$skip_reason" ] && [ -f "$SKIP_MARK" ]; then
+    skip_reason=$(cat "$SKIP_MARK")
+fi
+if [ -n "$skip_reason" ]; then
+    export DPUIO_TORCH_SKIP_REASON="torch is not installed: $skip_reason"
 fi
 
 say "building the extension (maturin develop)"
@@ -81,5 +112,6 @@ say "built in $(($(date +%s) - t0)) s"
 
 say "pytest"
 cd "$PKG"
-DPUIO_BIN_DIR="${DPUIO_BIN_DIR:-$ROOT/target/debug}" "$VENV/bin/python" -m pytest -q -rs tests
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+DPUIO_BIN_DIR="${DPUIO_BIN_DIR:-$TARGET_DIR/debug}" "$VENV/bin/python" -m pytest -q -rs tests
 say "done in $(($(date +%s) - start)) s"

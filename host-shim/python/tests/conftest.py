@@ -2,6 +2,12 @@
 
 The agent binary comes from ``$DPUIO_BIN_DIR`` (default: the workspace's
 ``target/debug``; ``cargo build --workspace --bins`` builds it).
+
+Every test gets a ``DPUIO_CONFIG_DIR`` of its own (a fresh temporary directory), in
+``os.environ`` for the clients it makes (and the processes they fork or spawn) and in
+the environment of the agent it starts: an agent writes its development client bundle
+there and clients find it there, so tests never share one, nor ``~/.config/dpuio``.
+A test starts at most one agent (they would write their bundles to the same place).
 """
 
 import io
@@ -18,22 +24,27 @@ BIN_DIR = Path(os.environ.get("DPUIO_BIN_DIR", ROOT / "target" / "debug"))
 
 
 class Agent:
-    def __init__(self, data_dir, config=None):
+    def __init__(self, data_dir, config_dir, config=None):
         binary = BIN_DIR / "dpu-agent"
         if not binary.is_file():
             pytest.fail(f"{binary} is missing: build it with `cargo build --workspace --bins`", pytrace=False)
         self.data_dir = Path(data_dir)
+        #: The agent's ``DPUIO_CONFIG_DIR`` (clients of this agent use the same).
+        self.config_dir = Path(config_dir)
+        self.config_dir.mkdir(parents=True, exist_ok=True)
         args = [str(binary), "serve", "--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0"]
         if config is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             (self.data_dir.parent / "agent.toml").write_text(config)
             args += ["--config", str(self.data_dir.parent / "agent.toml")]
+        env = {**os.environ, "DPUIO_CONFIG_DIR": str(self.config_dir), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        log = os.environ.get("DPUIO_AGENT_LOG")
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.PIPE,
-            stderr=open(os.environ["DPUIO_AGENT_LOG"], "w") if os.environ.get("DPUIO_AGENT_LOG") else None,
+            stderr=open(log, "a") if log else None,
             text=True,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            env=env,
         )
         line = self.proc.stdout.readline()
         m = re.match(r"dpu-agent listening on (\S+)", line)
@@ -59,21 +70,30 @@ class Agent:
             self.proc.kill()
 
 
-@pytest.fixture(scope="session")
-def agent():
-    with tempfile.TemporaryDirectory(prefix="dpuio-pytest-") as d:
-        a = Agent(Path(d) / "data")
-        os.environ["DPUIO_AGENT"] = a.addr
-        try:
-            yield a
-        finally:
-            a.stop()
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path, monkeypatch):
+    """This test's ``DPUIO_CONFIG_DIR``, set for the test's clients (and restored after)."""
+    d = tmp_path / "dpuio-config"
+    d.mkdir()
+    monkeypatch.setenv("DPUIO_CONFIG_DIR", str(d))
+    return d
 
 
 @pytest.fixture
-def small_io_agent(tmp_path):
+def agent(tmp_path, config_dir, monkeypatch):
+    """An agent of this test's own, also in ``$DPUIO_AGENT``."""
+    a = Agent(tmp_path / "data", config_dir)
+    monkeypatch.setenv("DPUIO_AGENT", a.addr)
+    try:
+        yield a
+    finally:
+        a.stop()
+
+
+@pytest.fixture
+def small_io_agent(tmp_path, config_dir):
     """An agent that takes requests of at most 1 MiB (so splitting is cheap to test)."""
-    a = Agent(tmp_path / "data", config="[limits]\nmax_io_bytes = 1048576\n")
+    a = Agent(tmp_path / "data", config_dir, config="[limits]\nmax_io_bytes = 1048576\n")
     try:
         yield a
     finally:

@@ -92,6 +92,7 @@ def test_region_views_see_what_the_agent_put_there(agent, client):
 
 def test_write_from_a_region(agent, client):
     data = pattern(1 << 20, seed=3)
+    client.mkdir("/reg", parents=True)
     r = client.region(len(data), "rw")
     np.frombuffer(r, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
     with client.open("/reg/w.bin", "w") as f:
@@ -226,3 +227,37 @@ def test_forked_child_reattaches_by_itself(agent, client):
     assert msg == "ok" and status == 0, msg
     # The parent's objects still work.
     assert f.read_into(r) == len(data)
+
+
+def test_objects_of_another_client_are_refused(agent, client):
+    agent.put("/other/f", b"abc")
+    with dpuio.Client(agent.addr) as other:
+        f = client.open("/other/f")
+        r = other.region(16, "w")
+        with pytest.raises(dpuio.InvalidArgument, match="different sessions"):
+            f.read_into(r)
+        with pytest.raises(dpuio.InvalidArgument, match="another session"):
+            client.read_many([(f, r, 0, 3, 0)])
+
+
+def test_a_vanished_agent_gives_errors_not_crashes(agent):
+    agent.put("/gone/f", b"abcdef")
+    c = dpuio.Client(agent.addr, timeout=1, connect_timeout=1)
+    f = c.open("/gone/f")
+    r = c.region(16, "w")
+    assert f.read_into(r) == 6
+    view = np.frombuffer(r, dtype=np.uint8)
+    agent.proc.kill()
+    agent.proc.wait()
+    with pytest.raises(dpuio.Unavailable):
+        c.stat("/")
+    with pytest.raises((dpuio.Unavailable, dpuio.TimedOut)):
+        f.read_into(r)
+    assert view[:6].tobytes() == b"abcdef"  # memory this process holds stays readable
+    try:
+        c.close()  # the agent cannot be told; that may be reported, as a dpuio.Error
+    except dpuio.Error:
+        pass
+    assert c.closed
+    with pytest.raises(dpuio.Closed):
+        c.stat("/")

@@ -173,3 +173,28 @@ def test_checkpoint_is_published_only_when_complete(client):
         ck.writer("../escape")
     with pytest.raises(dpuio.NotFound):
         ck.reader("never-written")
+
+
+def test_a_closed_client_stops_datasets_and_checkpoints_with_closed(agent, tree):
+    base, samples = tree
+    c = dpuio.Client(agent.addr)
+    ds = MapDataset(base, dpuio.npy, client=c)
+    kept = ds[0]
+    ck = Checkpoint("/ckpt/closed", client=c, chunk_bytes=1 << 16)
+    w = ck.writer("m")
+    w.write(b"x" * 100)
+    c.close()
+    with pytest.raises(dpuio.Closed):
+        ds[1]
+    with pytest.raises(dpuio.Closed):
+        MapDataset(base, client=c)
+    with pytest.raises(dpuio.Closed):
+        ck.writer("n")
+    with pytest.raises(dpuio.Closed):
+        w.close()  # nothing can be published
+    assert w.closed
+    with pytest.raises(dpuio.Closed):
+        ck.reader("m")
+    # What the dataset returned before stays valid: the memory lives with its views.
+    np.testing.assert_array_equal(kept, samples[sorted(samples)[0]])
+    ds.close()

@@ -1,5 +1,3 @@
-// Pending: move to tests/tests/ once host-shim/capi (dpuio-capi) is a workspace member
-// and .ci/run builds it; it builds examples/c/read_file.c against libdpuio and runs it.
 //! The C ABI end to end: C programs built with `cc` against `libdpuio` (shared and
 //! static) and `include/dpuio.h`, run against a real agent.
 //!
@@ -9,11 +7,17 @@
 //!   missing paths, a full ring, calls after detach) and runs I/O from several threads
 //!   on one client.
 //!
-//! The library is built with `cargo build -p dpuio-capi` (this test runs it when the
-//! library is missing or older than its sources; `./x test` builds it beforehand).
+//! `libdpuio.so` and `libdpuio.a` are built by cargo before this test runs: the crate
+//! is a dev-dependency, and cargo builds every crate type of a library it builds.
+//!
+//! Each test gives its agent and its C programs a `DPUIO_CONFIG_DIR` of their own (the
+//! agent writes its development client bundle there, the library reads it), so tests
+//! running at once never share one, nor the user's `~/.config/dpuio`.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use dpuio_tests::AgentProcess;
 
@@ -21,39 +25,19 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_owned()
 }
 
-/// target/<profile>, where the test executable's profile put libdpuio.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(Path::parent).expect("target/<profile>").to_owned()
-}
-
-fn newest_source(dir: &Path) -> std::time::SystemTime {
-    let mut newest = std::time::SystemTime::UNIX_EPOCH;
-    for entry in std::fs::read_dir(dir).expect("read capi sources").flatten() {
-        let path = entry.path();
-        let t = if path.is_dir() { newest_source(&path) } else { entry.metadata().and_then(|m| m.modified()).unwrap() };
-        newest = newest.max(t);
-    }
-    newest
-}
-
-/// The directory holding an up-to-date libdpuio.so and libdpuio.a.
+/// target/<profile>/deps: where cargo puts the crate types of a library it builds as a
+/// dependency (only a library built on its own is copied up to target/<profile>), so
+/// this is the libdpuio built from the sources under test.
 fn library_dir() -> PathBuf {
-    let dir = target_dir();
-    let so = dir.join("libdpuio.so");
-    let capi = workspace().join("host-shim/capi");
-    let fresh = |p: &Path| p.metadata().and_then(|m| m.modified()).is_ok_and(|t| t >= newest_source(&capi.join("src")));
-    if !fresh(&so) || !fresh(&dir.join("libdpuio.a")) {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build.current_dir(workspace()).args(["build", "-q", "-p", "dpuio-capi"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build -p dpuio-capi");
-        assert!(status.success(), "cargo build -p dpuio-capi failed");
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().expect("target/<profile>/deps").to_owned();
+    for name in ["libdpuio.so", "libdpuio.a"] {
+        assert!(
+            dir.join(name).is_file(),
+            "{} is missing: cargo builds it before this test, as a dev-dependency of dpuio-tests",
+            dir.join(name).display()
+        );
     }
-    assert!(so.is_file(), "{} is missing: run `cargo build -p dpuio-capi`", so.display());
     dir
 }
 
@@ -97,17 +81,73 @@ fn cc(name: &str, source: &Path, link: Link, out_dir: &Path) -> PathBuf {
     exe
 }
 
-fn run(exe: &Path, agent: &AgentProcess, args: &[&str]) -> Output {
-    Command::new(exe).args(args).env("DPUIO_AGENT", &agent.addr).output().expect("run C program")
+/// A real agent in `dir/agent`, with `dir/config` as its `DPUIO_CONFIG_DIR`.
+struct TestAgent {
+    agent: AgentProcess,
+    config_dir: PathBuf,
+}
+
+impl TestAgent {
+    fn start(dir: &Path) -> TestAgent {
+        let config_dir = dir.join("config");
+        std::fs::create_dir_all(&config_dir).expect("create the config directory");
+        let data_dir = dir.join("agent");
+        // As AgentProcess::start, with this test's config directory in the agent's
+        // environment only (setting it in this process would leak into tests running
+        // at the same time).
+        let mut child = Command::new(dpuio_tests::binary("dpu-agent"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .env("DPUIO_CONFIG_DIR", &config_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn dpu-agent");
+        let stdout = child.stdout.take().expect("agent stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {} // keep draining so the agent never blocks on stdout
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = child.kill();
+                panic!("dpu-agent did not report its address within 30 s: {e}");
+            }
+        };
+        let Some(addr) = line.strip_prefix("dpu-agent listening on ") else {
+            let _ = child.kill();
+            panic!("unexpected first line from dpu-agent: {line:?}");
+        };
+        let addr = addr.to_owned();
+        TestAgent { agent: AgentProcess { child, addr, data_dir }, config_dir }
+    }
+
+    /// Run a C program against this agent, with the agent's config directory.
+    fn run(&self, exe: &Path, args: &[&str]) -> Output {
+        Command::new(exe)
+            .args(args)
+            .env("DPUIO_AGENT", &self.agent.addr)
+            .env("DPUIO_CONFIG_DIR", &self.config_dir)
+            .output()
+            .expect("run C program")
+    }
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
-fn pattern_file(agent: &AgentProcess, name: &str, bytes: usize) -> Vec<u8> {
+fn pattern_file(agent: &TestAgent, name: &str, bytes: usize) -> Vec<u8> {
     let data: Vec<u8> = (0..bytes).map(|i| (i.wrapping_mul(31).wrapping_add(i >> 12) % 253) as u8).collect();
-    let dir = agent.data_dir.join("containers/default/data");
+    let dir = agent.agent.data_dir.join("containers/default/data");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(name), &data).unwrap();
     data
@@ -116,13 +156,13 @@ fn pattern_file(agent: &AgentProcess, name: &str, bytes: usize) -> Vec<u8> {
 #[test]
 fn read_file_example_reads_the_right_bytes_shared_and_static() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    let agent = TestAgent::start(dir.path());
     let data = pattern_file(&agent, "blob.bin", (9 << 20) + 12345);
     pattern_file(&agent, "other.bin", 100);
     let example = workspace().join("examples/c/read_file.c");
     for (link, name) in [(Link::Shared, "read_file_shared"), (Link::Static, "read_file_static")] {
         let exe = cc(name, &example, link, dir.path());
-        let out = run(&exe, &agent, &["/data/blob.bin", "1048576", "4"]);
+        let out = agent.run(&exe, &["/data/blob.bin", "1048576", "4"]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{name}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
         eprintln!("{name}:\n{stdout}");
@@ -131,7 +171,7 @@ fn read_file_example_reads_the_right_bytes_shared_and_static() {
         assert!(stdout.contains("up to 4 in flight"), "{stdout}");
         assert!(stdout.contains(&format!("fnv1a64={:016x}", fnv1a(&data))), "checksum differs: {stdout}");
 
-        let missing = run(&exe, &agent, &["/data/nope.bin"]);
+        let missing = agent.run(&exe, &["/data/nope.bin"]);
         assert_eq!(missing.status.code(), Some(1));
         let stderr = String::from_utf8_lossy(&missing.stderr);
         assert!(stderr.contains("open failed: NOT_FOUND (-2): dpuio_open: open /data/nope.bin: NOT_FOUND"), "{stderr}");
@@ -320,12 +360,12 @@ int main(void) {
 #[test]
 fn error_paths_threads_and_batches_from_c() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    let agent = TestAgent::start(dir.path());
     pattern_file(&agent, "blob.bin", 20 << 16);
     let source = dir.path().join("errors.c");
     std::fs::write(&source, ERRORS_C).unwrap();
     let exe = cc("errors", &source, Link::Shared, dir.path());
-    let out = run(&exe, &agent, &[]);
+    let out = agent.run(&exe, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}");
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
