@@ -14,10 +14,8 @@
 //! agent writes its development client bundle there, the library reads it), so tests
 //! running at once never share one, nor the user's `~/.config/dpuio`.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Command, Output};
 
 use dpuio_tests::AgentProcess;
 
@@ -89,52 +87,18 @@ struct TestAgent {
 
 impl TestAgent {
     fn start(dir: &Path) -> TestAgent {
-        let config_dir = dir.join("config");
-        std::fs::create_dir_all(&config_dir).expect("create the config directory");
-        let data_dir = dir.join("agent");
-        // As AgentProcess::start, with this test's config directory in the agent's
-        // environment only (setting it in this process would leak into tests running
-        // at the same time).
-        let mut child = Command::new(dpuio_tests::binary("dpu-agent"))
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn")
-            .env("DPUIO_CONFIG_DIR", &config_dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn dpu-agent");
-        let stdout = child.stdout.take().expect("agent stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            for _ in lines {} // keep draining so the agent never blocks on stdout
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) => line,
-            Err(e) => {
-                let _ = child.kill();
-                panic!("dpu-agent did not report its address within 30 s: {e}");
-            }
-        };
-        let Some(addr) = line.strip_prefix("dpu-agent listening on ") else {
-            let _ = child.kill();
-            panic!("unexpected first line from dpu-agent: {line:?}");
-        };
-        let addr = addr.to_owned();
-        TestAgent { agent: AgentProcess { child, addr, data_dir }, config_dir }
+        // The harness gives the agent `agent/client` as its DPUIO_CONFIG_DIR: the
+        // development client bundle lands there, never in ~/.config/dpuio.
+        let agent = AgentProcess::start(&dir.join("agent"), &[]);
+        let config_dir = agent.client_dir();
+        TestAgent { agent, config_dir }
     }
 
     /// Run a C program against this agent, with the agent's config directory.
     fn run(&self, exe: &Path, args: &[&str]) -> Output {
         Command::new(exe)
             .args(args)
-            .env("DPUIO_AGENT", &self.agent.addr)
+            .env("DPUIO_AGENT", self.agent.url())
             .env("DPUIO_CONFIG_DIR", &self.config_dir)
             .output()
             .expect("run C program")
