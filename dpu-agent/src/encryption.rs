@@ -1901,6 +1901,57 @@ mod tests {
     }
 
     #[test]
+    fn reads_at_the_default_block_size_fail_block_by_block() {
+        // The default 64 KiB blocks: reads in groups of 4 blocks (one backend read each).
+        const L: usize = dpuio_crypto::DEFAULT_BLOCK_BYTES as usize;
+        const SL: usize = L + BLOCK_OVERHEAD_BYTES;
+        let env = Env::new();
+        let raw = env.raw("c");
+        let key = env.key_file("k");
+        let mut s = settings("t", "c", source(&[("t", 1, &key)]), 1);
+        s.block_bytes = L as u32;
+        let enc = encrypted(&raw, s);
+        let content = random_bytes(&mut StdRng::seed_from_u64(14), 8 * L + 500);
+        enc.open(&p("/f"), rw(), 0o644).unwrap().write_at(&content, 0).unwrap();
+        let f = enc.open(&p("/f"), ro(), 0).unwrap();
+        let read = |from: usize, len: usize| {
+            let mut buf = vec![0xeeu8; len];
+            f.read_at(&mut buf, from as u64).map(|n| {
+                buf.truncate(n);
+                buf
+            })
+        };
+        // Aligned whole blocks (two groups), one block, and unaligned reads.
+        assert!(read(0, 8 * L).unwrap() == content[..8 * L]);
+        assert!(read(2 * L, 4 * L).unwrap() == content[2 * L..6 * L]);
+        assert!(read(5 * L, L).unwrap() == content[5 * L..6 * L]);
+        assert!(read(L - 3, 2 * L).unwrap() == content[L - 3..3 * L - 3]);
+        assert!(read(7 * L, 2 * L).unwrap() == content[7 * L..]);
+
+        // A flipped byte of block 4's nonce, ciphertext or tag fails block 4 only, and
+        // the reader's buffer holds none of its plaintext.
+        let stored = env.stored("c", "/f");
+        for at in [H + 4 * SL, H + 4 * SL + 12 + 777, H + 5 * SL - 1] {
+            flip(&stored, at);
+            for (from, len) in [(0, 8 * L), (4 * L, L), (4 * L, 2 * L), (3 * L, 2 * L)] {
+                let mut buf = vec![0xeeu8; len];
+                let r = f.read_at(&mut buf, from as u64);
+                assert!(is_integrity(&r, Some(4)), "byte {at}, read {from}+{len}: {r:?}");
+                let block4 = &buf[4 * L - from..5 * L - from];
+                assert!(block4.iter().all(|&b| b == 0 || b == 0xee), "byte {at}: plaintext of block 4 released");
+            }
+            assert!(read(5 * L, 3 * L).unwrap() == content[5 * L..8 * L]);
+            assert!(read(0, 4 * L).unwrap() == content[..4 * L]);
+            flip(&stored, at);
+        }
+        // A stored file cut inside block 6 fails block 6 as truncated.
+        let file = fs::OpenOptions::new().write(true).open(&stored).unwrap();
+        file.set_len((H + 6 * SL + 100) as u64).unwrap();
+        assert!(is_integrity(&read(4 * L, 4 * L), Some(6)));
+        assert!(read(4 * L, 2 * L).unwrap() == content[4 * L..6 * L]);
+    }
+
+    #[test]
     fn rotation_rewraps_every_file_and_keeps_it_readable() {
         let env = Env::new();
         let raw = env.raw("c");
