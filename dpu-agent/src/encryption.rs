@@ -285,7 +285,8 @@ impl fmt::Debug for EncryptedContainer {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Plain data (a map of weak pointers); going on after a panic elsewhere is safe.
+    // Plain data (maps and lists of weak pointers, or a unit that only serialises);
+    // going on after a panic elsewhere is safe.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -322,7 +323,7 @@ impl EncryptedContainer {
 
     /// The KEK version new files are wrapped under now.
     pub fn key_version(&self) -> u32 {
-        self.core.shared.key_version.load(Ordering::Relaxed)
+        self.core.shared.key_version.load(Ordering::SeqCst)
     }
 
     /// Files per key version in this container (see [`key_status`]).
@@ -365,7 +366,9 @@ impl EncryptedContainer {
 
     fn rotate_locked(&self, old_version: u32, new_version: u32) -> Result<RotationReport> {
         let (old_kek, new_kek) = rotation_keys(&self.core.shared, old_version, new_version)?;
-        self.core.shared.key_version.store(new_version, Ordering::Relaxed);
+        // Before the walk, and sequentially consistent with the loads of file creation:
+        // a file the walk does not list yet is created under the new version.
+        self.core.shared.key_version.store(new_version, Ordering::SeqCst);
         let mut report = RotationReport::default();
         walk_files(&*self.core.inner, |path, _| {
             let outcome = self.rotate_file(path, &old_kek, &new_kek);
@@ -726,7 +729,7 @@ impl FileState {
         // The new envelope first, so a missing key fails before anything is cut.
         let mut sealed = new_envelope(&self.shared, path)?;
         let mut meta = self.write_meta();
-        if sealed.header.key_version() != self.shared.key_version.load(Ordering::Relaxed) {
+        if sealed.header.key_version() != self.shared.key_version.load(Ordering::SeqCst) {
             // A rotation made another version current meanwhile and may have walked
             // past this file already: wrap under the current one (under the lock that
             // the rotation takes for this file).
@@ -840,7 +843,7 @@ fn create_header(shared: &Shared, inner: &dyn Object, path: &NsPath) -> Result<S
 
 /// A fresh data key and file id under the current KEK, and its header (size 0).
 fn new_envelope(shared: &Shared, path: &NsPath) -> Result<Sealed> {
-    let kek = shared.kek(path, shared.key_version.load(Ordering::Relaxed))?;
+    let kek = shared.kek(path, shared.key_version.load(Ordering::SeqCst))?;
     let (cipher, header) = FileCipher::create(shared.settings.provider, &shared.ctx, &kek, shared.settings.block_bytes)
         .map_err(|e| crypto_error(path, e))?;
     Ok(Sealed { cipher, header })
