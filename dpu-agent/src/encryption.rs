@@ -285,7 +285,8 @@ impl fmt::Debug for EncryptedContainer {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Plain data (a map of weak pointers); going on after a panic elsewhere is safe.
+    // Plain data (maps and lists of weak pointers, or a unit that only serialises);
+    // going on after a panic elsewhere is safe.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -322,7 +323,7 @@ impl EncryptedContainer {
 
     /// The KEK version new files are wrapped under now.
     pub fn key_version(&self) -> u32 {
-        self.core.shared.key_version.load(Ordering::Relaxed)
+        self.core.shared.key_version.load(Ordering::SeqCst)
     }
 
     /// Files per key version in this container (see [`key_status`]).
@@ -365,7 +366,9 @@ impl EncryptedContainer {
 
     fn rotate_locked(&self, old_version: u32, new_version: u32) -> Result<RotationReport> {
         let (old_kek, new_kek) = rotation_keys(&self.core.shared, old_version, new_version)?;
-        self.core.shared.key_version.store(new_version, Ordering::Relaxed);
+        // Before the walk, and sequentially consistent with the loads of file creation:
+        // a file the walk does not list yet is created under the new version.
+        self.core.shared.key_version.store(new_version, Ordering::SeqCst);
         let mut report = RotationReport::default();
         walk_files(&*self.core.inner, |path, _| {
             let outcome = self.rotate_file(path, &old_kek, &new_kek);
@@ -726,7 +729,7 @@ impl FileState {
         // The new envelope first, so a missing key fails before anything is cut.
         let mut sealed = new_envelope(&self.shared, path)?;
         let mut meta = self.write_meta();
-        if sealed.header.key_version() != self.shared.key_version.load(Ordering::Relaxed) {
+        if sealed.header.key_version() != self.shared.key_version.load(Ordering::SeqCst) {
             // A rotation made another version current meanwhile and may have walked
             // past this file already: wrap under the current one (under the lock that
             // the rotation takes for this file).
@@ -840,7 +843,7 @@ fn create_header(shared: &Shared, inner: &dyn Object, path: &NsPath) -> Result<S
 
 /// A fresh data key and file id under the current KEK, and its header (size 0).
 fn new_envelope(shared: &Shared, path: &NsPath) -> Result<Sealed> {
-    let kek = shared.kek(path, shared.key_version.load(Ordering::Relaxed))?;
+    let kek = shared.kek(path, shared.key_version.load(Ordering::SeqCst))?;
     let (cipher, header) = FileCipher::create(shared.settings.provider, &shared.ctx, &kek, shared.settings.block_bytes)
         .map_err(|e| crypto_error(path, e))?;
     Ok(Sealed { cipher, header })
@@ -1898,6 +1901,57 @@ mod tests {
             }
         });
         assert!(pieces_back == content);
+    }
+
+    #[test]
+    fn reads_at_the_default_block_size_fail_block_by_block() {
+        // The default 64 KiB blocks: reads in groups of 4 blocks (one backend read each).
+        const L: usize = dpuio_crypto::DEFAULT_BLOCK_BYTES as usize;
+        const SL: usize = L + BLOCK_OVERHEAD_BYTES;
+        let env = Env::new();
+        let raw = env.raw("c");
+        let key = env.key_file("k");
+        let mut s = settings("t", "c", source(&[("t", 1, &key)]), 1);
+        s.block_bytes = L as u32;
+        let enc = encrypted(&raw, s);
+        let content = random_bytes(&mut StdRng::seed_from_u64(14), 8 * L + 500);
+        enc.open(&p("/f"), rw(), 0o644).unwrap().write_at(&content, 0).unwrap();
+        let f = enc.open(&p("/f"), ro(), 0).unwrap();
+        let read = |from: usize, len: usize| {
+            let mut buf = vec![0xeeu8; len];
+            f.read_at(&mut buf, from as u64).map(|n| {
+                buf.truncate(n);
+                buf
+            })
+        };
+        // Aligned whole blocks (two groups), one block, and unaligned reads.
+        assert!(read(0, 8 * L).unwrap() == content[..8 * L]);
+        assert!(read(2 * L, 4 * L).unwrap() == content[2 * L..6 * L]);
+        assert!(read(5 * L, L).unwrap() == content[5 * L..6 * L]);
+        assert!(read(L - 3, 2 * L).unwrap() == content[L - 3..3 * L - 3]);
+        assert!(read(7 * L, 2 * L).unwrap() == content[7 * L..]);
+
+        // A flipped byte of block 4's nonce, ciphertext or tag fails block 4 only, and
+        // the reader's buffer holds none of its plaintext.
+        let stored = env.stored("c", "/f");
+        for at in [H + 4 * SL, H + 4 * SL + 12 + 777, H + 5 * SL - 1] {
+            flip(&stored, at);
+            for (from, len) in [(0, 8 * L), (4 * L, L), (4 * L, 2 * L), (3 * L, 2 * L)] {
+                let mut buf = vec![0xeeu8; len];
+                let r = f.read_at(&mut buf, from as u64);
+                assert!(is_integrity(&r, Some(4)), "byte {at}, read {from}+{len}: {r:?}");
+                let block4 = &buf[4 * L - from..5 * L - from];
+                assert!(block4.iter().all(|&b| b == 0 || b == 0xee), "byte {at}: plaintext of block 4 released");
+            }
+            assert!(read(5 * L, 3 * L).unwrap() == content[5 * L..8 * L]);
+            assert!(read(0, 4 * L).unwrap() == content[..4 * L]);
+            flip(&stored, at);
+        }
+        // A stored file cut inside block 6 fails block 6 as truncated.
+        let file = fs::OpenOptions::new().write(true).open(&stored).unwrap();
+        file.set_len((H + 6 * SL + 100) as u64).unwrap();
+        assert!(is_integrity(&read(4 * L, 4 * L), Some(6)));
+        assert!(read(4 * L, 2 * L).unwrap() == content[4 * L..6 * L]);
     }
 
     #[test]

@@ -99,6 +99,13 @@ fn generation_byte(g: u64, i: u64) -> u8 {
     (x >> (8 * (i % 8))) as u8
 }
 
+/// A line of `dpuio-test-host overwrite-stream`.
+enum Line {
+    Begin { len: u64 },
+    End,
+    Stopped,
+}
+
 /// What one round of the crash test saw, block by block.
 #[derive(Debug, Default)]
 struct Seen {
@@ -126,7 +133,11 @@ fn killed_during_overwrites_every_block_is_old_new_or_an_integrity_error() {
     let args = ["--config", config.to_str().unwrap()];
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut total = Seen::default();
-    for round in 0..3u64 {
+    // When the kill comes, in percent of the mean time from "begin" to "end" so far
+    // (which includes the writer's and the test's wake-ups, so the agent's own work is
+    // a shorter window at its start).
+    const KILL_PERCENT: [u32; 5] = [5, 15, 30, 50, 75];
+    for round in 0..KILL_PERCENT.len() as u64 {
         let mut agent = AgentProcess::start(&data_dir, &args);
         let path = format!("/stream{round}");
         let mut writer = agent
@@ -142,42 +153,51 @@ fn killed_during_overwrites_every_block_is_old_new_or_an_integrity_error() {
         // test keeps up with the writer.
         let mut begun: Vec<(u64, u64, u64)> = Vec::new();
         let mut ended = 0;
-        let mut follow = |line: &str| -> Option<&'static str> {
+        let mut follow = |line: &str| -> Line {
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
                 ["begin", g, off, len] => {
                     assert_eq!(begun.len(), ended, "two writes in flight: {line}");
-                    begun.push((g.parse().unwrap(), off.parse().unwrap(), len.parse().unwrap()));
-                    Some("begin")
+                    let len = len.parse().unwrap();
+                    begun.push((g.parse().unwrap(), off.parse().unwrap(), len));
+                    Line::Begin { len }
                 }
                 ["end", g] => {
                     assert_eq!(g.parse::<u64>().unwrap(), begun.last().expect("end without begin").0);
                     ended += 1;
-                    Some("end")
+                    Line::End
                 }
-                ["stopped", ..] => None,
+                ["stopped", ..] => {
+                    eprintln!("writer: {line}");
+                    Line::Stopped
+                }
                 _ => panic!("writer: {line}"),
             }
         };
         // Killed part-way (a quarter, half, three quarters) into a write, going by how
         // long the writes before it took: while its blocks are read, sealed, written.
-        let kill_at_begin = 8 + round as u32 * 6;
+        let kill_at_begin = 8 + round as u32 * 3;
         let (mut writes, mut busy, mut since) = (0u32, Duration::ZERO, std::time::Instant::now());
+        let mut killed = false;
         for line in lines.by_ref() {
             match follow(&line.unwrap()) {
-                Some("begin") if writes + 1 == kill_at_begin => {
-                    std::thread::sleep(busy / writes * (round as u32 + 1) / 4);
+                // The first write of at least 256 KiB from then on (it spans pieces that
+                // the agent's threads run in parallel).
+                Line::Begin { len } if writes + 1 >= kill_at_begin && len >= 256 << 10 => {
+                    std::thread::sleep(busy / writes * KILL_PERCENT[round as usize] / 100);
                     agent.child.kill().unwrap(); // SIGKILL
+                    killed = true;
                     break;
                 }
-                Some("begin") => since = std::time::Instant::now(),
-                Some(_) => {
+                Line::Begin { .. } => since = std::time::Instant::now(),
+                Line::End => {
                     busy += since.elapsed();
                     writes += 1;
                 }
-                None => {}
+                Line::Stopped => {}
             }
         }
+        assert!(killed, "round {round}: the writer stopped before the agent was killed");
         agent.wait(Duration::from_secs(10));
         // What the writer saw until the agent was gone: a write may even have completed.
         let _ = writer.kill();
@@ -210,7 +230,7 @@ fn killed_during_overwrites_every_block_is_old_new_or_an_integrity_error() {
     // Every block of every round was sorted; how often the kill landed inside a write
     // (new or torn blocks) depends on timing, so it is shown, not asserted.
     eprintln!("all rounds: {total:?}");
-    assert_eq!(total.old + total.new + total.integrity, 3 * (FILE / BLOCK) as usize);
+    assert_eq!(total.old + total.new + total.integrity, KILL_PERCENT.len() * (FILE / BLOCK) as usize);
 }
 
 /// Read `path` block by block through the data plane and sort each block into old
