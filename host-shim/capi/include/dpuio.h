@@ -245,6 +245,19 @@ typedef struct dpuio_attach_options {
    * Longest wait to connect. Default 5000.
    */
   uint32_t connect_timeout_ms;
+  /**
+   * Client certificate, its key and the agent's CA (PEM files) for mutual TLS.
+   * Default: `$DPUIO_CERT`, `$DPUIO_KEY`, `$DPUIO_CA`, else `client.pem`,
+   * `client.key` and `ca.pem` in `$DPUIO_CONFIG_DIR` or `~/.config/dpuio` (where a
+   * local agent writes a development bundle). Unused with an `http://` agent.
+   */
+  const char *cert;
+  const char *key;
+  const char *ca;
+  /**
+   * A capability token narrowing what this client may do. Default: `$DPUIO_TOKEN`.
+   */
+  const char *token;
 } dpuio_attach_options;
 
 /**

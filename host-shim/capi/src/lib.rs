@@ -171,6 +171,15 @@ pub struct dpuio_attach_options {
     pub timeout_ms: u32,
     /// Longest wait to connect. Default 5000.
     pub connect_timeout_ms: u32,
+    /// Client certificate, its key and the agent's CA (PEM files) for mutual TLS.
+    /// Default: `$DPUIO_CERT`, `$DPUIO_KEY`, `$DPUIO_CA`, else `client.pem`,
+    /// `client.key` and `ca.pem` in `$DPUIO_CONFIG_DIR` or `~/.config/dpuio` (where a
+    /// local agent writes a development bundle). Unused with an `http://` agent.
+    pub cert: *const c_char,
+    pub key: *const c_char,
+    pub ca: *const c_char,
+    /// A capability token narrowing what this client may do. Default: `$DPUIO_TOKEN`.
+    pub token: *const c_char,
 }
 
 /// What the agent allows this client (see `dpuio_client_limits`).
@@ -486,6 +495,10 @@ pub unsafe extern "C" fn dpuio_attach_options_init(options: *mut dpuio_attach_op
         ring_entries: 0,
         timeout_ms: 0,
         connect_timeout_ms: 0,
+        cert: std::ptr::null(),
+        key: std::ptr::null(),
+        ca: std::ptr::null(),
+        token: std::ptr::null(),
     };
     // SAFETY: forwarded contract; put() checks NULL and alignment.
     let _ = unsafe { put(options, defaults, "options") };
@@ -508,6 +521,22 @@ fn connect_options(o: &dpuio_attach_options) -> Result<ConnectOptions> {
     }
     if o.connect_timeout_ms > 0 {
         c.connect_timeout = Duration::from_millis(u64::from(o.connect_timeout_ms));
+    }
+    // SAFETY: as above.
+    if let Some(cert) = unsafe { optional_text(o.cert, "options.cert") }? {
+        c.tls.cert = Some(cert.into());
+    }
+    // SAFETY: as above.
+    if let Some(key) = unsafe { optional_text(o.key, "options.key") }? {
+        c.tls.key = Some(key.into());
+    }
+    // SAFETY: as above.
+    if let Some(ca) = unsafe { optional_text(o.ca, "options.ca") }? {
+        c.tls.ca = Some(ca.into());
+    }
+    // SAFETY: as above.
+    if let Some(token) = unsafe { optional_text(o.token, "options.token") }? {
+        c.capability_token = token.to_owned();
     }
     // SAFETY: as above.
     let transports = unsafe { optional_text(o.transports, "options.transports") }?;

@@ -88,9 +88,16 @@ class Client:
     forks nothing it cannot use.
 
     Args:
-        agent: ``host:port``; default ``$DPUIO_AGENT``, else ``127.0.0.1:7300``.
-        tenant: tenant to attach as (agents without client authentication);
-            default ``$DPUIO_TENANT``, else the agent's default tenant.
+        agent: ``host:port`` (mutual TLS) or ``http://host:port`` (plaintext agents);
+            default ``$DPUIO_AGENT``, else ``127.0.0.1:7300``.
+        tenant: tenant to attach as (plaintext agents only: with TLS the client
+            certificate decides); default ``$DPUIO_TENANT``, else the agent's default.
+        cert, key, ca: client certificate, its key and the agent's CA (PEM files);
+            default ``$DPUIO_CERT``/``$DPUIO_KEY``/``$DPUIO_CA``, else ``client.pem``,
+            ``client.key`` and ``ca.pem`` in ``$DPUIO_CONFIG_DIR`` or ``~/.config/dpuio``,
+            where a local agent writes a development bundle on its first start.
+        token: a capability token narrowing what this client may do (from a
+            parent's ``Client.delegate``); default ``$DPUIO_TOKEN``.
         name: shown in the agent's logs.
         transports: data-plane transports, ``"shm"``, ``"tcp"`` or ``"auto"``;
             default ``$DPUIO_TRANSPORT``, else ``"auto"``.
@@ -111,8 +118,16 @@ class Client:
         ring_entries=0,
         timeout=0.0,
         connect_timeout=0.0,
+        cert=None,
+        key=None,
+        ca=None,
+        token=None,
     ):
         self._options = dict(
+            cert=os.fspath(cert) if cert is not None else None,
+            key=os.fspath(key) if key is not None else None,
+            ca=os.fspath(ca) if ca is not None else None,
+            token=token,
             agent=agent or os.environ.get("DPUIO_AGENT") or DEFAULT_AGENT,
             tenant=tenant if tenant is not None else os.environ.get("DPUIO_TENANT", ""),
             name=name,
@@ -163,6 +178,10 @@ class Client:
             ring_entries=o["ring_entries"],
             timeout_s=o["timeout"],
             connect_timeout_s=o["connect_timeout"],
+            cert=o["cert"],
+            key=o["key"],
+            ca=o["ca"],
+            token=o["token"],
         )
         _LIVE_SESSIONS.add(session)
         return session

@@ -61,7 +61,7 @@ impl PySession {
 #[pymethods]
 impl PySession {
     #[new]
-    #[pyo3(signature = (agent, tenant="", client_name="", transports=None, rings=0, ring_entries=0, timeout_s=0.0, connect_timeout_s=0.0))]
+    #[pyo3(signature = (agent, tenant="", client_name="", transports=None, rings=0, ring_entries=0, timeout_s=0.0, connect_timeout_s=0.0, cert=None, key=None, ca=None, token=None))]
     #[allow(clippy::too_many_arguments)] // keyword arguments from Python
     fn new(
         py: Python<'_>,
@@ -73,8 +73,18 @@ impl PySession {
         ring_entries: u32,
         timeout_s: f64,
         connect_timeout_s: f64,
+        cert: Option<std::path::PathBuf>,
+        key: Option<std::path::PathBuf>,
+        ca: Option<std::path::PathBuf>,
+        token: Option<String>,
     ) -> R<PySession> {
         let mut options = ConnectOptions { agent: agent.to_owned(), tenant: tenant.to_owned(), ..Default::default() };
+        options.tls.cert = cert.or(options.tls.cert);
+        options.tls.key = key.or(options.tls.key);
+        options.tls.ca = ca.or(options.tls.ca);
+        if let Some(token) = token {
+            options.capability_token = token;
+        }
         if !client_name.is_empty() {
             options.client_name = client_name.to_owned();
         }
