@@ -150,8 +150,10 @@ fn start_agent(bin: &PathBuf, q: &QosArgs) -> dpuio_shim::Result<(OwnAgent, Stri
         for _ in lines {} // keep draining so the agent never blocks on stdout
     });
     let line = rx.recv_timeout(Duration::from_secs(30)).map_err(|_| err("the agent did not start within 30 s"))?;
+    // "dpu-agent listening on ADDR (plaintext)": the generated config turns TLS off.
     let addr = line
         .strip_prefix("dpu-agent listening on ")
+        .and_then(|rest| rest.split_whitespace().next())
         .ok_or_else(|| err(format!("unexpected first line from the agent: {line:?}")))?;
     Ok((agent, format!("http://{addr}")))
 }
