@@ -177,6 +177,8 @@ impl From<Error> for Failure {
         let code = match &e {
             Error::Address { .. } => Code::InvalidArgument,
             Error::Connect { .. } => Code::Unavailable,
+            // No usable client certificate, key or CA: the caller's settings.
+            Error::Tls { .. } => Code::InvalidArgument,
             Error::Agent { code, .. } => Code::from_grpc(*code),
             // The shim's only timed wait; its message says what is missing.
             Error::DataPlane { op, .. } if op == "wait for completions" => Code::TimedOut,

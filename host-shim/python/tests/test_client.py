@@ -26,9 +26,15 @@ def test_agent_from_argument_and_environment(agent, monkeypatch):
 
 
 def test_unreachable_agent_is_unavailable():
-    with pytest.raises(dpuio.Unavailable, match="cannot reach the agent at 127.0.0.1:1") as e:
-        dpuio.Client("127.0.0.1:1", connect_timeout=2)
+    with pytest.raises(dpuio.Unavailable, match="cannot reach the agent at http://127.0.0.1:1") as e:
+        dpuio.Client("http://127.0.0.1:1", connect_timeout=2)
     assert isinstance(e.value, ConnectionError) and e.value.code == "UNAVAILABLE"
+
+
+def test_missing_client_certificate_is_explained(tmp_path):
+    with pytest.raises(dpuio.Error, match="cannot read the client certificate") as e:
+        dpuio.Client("127.0.0.1:1", cert=tmp_path / "none.pem", connect_timeout=2)
+    assert e.value.code == "INVALID_ARGUMENT"
 
 
 def test_namespace_calls(client):
