@@ -74,7 +74,10 @@ impl PySession {
         timeout_s: f64,
         connect_timeout_s: f64,
     ) -> R<PySession> {
-        let mut options = ConnectOptions { agent: agent.to_owned(), tenant: tenant.to_owned(), ..Default::default() };
+        // Everything not set here (credentials, for one) comes from the shim's defaults,
+        // which read the environment as the CLI does.
+        let mut options =
+            ConnectOptions { agent: agent.to_owned(), tenant: tenant.to_owned(), ..ConnectOptions::default() };
         if !client_name.is_empty() {
             options.client_name = client_name.to_owned();
         }
