@@ -78,7 +78,10 @@ impl PySession {
         ca: Option<std::path::PathBuf>,
         token: Option<String>,
     ) -> R<PySession> {
-        let mut options = ConnectOptions { agent: agent.to_owned(), tenant: tenant.to_owned(), ..Default::default() };
+        // Everything not set here comes from the shim's defaults, which read the
+        // environment as the CLI does ($DPUIO_CONFIG_DIR, $DPUIO_CERT, $DPUIO_TOKEN, ...).
+        let mut options =
+            ConnectOptions { agent: agent.to_owned(), tenant: tenant.to_owned(), ..ConnectOptions::default() };
         options.tls.cert = cert.or(options.tls.cert);
         options.tls.key = key.or(options.tls.key);
         options.tls.ca = ca.or(options.tls.ca);

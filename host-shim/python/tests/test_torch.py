@@ -1,7 +1,8 @@
 """PyTorch integration: DataLoader (workers 0 and 2, fork and spawn), IterableDataset
 sharding, torch.save/torch.load through Checkpoint, torch.frombuffer over a region.
 
-Skipped, with the reason, when torch cannot be imported (ci.sh says why it is missing).
+Each test is reported as skipped, with the reason, when torch cannot be imported
+(ci.sh says why it is missing).
 """
 
 import collections
@@ -10,13 +11,20 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip(
-    "torch",
-    reason=os.environ.get("DPUIO_TORCH_SKIP_REASON", "torch cannot be imported here (host-shim/python/ci.sh installs it)"),
-)
+import dpuio
 
-import dpuio  # noqa: E402
-import dpuio.torch as dt  # noqa: E402
+try:
+    import torch
+
+    import dpuio.torch as dt
+except ImportError as e:  # every test below is reported as skipped, with the reason
+    torch = dt = None
+    _REASON = os.environ.get("DPUIO_TORCH_SKIP_REASON") or (
+        f"torch cannot be imported here ({e}); host-shim/python/ci.sh installs it"
+    )
+
+if torch is None:
+    pytestmark = pytest.mark.skip(reason=_REASON)
 
 
 def test_frombuffer_tensor_sees_the_agents_bytes(agent, client):
