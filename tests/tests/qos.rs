@@ -102,3 +102,32 @@ fn a_throttled_engine_sleeps_and_the_throttled_tenant_waits_without_errors() {
     // (or what a loaded machine leaves it: still well above this).
     assert!(agent_cpu < Duration::from_millis(600), "agent used {agent_cpu:?} CPU in {seconds:.1} s");
 }
+
+/// `dpuctl tenant set-qos` on a running agent: tenant a starts unlimited, is limited
+/// to 4 MiB/s over the admin socket, and from then on gets about that.
+#[test]
+fn set_qos_at_run_time_limits_the_engine() {
+    const SLOW: u64 = 4 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(dir.path(), 0, 1024);
+    std::fs::write(agent.data_dir.join("containers/a/data"), vec![7u8; 8 << 20]).unwrap();
+    let out = ok_stdout(&agent.dpuctl(&[
+        "tenant",
+        "set-qos",
+        "a",
+        "--bytes-per-s",
+        &SLOW.to_string(),
+        "--burst-bytes",
+        "1MiB",
+    ]));
+    assert!(out.contains("4194304 B/s"), "{out}");
+    let out = Command::new(binary("dpuio-test-host"))
+        .args(["qos-load", &agent.url(), "a", "/data", "262144", "8", "3"])
+        .output()
+        .unwrap();
+    let line = ok_stdout(&out);
+    let bytes: f64 = line.split("bytes=").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let seconds: f64 = line.split("seconds=").nth(1).unwrap().trim().parse().unwrap();
+    let rate = bytes / seconds / SLOW as f64;
+    assert!((0.65..=1.35).contains(&rate), "after set-qos tenant a got {rate:.2}x its new limit: {line}");
+}
