@@ -34,7 +34,7 @@ enum Command {
         /// TOML config file (see docs/config.md).
         #[arg(long, short)]
         config: Option<PathBuf>,
-        /// Control-plane address, overriding the config (loopback only without TLS;
+        /// Control-plane address, overriding the config (loopback only with `[tls] mode = "off"`;
         /// port 0 picks a free port, printed on stdout).
         #[arg(long)]
         listen: Option<SocketAddr>,
@@ -114,9 +114,10 @@ fn resolve(file: Option<PathBuf>, listen: Option<SocketAddr>, data_dir: Option<P
         None => Config::default(),
     };
     if let Some(addr) = listen {
-        if !addr.ip().is_loopback() {
+        if !config.tls.mtls && !addr.ip().is_loopback() {
             return Err(format!(
-                "--listen {addr}: not a loopback address; without TLS the control plane listens on 127.0.0.1 or [::1] only"
+                "--listen {addr}: not a loopback address, and the config turns TLS off ([tls] mode = \"off\"): \
+                 plaintext is served on 127.0.0.1 or [::1] only; use mode = \"mtls\" to listen beyond this machine"
             ));
         }
         config.listen = addr;

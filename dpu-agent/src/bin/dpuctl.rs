@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 
 /// Operate a dpuio agent: tenants, QoS, sessions, certificates, encryption keys.
 #[derive(Parser)]
-#[command(name = "dpuctl", version, about)]
+#[command(name = "dpuctl", version)]
 struct Cli {
     /// The agent's admin socket [default: DATA_DIR/admin.sock].
     #[arg(long, env = "DPUCTL_SOCKET", global = true)]
