@@ -109,3 +109,18 @@ async fn acknowledged_changes_survive_sigkill() {
     assert!(c.stat("/later").await.is_ok());
     assert!(c.stat("/ckpt/epoch-1/model.tmp").await.is_err());
 }
+
+#[test]
+fn plaintext_beyond_loopback_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("plain.toml");
+    std::fs::write(&config, "[tls]\nmode = \"off\"\n").unwrap();
+    let out = std::process::Command::new(binary("dpu-agent"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a loopback address") && err.contains("mode = \"mtls\""), "{err}");
+}
