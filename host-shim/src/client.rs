@@ -90,6 +90,20 @@ impl TlsOptions {
         }
         let [cert, key, ca] =
             <[Vec<u8>; 3]>::try_from(pems).map_err(|_| Error::Tls { reason: "internal: three files".into() })?;
+        // Say which file is wrong here: rustls would only report a failed handshake.
+        for (pem, marker, what) in [
+            (&cert, "-----BEGIN CERTIFICATE-----", "client certificate"),
+            (&key, "PRIVATE KEY-----", "client key"),
+            (&ca, "-----BEGIN CERTIFICATE-----", "CA certificate"),
+        ] {
+            if !String::from_utf8_lossy(pem).contains(marker) {
+                return Err(Error::Tls {
+                    reason: format!(
+                        "the {what} file holds no PEM block \"{marker}\": pass the files of a client bundle"
+                    ),
+                });
+            }
+        }
         let name =
             self.server_name.clone().unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']').to_owned());
         Ok(ClientTlsConfig::new()
@@ -227,6 +241,21 @@ fn endpoint(address: &str, tls: &TlsOptions) -> Result<Endpoint> {
     endpoint.tls_config(tls.client_config(&host)?).map_err(|e| Error::Tls { reason: error_chain(&e) })
 }
 
+/// Why a connection failed: an agent certificate this client does not trust is a TLS
+/// setting to fix, not an agent that is down.
+fn connect_error(address: &str, source: &tonic::transport::Error) -> Error {
+    let reason = error_chain(source);
+    if reason.contains("invalid peer certificate") {
+        return Error::Tls {
+            reason: format!(
+                "the agent at {address} presented a certificate this client does not trust ({reason}): use the ca.pem of \
+                 the agent that issued your bundle (--ca), or --tls-server-name with a name the certificate carries"
+            ),
+        };
+    }
+    Error::Connect { address: address.to_owned(), reason }
+}
+
 /// An error and its sources on one line: tonic's transport errors say little at the top.
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
@@ -262,7 +291,7 @@ impl Client {
             .tcp_nodelay(true)
             .connect()
             .await
-            .map_err(|source| Error::Connect { address: options.agent.clone(), reason: error_chain(&source) })?;
+            .map_err(|source| connect_error(&options.agent, &source))?;
         let mut session = SessionClient::new(channel.clone());
         let mut namespace = NamespaceClient::new(channel.clone());
         let prepared = match options.data_plane.clone() {

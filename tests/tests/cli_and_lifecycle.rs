@@ -47,6 +47,19 @@ fn cli_without_an_agent_says_so() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot read the client certificate") && err.contains("dpuctl cert issue"), "{err}");
+    // A file that is not a certificate is named as such before any connection.
+    let garbage = empty.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let out = std::process::Command::new(binary("dpuio"))
+        .args(["--agent", "127.0.0.1:9", "--cert", garbage.to_str().unwrap(), "--key"])
+        .arg(&garbage)
+        .args(["--ca"])
+        .arg(&garbage)
+        .arg("ls")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the client certificate file holds no PEM block"), "{err}");
 }
 
 #[test]
