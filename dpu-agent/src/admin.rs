@@ -123,6 +123,8 @@ fn tenant_to_proto(t: &TenantConfig) -> pb::Tenant {
         qos: Some(qos_to_proto(&t.qos)),
         max_sessions: t.max_sessions.unwrap_or(0),
         encrypted: t.encryption.is_some(),
+        max_handles_per_session: t.max_handles_per_session.unwrap_or(0),
+        max_regions_per_session: t.max_regions_per_session.unwrap_or(0),
     }
 }
 
@@ -188,6 +190,8 @@ impl pb::admin_server::Admin for AdminService {
         let mut tenant = TenantConfig::new(&t.name, &container);
         tenant.qos = qos_from_proto(t.qos)?;
         tenant.max_sessions = (t.max_sessions > 0).then_some(t.max_sessions);
+        tenant.max_handles_per_session = (t.max_handles_per_session > 0).then_some(t.max_handles_per_session);
+        tenant.max_regions_per_session = (t.max_regions_per_session > 0).then_some(t.max_regions_per_session);
         let agent = self.agent.clone();
         blocking(move || agent.add_tenant(tenant)).await?;
         tracing::info!(tenant = %t.name, container, "tenant added");
@@ -215,6 +219,22 @@ impl pb::admin_server::Admin for AdminService {
         self.agent.set_qos(&req.tenant, qos)?;
         tracing::info!(tenant = %req.tenant, ?qos, "QoS changed");
         Ok(Response::new(pb::SetQosResponse {}))
+    }
+
+    async fn set_limits(
+        &self,
+        request: Request<pb::SetLimitsRequest>,
+    ) -> std::result::Result<Response<pb::SetLimitsResponse>, Status> {
+        let r = request.into_inner();
+        let some = |n: u32| (n > 0).then_some(n);
+        self.agent.set_tenant_limits(
+            &r.tenant,
+            some(r.max_sessions),
+            some(r.max_handles_per_session),
+            some(r.max_regions_per_session),
+        )?;
+        tracing::info!(tenant = %r.tenant, r.max_sessions, r.max_handles_per_session, r.max_regions_per_session, "limits changed");
+        Ok(Response::new(pb::SetLimitsResponse {}))
     }
 
     async fn drain(&self, _: Request<pb::DrainRequest>) -> std::result::Result<Response<pb::DrainResponse>, Status> {

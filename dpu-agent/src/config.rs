@@ -197,6 +197,10 @@ pub struct TenantConfig {
     pub encryption: Option<EncryptionConfig>,
     /// Sessions of this tenant at once (`None`: only the agent-wide limit).
     pub max_sessions: Option<u32>,
+    /// Open handles per session of this tenant (`None`: `[limits]`).
+    pub max_handles_per_session: Option<u32>,
+    /// Registered regions (and rings) per session of this tenant (`None`: `[limits]`).
+    pub max_regions_per_session: Option<u32>,
     pub qos: QosConfig,
 }
 
@@ -208,6 +212,8 @@ impl TenantConfig {
             container: container.to_owned(),
             encryption: None,
             max_sessions: None,
+            max_handles_per_session: None,
+            max_regions_per_session: None,
             qos: QosConfig::default(),
         }
     }
@@ -528,8 +534,24 @@ impl Checker {
                 self.issue(&prefix, format!("expected a table, found {}", item.type_str()));
                 continue;
             };
-            self.unknown_keys(&prefix, t, &["name", "container", "encryption", "max_sessions", "qos"]);
+            self.unknown_keys(
+                &prefix,
+                t,
+                &[
+                    "name",
+                    "container",
+                    "encryption",
+                    "max_sessions",
+                    "max_handles_per_session",
+                    "max_regions_per_session",
+                    "qos",
+                ],
+            );
             let max_sessions = self.integer(t, &prefix, "max_sessions", 1, 1 << 20).map(|n| n as u32);
+            let max_handles_per_session =
+                self.integer(t, &prefix, "max_handles_per_session", 1, 1 << 20).map(|n| n as u32);
+            let max_regions_per_session =
+                self.integer(t, &prefix, "max_regions_per_session", 1, 1 << 16).map(|n| n as u32);
             let qos = match t.get("qos") {
                 None => QosConfig::default(),
                 Some(toml::Value::Table(q)) => self.qos(&format!("{prefix}.qos"), q),
@@ -577,7 +599,15 @@ impl Checker {
                 ok = false;
             }
             if ok {
-                tenants.push(TenantConfig { name, container, encryption, max_sessions, qos });
+                tenants.push(TenantConfig {
+                    name,
+                    container,
+                    encryption,
+                    max_sessions,
+                    max_handles_per_session,
+                    max_regions_per_session,
+                    qos,
+                });
             }
         }
         tenants
@@ -845,6 +875,8 @@ mod tests {
             name = "a"
             container = "a"
             max_sessions = 4
+            max_handles_per_session = 8
+            max_regions_per_session = 2
             [tenants.qos]
             bytes_per_s = 1000000
             burst_bytes = 2000000
@@ -860,6 +892,7 @@ mod tests {
         assert_eq!(config.admin_socket(), PathBuf::from("/run/dpuio/admin.sock"));
         let t = &config.tenants[0];
         assert_eq!(t.max_sessions, Some(4));
+        assert_eq!((t.max_handles_per_session, t.max_regions_per_session), (Some(8), Some(2)));
         assert_eq!(
             (t.qos.limits.bytes_per_s, t.qos.limits.bytes_burst, t.qos.limits.ops_per_s),
             (1000000, 2000000, 500)

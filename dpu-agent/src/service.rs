@@ -115,14 +115,15 @@ impl pb::session_server::Session for SessionService {
         tracing::info!(session = format!("{:#018x}", session.id), tenant = %session.tenant, client = %session.client_name,
             data_plane = agent_transport.is_some(), "attached");
         let l = self.agent.limits();
+        let (max_handles, max_regions) = self.agent.session_limits(&session.tenant);
         Ok(Response::new(pb::AttachResponse {
             session_id: session.id,
             tenant: session.tenant.clone(),
             container: session.container_name.clone(),
             agent_transport,
             limits: Some(pb::Limits {
-                max_handles: l.max_handles_per_session,
-                max_regions: l.max_regions_per_session,
+                max_handles,
+                max_regions,
                 max_io_bytes: l.max_io_bytes,
                 max_inflight: l.max_inflight_per_session,
                 max_readdir_batch: l.max_readdir_batch,
@@ -506,7 +507,7 @@ impl NamespaceService {
             session.rights.check(Op::Create, &p)?;
         }
         session.rights.check(if options.write { Op::Write } else { Op::Read }, &p)?;
-        let limit = self.agent.limits().max_handles_per_session;
+        let limit = self.agent.session_limits(&session.tenant).0;
         if session.handle_count() >= limit as usize {
             return Err(Error::Limit { what: "open handles in this session", limit: limit.into() }.into());
         }
@@ -577,7 +578,7 @@ impl pb::memory_server::Memory for MemoryService {
             )
             .into());
         }
-        let limit = self.agent.limits().max_regions_per_session;
+        let limit = self.agent.session_limits(&session.tenant).1;
         if session.region_count() >= limit as usize {
             return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() }.into());
         }
@@ -615,7 +616,7 @@ impl pb::memory_server::Memory for MemoryService {
         let region = session.host_region(req.region_id).ok_or_else(|| {
             Error::invalid("region_id", format!("region {} is not registered in this session", req.region_id))
         })?;
-        let limit = self.agent.limits().max_regions_per_session;
+        let limit = self.agent.session_limits(&session.tenant).1;
         let id = session.next_region_id();
         blocking(move || {
             let ring = dp

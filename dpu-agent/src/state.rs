@@ -145,6 +145,36 @@ impl Agent {
         }
     }
 
+    /// The session limits of `tenant` now: its own where set, else `[limits]`'s.
+    /// Returns (open handles per session, regions per session).
+    pub fn session_limits(&self, tenant: &str) -> (u32, u32) {
+        let own = self.tenant(tenant);
+        let l = self.limits();
+        (
+            own.as_ref().and_then(|t| t.max_handles_per_session).unwrap_or(l.max_handles_per_session),
+            own.as_ref().and_then(|t| t.max_regions_per_session).unwrap_or(l.max_regions_per_session),
+        )
+    }
+
+    /// Change a tenant's session limits from now on (`None` keeps [limits]'s);
+    /// sessions already attached are held to them at their next open or registration.
+    pub fn set_tenant_limits(
+        &self,
+        tenant: &str,
+        max_sessions: Option<u32>,
+        handles: Option<u32>,
+        regions: Option<u32>,
+    ) -> Result<()> {
+        let mut tenants = lock(&self.tenants);
+        let t = tenants
+            .get_mut(tenant)
+            .ok_or_else(|| Error::invalid("tenant", format!("tenant {tenant:?} is not configured on this agent")))?;
+        t.max_sessions = max_sessions;
+        t.max_handles_per_session = handles;
+        t.max_regions_per_session = regions;
+        Ok(())
+    }
+
     /// Whether `tenant` is configured now.
     pub fn has_tenant(&self, tenant: &str) -> bool {
         lock(&self.tenants).contains_key(tenant)

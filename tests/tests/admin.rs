@@ -91,3 +91,23 @@ fn key_rotation_rewraps_without_losing_a_file() {
     let out = agent.dpuctl(&["key", "status", "--tenant", "nobody"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("nobody"), "{out:?}");
 }
+
+#[tokio::test]
+async fn session_limits_per_tenant_change_at_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("data"), &[]);
+    let out = ok_stdout(&agent.dpuctl(&["tenant", "set-limits", "default", "--max-handles-per-session", "1"]));
+    assert!(out.contains("handles per session 1"), "{out}");
+    assert!(ok_stdout(&agent.dpuctl(&["tenant", "list"])).contains("handles/session 1"));
+    let c = dpuio_shim::Client::connect(agent.connect_options()).await.unwrap();
+    assert_eq!(c.limits().max_handles, 1, "Attach reports the tenant's limit");
+    let _first = c.create("/1", true).await.unwrap();
+    let e = c.create("/2", true).await.err().unwrap_or_else(|| panic!("a second handle past the tenant's limit"));
+    assert_eq!(e.code(), Some(tonic::Code::ResourceExhausted), "{e}");
+    assert!(e.to_string().contains("open handles"), "{e}");
+    // Back to the agent-wide limit: the same session may open more.
+    ok_stdout(&agent.dpuctl(&["tenant", "set-limits", "default"]));
+    c.create("/2", true).await.unwrap();
+    let out = agent.dpuctl(&["tenant", "set-limits", "nobody", "--max-sessions", "3"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not configured"), "{out:?}");
+}

@@ -58,9 +58,8 @@ enum TenantCommand {
         /// Its container [default: the tenant's name].
         #[arg(long)]
         container: Option<String>,
-        /// Sessions at once [default: only the agent-wide limit].
-        #[arg(long)]
-        max_sessions: Option<u32>,
+        #[command(flatten)]
+        limits: LimitArgs,
         #[command(flatten)]
         qos: QosArgs,
     },
@@ -72,6 +71,25 @@ enum TenantCommand {
         #[command(flatten)]
         qos: QosArgs,
     },
+    /// Change a tenant's session limits now (unset: the agent-wide [limits]).
+    SetLimits {
+        name: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+}
+
+#[derive(Args)]
+struct LimitArgs {
+    /// Sessions of the tenant at once.
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    max_sessions: u32,
+    /// Open handles per session.
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    max_handles_per_session: u32,
+    /// Registered regions per session.
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    max_regions_per_session: u32,
 }
 
 #[derive(Args)]
@@ -267,24 +285,28 @@ async fn run(cli: Cli) -> Result<(), String> {
         Command::Tenant(TenantCommand::List) => {
             let r = admin.list_tenants(pb::ListTenantsRequest {}).await.map_err(status("tenant list"))?.into_inner();
             for t in r.tenants {
-                let sessions = if t.max_sessions == 0 { "agent limit".to_owned() } else { t.max_sessions.to_string() };
+                let show = |n: u32| if n == 0 { "agent limit".to_owned() } else { n.to_string() };
                 println!(
-                    "{}  container {}  encrypted {}  max sessions {}  qos: {}",
+                    "{}  container {}  encrypted {}  max sessions {}  handles/session {}  regions/session {}  qos: {}",
                     t.name,
                     t.container,
                     t.encrypted,
-                    sessions,
+                    show(t.max_sessions),
+                    show(t.max_handles_per_session),
+                    show(t.max_regions_per_session),
                     qos_line(t.qos.as_ref())
                 );
             }
         }
-        Command::Tenant(TenantCommand::Add { name, container, max_sessions, qos }) => {
+        Command::Tenant(TenantCommand::Add { name, container, limits, qos }) => {
             let tenant = pb::Tenant {
                 name: name.clone(),
                 container: container.unwrap_or_default(),
                 qos: Some(qos.to_proto()),
-                max_sessions: max_sessions.unwrap_or(0),
+                max_sessions: limits.max_sessions,
                 encrypted: false,
+                max_handles_per_session: limits.max_handles_per_session,
+                max_regions_per_session: limits.max_regions_per_session,
             };
             admin.add_tenant(pb::AddTenantRequest { tenant: Some(tenant) }).await.map_err(status("tenant add"))?;
             println!("added tenant {name} (until the agent restarts: add it to the config file to keep it)");
@@ -303,6 +325,24 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(status("tenant set-qos"))?;
             println!("tenant {name}: {}", qos_line(Some(&qos.to_proto())));
+        }
+        Command::Tenant(TenantCommand::SetLimits { name, limits }) => {
+            admin
+                .set_limits(pb::SetLimitsRequest {
+                    tenant: name.clone(),
+                    max_sessions: limits.max_sessions,
+                    max_handles_per_session: limits.max_handles_per_session,
+                    max_regions_per_session: limits.max_regions_per_session,
+                })
+                .await
+                .map_err(status("tenant set-limits"))?;
+            let show = |n: u32| if n == 0 { "agent limit".to_owned() } else { n.to_string() };
+            println!(
+                "tenant {name}: sessions {}, handles per session {}, regions per session {}",
+                show(limits.max_sessions),
+                show(limits.max_handles_per_session),
+                show(limits.max_regions_per_session)
+            );
         }
         Command::Cert(CertCommand::Issue { tenant, out, days }) => {
             let issued = admin
