@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::config::{QosConfig, TenantConfig, check_identifier};
 use crate::error::{Error, Result};
 use crate::server::ServeError;
+use crate::service::blocking;
 use crate::state::Agent;
 use crate::tls::ControlTls;
 
@@ -130,10 +131,6 @@ fn tenant_to_proto(t: &TenantConfig) -> pb::Tenant {
 
 fn name(field: &'static str, value: &str) -> Result<()> {
     check_identifier(value).map_err(|reason| Error::invalid(field, format!("{value:?} {reason}")))
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("admin task failed: {e}")))?
 }
 
 #[tonic::async_trait]

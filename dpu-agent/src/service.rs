@@ -22,12 +22,12 @@ use crate::tls::Caller;
 const DEFAULT_READDIR_BATCH: u32 = 1024;
 
 /// Run a blocking backend call off the async runtime.
-async fn blocking<T, F>(f: F) -> Result<T>
+pub(crate) async fn blocking<T, F>(f: F) -> Result<T>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T> + Send + 'static,
 {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("backend task failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
 }
 
 fn path(field: &'static str, raw: &str) -> Result<NsPath> {

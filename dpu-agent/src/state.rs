@@ -148,11 +148,12 @@ impl Agent {
     /// The session limits of `tenant` now: its own where set, else `[limits]`'s.
     /// Returns (open handles per session, regions per session).
     pub fn session_limits(&self, tenant: &str) -> (u32, u32) {
-        let own = self.tenant(tenant);
         let l = self.limits();
+        let tenants = lock(&self.tenants);
+        let own = tenants.get(tenant);
         (
-            own.as_ref().and_then(|t| t.max_handles_per_session).unwrap_or(l.max_handles_per_session),
-            own.as_ref().and_then(|t| t.max_regions_per_session).unwrap_or(l.max_regions_per_session),
+            own.and_then(|t| t.max_handles_per_session).unwrap_or(l.max_handles_per_session),
+            own.and_then(|t| t.max_regions_per_session).unwrap_or(l.max_regions_per_session),
         )
     }
 

@@ -92,8 +92,14 @@ impl AgentProcess {
 
     /// A raw gRPC channel to this agent, with the default tenant's client certificate.
     pub async fn channel(&self) -> tonic::transport::Channel {
+        self.channel_with(&self.client_dir()).await
+    }
+
+    /// A raw gRPC channel to this agent with the client bundle (ca.pem, client.pem,
+    /// client.key) in `bundle`.
+    pub async fn channel_with(&self, bundle: &Path) -> tonic::transport::Channel {
         use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-        let read = |file: &str| std::fs::read(self.client_dir().join(file)).expect("the agent's client bundle");
+        let read = |file: &str| std::fs::read(bundle.join(file)).expect("a client bundle");
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(read("ca.pem")))
             .identity(Identity::from_pem(read("client.pem"), read("client.key")))

@@ -70,19 +70,7 @@ impl Setup {
     }
 
     async fn channel(&self, bundle: &Path) -> tonic::transport::Channel {
-        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-        let read = |f: &str| std::fs::read(bundle.join(f)).unwrap();
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(std::fs::read(self.certs.join("a/ca.pem")).unwrap()))
-            .identity(Identity::from_pem(read("client.pem"), read("client.key")))
-            .domain_name("127.0.0.1");
-        Endpoint::from_shared(format!("https://{}", self.agent.addr))
-            .unwrap()
-            .tls_config(tls)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
+        self.agent.channel_with(bundle).await
     }
 }
 

@@ -358,6 +358,17 @@ fn ffi(name: &str, f: impl FnOnce() -> Result<c_int>) -> c_int {
     }
 }
 
+/// [`ffi`] for a call that returns a value rather than a status: `fallback` when it
+/// fails (the error is recorded for `dpuio_last_error` as usual).
+fn ffi_value<T>(name: &str, fallback: T, f: impl FnOnce() -> Result<T>) -> T {
+    let mut out = None;
+    ffi(name, || {
+        out = Some(f()?);
+        Ok(0)
+    });
+    out.unwrap_or(fallback)
+}
+
 /// A string argument.
 ///
 /// # Safety
@@ -890,14 +901,11 @@ pub unsafe extern "C" fn dpuio_region_create(
 /// `region` a live region handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dpuio_region_ptr(region: *const dpuio_region) -> *mut c_void {
-    let mut p: *mut c_void = std::ptr::null_mut();
-    ffi("dpuio_region_ptr", || {
+    ffi_value("dpuio_region_ptr", std::ptr::null_mut(), || {
         // SAFETY: see the header's rules.
         let r = unsafe { handles::get(region) }?;
-        p = r.region.get()?.memory().as_ptr().cast();
-        Ok(0)
-    });
-    p
+        Ok(r.region.get()?.memory().as_ptr().cast())
+    })
 }
 
 /// The region's length in bytes (0, with the error recorded, for a bad handle).
@@ -906,14 +914,11 @@ pub unsafe extern "C" fn dpuio_region_ptr(region: *const dpuio_region) -> *mut c
 /// `region` a live region handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dpuio_region_len(region: *const dpuio_region) -> usize {
-    let mut n = 0;
-    ffi("dpuio_region_len", || {
+    ffi_value("dpuio_region_len", 0, || {
         // SAFETY: see the header's rules.
         let r = unsafe { handles::get(region) }?;
-        n = r.region.get()?.len();
-        Ok(0)
-    });
-    n
+        Ok(r.region.get()?.len())
+    })
 }
 
 /// Deregister the region and free its memory. No request may be in flight on it.
@@ -1462,14 +1467,11 @@ pub unsafe extern "C" fn dpuio_batch_wait(
 /// `batch` a live batch used by this thread only.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dpuio_batch_in_flight(batch: *const dpuio_batch) -> usize {
-    let mut n = 0;
-    ffi("dpuio_batch_in_flight", || {
+    ffi_value("dpuio_batch_in_flight", 0, || {
         // SAFETY: see the header's rules.
         let b = unsafe { handles::get(batch) }?;
-        n = b.batch.get()?.in_flight() + b.ready.len();
-        Ok(0)
-    });
-    n
+        Ok(b.batch.get()?.in_flight() + b.ready.len())
+    })
 }
 
 /// Requests that can still be prepared before completions must be waited for.
@@ -1478,14 +1480,11 @@ pub unsafe extern "C" fn dpuio_batch_in_flight(batch: *const dpuio_batch) -> usi
 /// `batch` a live batch used by this thread only.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dpuio_batch_room(batch: *const dpuio_batch) -> usize {
-    let mut n = 0;
-    ffi("dpuio_batch_room", || {
+    ffi_value("dpuio_batch_room", 0, || {
         // SAFETY: see the header's rules.
         let b = unsafe { handles::get(batch) }?;
-        n = b.batch.get()?.room();
-        Ok(0)
-    });
-    n
+        Ok(b.batch.get()?.room())
+    })
 }
 
 /// Free a batch and give its ring back. Requests submitted and not completed are
