@@ -15,6 +15,8 @@
 #   target/debug, or $CARGO_TARGET_DIR/debug, with the workspace build) and runs pytest
 #   against the agent in $DPUIO_BIN_DIR, default that same directory (build it first:
 #   cargo build --workspace --bins).
+# - Runs with a scratch HOME and none of the user's DPUIO_* settings (tests/hermetic.sh),
+#   unless its caller (./x test) already made one.
 set -euo pipefail
 
 if (($# != 2)); then
@@ -23,6 +25,13 @@ if (($# != 2)); then
 fi
 ROOT=$(cd "$1" && pwd)
 VENV=$2
+# shellcheck source=../../tests/hermetic.sh
+source "$ROOT/tests/hermetic.sh"
+scratch_before=${DPUIO_SCRATCH_HOME:-}
+dpuio_hermetic_env
+if [ "$DPUIO_SCRATCH_HOME" != "$scratch_before" ]; then
+    trap 'rm -rf "$DPUIO_SCRATCH_HOME"' EXIT
+fi
 PKG="$ROOT/host-shim/python"
 TORCH_TIMEOUT=${DPUIO_TORCH_INSTALL_TIMEOUT:-600}
 SKIP_MARK="$VENV/.dpuio-torch-skip-reason"

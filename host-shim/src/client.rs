@@ -220,7 +220,9 @@ pub struct File {
     chunk_bytes: u64,
 }
 
-fn endpoint(address: &str, tls: &TlsOptions) -> Result<Endpoint> {
+/// Where the agent is, as parsed from an address: the URL to dial and whether it is
+/// plaintext.
+fn agent_endpoint(address: &str) -> Result<(Endpoint, bool)> {
     let bad = |reason: String| Error::Address { address: address.to_owned(), reason };
     let (plaintext, rest) = match address.split_once("://") {
         Some(("http", rest)) => (true, rest),
@@ -234,11 +236,56 @@ fn endpoint(address: &str, tls: &TlsOptions) -> Result<Endpoint> {
     };
     let url = format!("{}://{rest}", if plaintext { "http" } else { "https" });
     let endpoint = Endpoint::from_shared(url).map_err(|e| bad(e.to_string()))?;
-    if plaintext {
-        return Ok(endpoint);
+    Ok((endpoint, plaintext))
+}
+
+/// Open the control-plane channel to the agent at `address`.
+///
+/// Reachability comes first: when the client bundle is not usable *and* nothing answers
+/// at the address, the error is [`Error::Connect`] (UNAVAILABLE, worth retrying) and its
+/// reason names the bundle problem too. An agent started on this machine writes the
+/// development bundle when it starts, so a job launched before its agent has a reason to
+/// wait and retry; telling such a user only about certificates would send them to the
+/// wrong fix. When the agent does answer, a bad bundle is [`Error::Tls`]
+/// (INVALID_ARGUMENT), as before. The same rule holds for the C ABI, Python and the CLI,
+/// which all attach through here.
+async fn connect_channel(address: &str, tls: &TlsOptions, timeout: Duration) -> Result<Channel> {
+    let (endpoint, plaintext) = agent_endpoint(address)?;
+    let endpoint = endpoint.connect_timeout(timeout).tcp_nodelay(true);
+    let endpoint = if plaintext {
+        endpoint
+    } else {
+        let uri = endpoint.uri().clone();
+        let host = uri.host().unwrap_or("localhost").to_owned();
+        let configured = tls
+            .client_config(&host)
+            .and_then(|config| endpoint.tls_config(config).map_err(|e| Error::Tls { reason: error_chain(&e) }));
+        match configured {
+            Ok(endpoint) => endpoint,
+            Err(Error::Tls { reason }) => {
+                return Err(match probe(&uri, timeout).await {
+                    Ok(()) => Error::Tls { reason },
+                    Err(unreachable) => Error::Connect {
+                        address: address.to_owned(),
+                        reason: format!("{unreachable}; besides, the client bundle is not usable: {reason}"),
+                    },
+                });
+            }
+            Err(other) => return Err(other),
+        }
+    };
+    endpoint.connect().await.map_err(|source| connect_error(address, &source))
+}
+
+/// Whether anything accepts a TCP connection at `uri` within `timeout`.
+async fn probe(uri: &tonic::transport::Uri, timeout: Duration) -> std::result::Result<(), String> {
+    let host = uri.host().unwrap_or("localhost").trim_start_matches('[').trim_end_matches(']');
+    let port = uri.port_u16().unwrap_or(443);
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("tcp connect error: {e}")),
+        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
     }
-    let host = endpoint.uri().host().unwrap_or("localhost").to_owned();
-    endpoint.tls_config(tls.client_config(&host)?).map_err(|e| Error::Tls { reason: error_chain(&e) })
 }
 
 /// Why a connection failed: an agent certificate this client does not trust is a TLS
@@ -286,12 +333,7 @@ fn attr_from(op: &str, a: Option<pb::Attr>) -> Result<Attr> {
 impl Client {
     /// Connect, attach and mount the tenant's container.
     pub async fn connect(options: ConnectOptions) -> Result<Client> {
-        let channel = endpoint(&options.agent, &options.tls)?
-            .connect_timeout(options.connect_timeout)
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|source| connect_error(&options.agent, &source))?;
+        let channel = connect_channel(&options.agent, &options.tls, options.connect_timeout).await?;
         let mut session = SessionClient::new(channel.clone());
         let mut namespace = NamespaceClient::new(channel.clone());
         let prepared = match options.data_plane.clone() {
@@ -842,5 +884,56 @@ impl Drop for Buffer {
             self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(region);
             self.pool.returned.notify_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Options for `address` whose client bundle directory does not exist, whatever is
+    /// in the home directory or the environment of the test process.
+    fn without_bundle(address: &str) -> ConnectOptions {
+        let missing = std::env::temp_dir().join(format!("dpuio-no-bundle-{}", std::process::id()));
+        ConnectOptions {
+            agent: address.to_owned(),
+            tls: TlsOptions::bundle(missing),
+            connect_timeout: Duration::from_secs(2),
+            capability_token: String::new(),
+            ..ConnectOptions::default()
+        }
+    }
+
+    fn connect_error_of(options: ConnectOptions) -> Error {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        match runtime.block_on(Client::connect(options)) {
+            Ok(_) => panic!("connected with no agent and no client bundle"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn no_bundle_and_no_agent_is_unreachable_and_names_the_bundle() {
+        let e = connect_error_of(without_bundle("127.0.0.1:1"));
+        let text = e.to_string();
+        assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+        assert!(text.starts_with("cannot reach the agent at 127.0.0.1:1: "), "{text}");
+        assert!(text.contains("the client bundle is not usable: cannot read the client certificate"), "{text}");
+    }
+
+    #[test]
+    fn no_bundle_with_something_listening_is_a_tls_setting() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let e = connect_error_of(without_bundle(&address));
+        assert!(matches!(e, Error::Tls { .. }), "{e:?}");
+        assert!(e.to_string().contains("cannot read the client certificate"), "{e}");
+    }
+
+    #[test]
+    fn plaintext_without_an_agent_is_unreachable() {
+        let e = connect_error_of(without_bundle("http://127.0.0.1:1"));
+        assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+        assert!(!e.to_string().contains("bundle"), "a plaintext address needs no bundle: {e}");
     }
 }

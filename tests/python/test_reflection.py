@@ -20,11 +20,14 @@ def agent():
     """A fresh agent (mutual TLS, development PKI) and the client bundle it wrote."""
     data = tempfile.mkdtemp(prefix="dpuio-py-")
     bundle = os.path.join(data, "client")
+    # A scratch HOME too: nothing of the user's home directory is read or written.
+    home = os.path.join(data, ".home")
+    os.makedirs(home)
     proc = subprocess.Popen(
         [os.path.join(BIN_DIR, "dpu-agent"), "serve", "--data-dir", data, "--listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "DPUIO_CONFIG_DIR": bundle},
+        env={**os.environ, "HOME": home, "DPUIO_CONFIG_DIR": bundle},
     )
     line = proc.stdout.readline()
     match = re.match(r"dpu-agent listening on (\S+)", line)

@@ -24,6 +24,38 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The variables through which a user's shell could steer a client or an agent: tests
+/// never inherit them.
+const USER_SETTINGS: [&str; 8] = [
+    "DPUIO_AGENT",
+    "DPUIO_CERT",
+    "DPUIO_KEY",
+    "DPUIO_CA",
+    "DPUIO_TOKEN",
+    "DPUIO_TENANT",
+    "DPUIO_TRANSPORT",
+    "DPUIO_CONFIG_DIR",
+];
+
+/// Make `cmd` independent of the user's home directory and environment: `HOME` is
+/// `home` (created if missing), `DPUIO_CONFIG_DIR` is `home/.config/dpuio`, and none of
+/// the user's `DPUIO_*` settings are passed on. A bundle an earlier run left in the real
+/// `~/.config/dpuio` can then neither hide a failure nor be overwritten.
+pub fn hermetic<'a>(cmd: &'a mut Command, home: &Path) -> &'a mut Command {
+    std::fs::create_dir_all(home).expect("create a scratch HOME");
+    for name in USER_SETTINGS {
+        cmd.env_remove(name);
+    }
+    cmd.env("HOME", home).env("DPUIO_CONFIG_DIR", home.join(".config/dpuio"))
+}
+
+/// A workspace binary run with a scratch `HOME` (see [`hermetic`]).
+pub fn command_in(name: &str, home: &Path) -> Command {
+    let mut c = Command::new(binary(name));
+    hermetic(&mut c, home);
+    c
+}
+
 /// A running `dpu-agent serve`, killed when dropped.
 pub struct AgentProcess {
     pub child: Child,
@@ -38,7 +70,7 @@ impl AgentProcess {
     /// Start an agent with `--data-dir data_dir --listen 127.0.0.1:0` plus `extra` args,
     /// and wait until it prints the address it listens on.
     pub fn start(data_dir: &Path, extra: &[&str]) -> AgentProcess {
-        let mut child = Command::new(binary("dpu-agent"))
+        let mut child = command_in("dpu-agent", &data_dir.join(".home"))
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
@@ -86,8 +118,15 @@ impl AgentProcess {
     }
 
     /// Options to connect to this agent as its default tenant.
+    /// Nothing of the test process's environment (`DPUIO_TOKEN`, ...) is taken.
     pub fn connect_options(&self) -> dpuio_shim::ConnectOptions {
-        dpuio_shim::ConnectOptions { agent: self.url(), tls: self.tls(), ..dpuio_shim::ConnectOptions::default() }
+        dpuio_shim::ConnectOptions {
+            agent: self.url(),
+            tls: self.tls(),
+            tenant: String::new(),
+            capability_token: String::new(),
+            ..dpuio_shim::ConnectOptions::default()
+        }
     }
 
     /// A raw gRPC channel to this agent, with the default tenant's client certificate.
@@ -115,13 +154,14 @@ impl AgentProcess {
 
     /// Run `dpuctl` against this agent's admin socket.
     pub fn dpuctl(&self, args: &[&str]) -> Output {
-        Command::new(binary("dpuctl")).arg("--data-dir").arg(&self.data_dir).args(args).output().expect("run dpuctl")
+        self.command("dpuctl").arg("--data-dir").arg(&self.data_dir).args(args).output().expect("run dpuctl")
     }
 
     /// A command for a workspace binary with this agent's address and client bundle
-    /// in its environment (`DPUIO_AGENT`, `DPUIO_CONFIG_DIR`).
+    /// in its environment (`DPUIO_AGENT`, `DPUIO_CONFIG_DIR`), and the agent's scratch
+    /// `HOME` (see [`hermetic`]).
     pub fn command(&self, name: &str) -> Command {
-        let mut c = Command::new(binary(name));
+        let mut c = command_in(name, &self.data_dir.join(".home"));
         c.env("DPUIO_AGENT", self.url()).env("DPUIO_CONFIG_DIR", self.client_dir());
         c
     }

@@ -38,10 +38,7 @@ fn status_sessions_qos_and_drain() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("UNAVAILABLE"), "{out:?}");
     assert!(ok_stdout(&agent.dpuctl(&["status"])).contains("draining  true"));
 
-    let out = std::process::Command::new(dpuio_tests::binary("dpuctl"))
-        .args(["--socket", "/nonexistent/admin.sock", "status"])
-        .output()
-        .unwrap();
+    let out = agent.command("dpuctl").args(["--socket", "/nonexistent/admin.sock", "status"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the agent's admin socket"), "{out:?}");
 }
 

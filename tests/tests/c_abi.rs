@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use dpuio_tests::AgentProcess;
+use dpuio_tests::{AgentProcess, hermetic};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_owned()
@@ -96,7 +96,8 @@ impl TestAgent {
 
     /// Run a C program against this agent, with the agent's config directory.
     fn run(&self, exe: &Path, args: &[&str]) -> Output {
-        Command::new(exe)
+        let mut cmd = Command::new(exe);
+        hermetic(&mut cmd, &self.agent.data_dir.join(".home"))
             .args(args)
             .env("DPUIO_AGENT", self.agent.url())
             .env("DPUIO_CONFIG_DIR", &self.config_dir)

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use dpuio_shim::{Client, ConnectOptions};
-use dpuio_tests::{AgentProcess, binary, ok_stdout};
+use dpuio_tests::{AgentProcess, command_in, ok_stdout};
 
 #[test]
 fn cli_mkdir_then_ls() {
@@ -30,28 +30,39 @@ fn cli_mkdir_then_ls() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("INVALID_ARGUMENT"));
 }
 
+/// What the CLI says when the agent is not there, the client bundle is not usable, or
+/// both. Reachability comes first (the same rule as the library, the C ABI and Python):
+/// with no agent the error is "cannot reach the agent" and names the bundle problem too;
+/// with something listening, the bundle problem alone.
 #[test]
 fn cli_without_an_agent_says_so() {
-    let out =
-        std::process::Command::new(binary("dpuio")).args(["--agent", "http://127.0.0.1:9", "ls"]).output().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let dpuio = || command_in("dpuio", home.path());
+    let out = dpuio().args(["--agent", "http://127.0.0.1:9", "ls"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot reach the agent at http://127.0.0.1:9"), "{err}");
-    // With TLS (the default) and no client bundle, the error says where it looked.
-    let empty = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(binary("dpuio"))
-        .args(["--agent", "127.0.0.1:9", "ls"])
-        .env("DPUIO_CONFIG_DIR", empty.path())
-        .output()
-        .unwrap();
+    // With TLS (the default), no client bundle and no agent: unreachable, and the
+    // message says where it looked for the bundle.
+    let out = dpuio().args(["--agent", "127.0.0.1:9", "ls"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach the agent at 127.0.0.1:9"), "{err}");
     assert!(err.contains("cannot read the client certificate") && err.contains("dpuctl cert issue"), "{err}");
-    // A file that is not a certificate is named as such before any connection.
-    let garbage = empty.path().join("garbage.pem");
+    assert!(err.contains(home.path().join(".config/dpuio/client.pem").to_str().unwrap()), "{err}");
+    // Something listens there: the bundle is the problem.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listening = listener.local_addr().unwrap().to_string();
+    let out = dpuio().args(["--agent", &listening, "ls"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TLS: cannot read the client certificate"), "{err}");
+    assert!(!err.contains("cannot reach"), "{err}");
+    // A file that is not a certificate is named as such before any TLS handshake.
+    let garbage = home.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate\n").unwrap();
-    let out = std::process::Command::new(binary("dpuio"))
-        .args(["--agent", "127.0.0.1:9", "--cert", garbage.to_str().unwrap(), "--key"])
+    let out = dpuio()
+        .args(["--agent", &listening, "--cert", garbage.to_str().unwrap(), "--key"])
         .arg(&garbage)
         .args(["--ca"])
         .arg(&garbage)
@@ -71,7 +82,7 @@ fn check_config_names_every_mistake() {
         "[agent]\nlisten = \"nowhere\"\n[backend]\nkind = \"nfs\"\n[[tenants]]\nname = \"a b\"\ncontainer = \"c\"\n",
     )
     .unwrap();
-    let out = std::process::Command::new(binary("dpu-agent")).arg("check-config").arg(&bad).output().unwrap();
+    let out = command_in("dpu-agent", &dir.path().join("home")).arg("check-config").arg(&bad).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("3 mistake(s)"), "{err}");
@@ -81,7 +92,7 @@ fn check_config_names_every_mistake() {
 
     let good = dir.path().join("good.toml");
     std::fs::write(&good, "[[tenants]]\nname = \"vision\"\ncontainer = \"imagenet\"\n").unwrap();
-    let out = std::process::Command::new(binary("dpu-agent")).arg("check-config").arg(&good).output().unwrap();
+    let out = command_in("dpu-agent", &dir.path().join("home")).arg("check-config").arg(&good).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -128,7 +139,7 @@ fn plaintext_beyond_loopback_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("plain.toml");
     std::fs::write(&config, "[tls]\nmode = \"off\"\n").unwrap();
-    let out = std::process::Command::new(binary("dpu-agent"))
+    let out = command_in("dpu-agent", &dir.path().join("home"))
         .args(["serve", "--config", config.to_str().unwrap(), "--listen", "0.0.0.0:0", "--data-dir"])
         .arg(dir.path().join("data"))
         .output()

@@ -3,10 +3,9 @@
 //! killed agent leaves no block that reads as wrong data.
 
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
 use std::time::Duration;
 
-use dpuio_tests::{AgentProcess, binary, ok_stdout};
+use dpuio_tests::{AgentProcess, command_in, ok_stdout};
 
 fn write_key(path: &std::path::Path, mode: u32) {
     let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
@@ -81,7 +80,7 @@ fn a_key_file_readable_by_others_stops_the_agent() {
     let key = dir.path().join("loose.key");
     write_key(&key, 0o644);
     let config = config(dir.path(), &key);
-    let out = Command::new(binary("dpu-agent"))
+    let out = command_in("dpu-agent", &dir.path().join("home"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap()])
         .arg("--data-dir")
         .arg(dir.path().join("data"))

@@ -5,10 +5,9 @@
 //! Bounds are generous (the test machine is shared and noisy); `dpuio bench qos`
 //! measures the same against the tighter targets.
 
-use std::process::Command;
 use std::time::Duration;
 
-use dpuio_tests::{AgentProcess, binary, ok_stdout};
+use dpuio_tests::{AgentProcess, ok_stdout};
 
 const LIMIT: u64 = 64 << 20;
 
@@ -86,7 +85,8 @@ fn a_throttled_engine_sleeps_and_the_throttled_tenant_waits_without_errors() {
     let before = cpu(pid);
     // 16 reads of 256 KiB in flight at 4 MiB/s: nearly all the time every request the
     // engine holds is waiting for a's bucket.
-    let out = Command::new(binary("dpuio-test-host"))
+    let out = agent
+        .command("dpuio-test-host")
         .args(["qos-load", &agent.url(), "a", "/data", "262144", "16", "3"])
         .output()
         .unwrap();
@@ -121,7 +121,8 @@ fn set_qos_at_run_time_limits_the_engine() {
         "1MiB",
     ]));
     assert!(out.contains("4194304 B/s"), "{out}");
-    let out = Command::new(binary("dpuio-test-host"))
+    let out = agent
+        .command("dpuio-test-host")
         .args(["qos-load", &agent.url(), "a", "/data", "262144", "8", "3"])
         .output()
         .unwrap();

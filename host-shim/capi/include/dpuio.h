@@ -402,6 +402,11 @@ void dpuio_attach_options_init(struct dpuio_attach_options *options);
  * NULL for the defaults. On success `*out` is the client; free it with
  * `dpuio_detach`.
  *
+ * Nothing answering at the address is `DPUIO_E_UNAVAILABLE` (worth a retry), even when
+ * the client bundle is missing too: the message then names both problems, since a local
+ * agent writes the development bundle when it starts. A bundle that cannot be used while
+ * the agent does answer is `DPUIO_E_INVALID_ARGUMENT`.
+ *
  * # Safety
  * `options` must be NULL or a valid struct (see `dpuio_attach_options`); `out` must
  * be valid for writing a pointer.

@@ -577,6 +577,11 @@ fn connect_options(o: &dpuio_attach_options) -> Result<ConnectOptions> {
 /// NULL for the defaults. On success `*out` is the client; free it with
 /// `dpuio_detach`.
 ///
+/// Nothing answering at the address is `DPUIO_E_UNAVAILABLE` (worth a retry), even when
+/// the client bundle is missing too: the message then names both problems, since a local
+/// agent writes the development bundle when it starts. A bundle that cannot be used while
+/// the agent does answer is `DPUIO_E_INVALID_ARGUMENT`.
+///
 /// # Safety
 /// `options` must be NULL or a valid struct (see `dpuio_attach_options`); `out` must
 /// be valid for writing a pointer.
@@ -1547,22 +1552,45 @@ mod tests {
         }
     }
 
-    #[test]
-    fn unreachable_agent_is_unavailable_with_a_message() {
+    /// Attach to `agent` with client bundle files that do not exist, whatever is in the
+    /// home directory or the environment; returns the code and the last error message.
+    fn attach_without_bundle(agent: &str) -> (i32, String) {
+        let missing = std::env::temp_dir().join(format!("dpuio-capi-no-bundle-{}", std::process::id()));
+        let file = |name: &str| CString::new(missing.join(name).to_str().unwrap()).unwrap();
+        let (cert, key, ca) = (file("client.pem"), file("client.key"), file("ca.pem"));
+        let agent = CString::new(agent).unwrap();
         let mut o = std::mem::MaybeUninit::uninit();
-        // SAFETY: o is writable; init fills it; the strings are static C strings.
+        // SAFETY: o is writable; init fills it; every string outlives the call.
         let code = unsafe {
             dpuio_attach_options_init(o.as_mut_ptr());
             let mut o = o.assume_init();
-            o.agent = c"127.0.0.1:1".as_ptr();
+            o.agent = agent.as_ptr();
             o.transports = c"none".as_ptr();
             o.connect_timeout_ms = 2000;
+            (o.cert, o.key, o.ca) = (cert.as_ptr(), key.as_ptr(), ca.as_ptr());
             let mut client = std::ptr::null_mut();
             dpuio_attach(&o, &mut client)
         };
-        assert_eq!(code, code_of(Code::Unavailable));
         // SAFETY: static/thread-local NUL-terminated string.
         let msg = unsafe { CStr::from_ptr(dpuio_last_error_message()) }.to_str().unwrap().to_owned();
+        (code, msg)
+    }
+
+    #[test]
+    fn unreachable_agent_is_unavailable_with_a_message() {
+        // No agent and no client bundle: reachability comes first (UNAVAILABLE, worth a
+        // retry), and the message names the bundle problem too.
+        let (code, msg) = attach_without_bundle("127.0.0.1:1");
+        assert_eq!(code, code_of(Code::Unavailable), "{msg}");
         assert!(msg.starts_with("dpuio_attach: cannot reach the agent at 127.0.0.1:1"), "{msg}");
+        assert!(msg.contains("the client bundle is not usable: cannot read the client certificate"), "{msg}");
+    }
+
+    #[test]
+    fn missing_bundle_with_a_listener_is_an_invalid_argument() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (code, msg) = attach_without_bundle(&listener.local_addr().unwrap().to_string());
+        assert_eq!(code, code_of(Code::InvalidArgument), "{msg}");
+        assert!(msg.contains("cannot read the client certificate"), "{msg}");
     }
 }

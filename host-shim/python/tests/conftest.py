@@ -3,10 +3,11 @@
 The agent binary comes from ``$DPUIO_BIN_DIR`` (default: the workspace's
 ``target/debug``; ``cargo build --workspace --bins`` builds it).
 
-Every test gets a ``DPUIO_CONFIG_DIR`` of its own (a fresh temporary directory), in
-``os.environ`` for the clients it makes (and the processes they fork or spawn) and in
-the environment of the agent it starts: an agent writes its development client bundle
-there and clients find it there, so tests never share one, nor ``~/.config/dpuio``.
+Every test gets a ``HOME`` and a ``DPUIO_CONFIG_DIR`` of its own (fresh temporary
+directories), in ``os.environ`` for the clients it makes (and the processes they fork or
+spawn) and in the environment of the agent it starts, and none of the user's ``DPUIO_*``
+client settings: an agent writes its development client bundle there and clients find it
+there, so tests never share one, nor read or overwrite the user's ``~/.config/dpuio``.
 A test starts at most one agent (they would write their bundles to the same place).
 """
 
@@ -70,12 +71,21 @@ class Agent:
             self.proc.kill()
 
 
+#: The variables through which a user's shell could steer a client: tests never inherit them.
+USER_SETTINGS = ("DPUIO_AGENT", "DPUIO_CERT", "DPUIO_KEY", "DPUIO_CA", "DPUIO_TOKEN", "DPUIO_TENANT", "DPUIO_TRANSPORT")
+
+
 @pytest.fixture(autouse=True)
 def config_dir(tmp_path, monkeypatch):
-    """This test's ``DPUIO_CONFIG_DIR``, set for the test's clients (and restored after)."""
-    d = tmp_path / "dpuio-config"
-    d.mkdir()
+    """This test's ``DPUIO_CONFIG_DIR`` (inside a scratch ``HOME``), set for the test's
+    clients with the user's ``DPUIO_*`` settings removed (all restored after)."""
+    home = tmp_path / "home"
+    d = home / ".config" / "dpuio"
+    d.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("DPUIO_CONFIG_DIR", str(d))
+    for name in USER_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
     return d
 
 

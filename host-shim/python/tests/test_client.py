@@ -31,10 +31,20 @@ def test_unreachable_agent_is_unavailable():
     assert isinstance(e.value, ConnectionError) and e.value.code == "UNAVAILABLE"
 
 
-def test_missing_client_certificate_is_explained(tmp_path):
-    with pytest.raises(dpuio.Error, match="cannot read the client certificate") as e:
+def test_no_certificate_and_no_agent_is_unavailable_and_names_both(tmp_path):
+    # Reachability comes first (as in the Rust library, the C ABI and the CLI): the
+    # agent may yet start and write the development bundle, so this is worth a retry.
+    with pytest.raises(dpuio.Unavailable, match="cannot reach the agent at 127.0.0.1:1") as e:
         dpuio.Client("127.0.0.1:1", cert=tmp_path / "none.pem", connect_timeout=2)
+    assert e.value.code == "UNAVAILABLE"
+    assert "cannot read the client certificate" in str(e.value) and "none.pem" in str(e.value)
+
+
+def test_missing_client_certificate_is_explained(agent, tmp_path):
+    with pytest.raises(dpuio.Error, match="cannot read the client certificate") as e:
+        dpuio.Client(agent.addr, cert=tmp_path / "none.pem", connect_timeout=2)
     assert e.value.code == "INVALID_ARGUMENT"
+    assert "cannot reach" not in str(e.value)
 
 
 def test_namespace_calls(client):
