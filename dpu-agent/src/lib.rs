@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod config;
 pub mod dataplane;
+pub mod deploy;
 pub mod encryption;
 pub mod engine;
 pub mod error;

@@ -46,6 +46,76 @@ enum Command {
     Key(KeyCommand),
     /// Stop accepting new sessions; existing ones run to completion.
     Drain,
+    /// Install a dpuio-agent package on a DPU over SSH, start it and wait until it answers
+    /// (a failed start puts the previous agent back). Needs `ssh` and `scp` here and `dpkg`
+    /// on the target; does not use the admin socket.
+    Deploy(DeployArgs),
+}
+
+#[derive(Args)]
+struct DeployArgs {
+    /// The DPU: [USER@]HOST[:PORT] (the SSH port; default 22).
+    #[arg(long)]
+    target: dpu_agent::deploy::Target,
+    /// The package: target/packages/dpuio-agent_VERSION_ARCH.deb from `./x package`.
+    #[arg(long)]
+    package: PathBuf,
+    /// The agent config, installed as /etc/dpuio/agent.toml (checked here and on the target).
+    #[arg(long)]
+    config: PathBuf,
+    /// A directory of certificates and keys, installed as /etc/dpuio/certs (mode 0600).
+    #[arg(long)]
+    certs: Option<PathBuf>,
+    /// SSH private key (ssh -i).
+    #[arg(long)]
+    identity: Option<PathBuf>,
+    /// More ssh options, e.g. StrictHostKeyChecking=accept-new (repeatable; ssh -o).
+    #[arg(long = "ssh-option", value_name = "OPTION")]
+    ssh_options: Vec<String>,
+    /// Unpack under DIR and run the agent in the background instead of `dpkg -i` and
+    /// systemd (for machines without systemd, and for tests).
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Seconds the new agent has to answer after its start.
+    #[arg(long, default_value_t = 60)]
+    health_timeout_s: u64,
+    /// Print every step and command; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn deploy(args: DeployArgs) -> ExitCode {
+    let options = dpu_agent::deploy::Options {
+        target: args.target,
+        package: args.package,
+        config: args.config,
+        certs: args.certs,
+        identity: args.identity,
+        ssh_options: args.ssh_options,
+        install: args.root.map_or(dpu_agent::deploy::Install::Systemd, dpu_agent::deploy::Install::Root),
+        health_timeout: std::time::Duration::from_secs(args.health_timeout_s),
+        dry_run: args.dry_run,
+    };
+    match dpu_agent::deploy::deploy(&options, &mut std::io::stdout()) {
+        Ok(_) if options.dry_run => {
+            println!("dry run: nothing was changed");
+            ExitCode::SUCCESS
+        }
+        Ok(d) => {
+            println!("dpu-agent {} ({}) is running and answers on {}", d.version, d.arch, options.target.host);
+            println!("hosts attach with: DPUIO_AGENT={} dpuio ls /   (or --agent {0})", d.attach);
+            if d.loopback_only {
+                println!(
+                    "note: the config listens on loopback only, so hosts cannot reach it: set [agent] listen to an address of the DPU"
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("dpuctl {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -252,10 +322,9 @@ fn write_bundle(out: &Path, issued: &pb::IssueCertResponse) -> Result<(), String
     Ok(())
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
-    let socket = cli.socket.unwrap_or_else(|| cli.data_dir.join("admin.sock"));
-    let mut admin = connect(&socket).await?;
-    match cli.command {
+async fn run(socket: &Path, command: Command) -> Result<(), String> {
+    let mut admin = connect(socket).await?;
+    match command {
         Command::Status => {
             let s = admin.status(pb::StatusRequest {}).await.map_err(status("status"))?.into_inner();
             println!("version   {}", s.version);
@@ -394,6 +463,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 println!("  unreadable: {f}");
             }
         }
+        Command::Deploy(_) => return Err("deploy does not use the admin socket".into()),
         Command::Drain => {
             admin.drain(pb::DrainRequest {}).await.map_err(status("drain"))?;
             println!("draining: the agent takes no new sessions");
@@ -404,6 +474,11 @@ async fn run(cli: Cli) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = match cli.command {
+        Command::Deploy(args) => return deploy(args),
+        other => other,
+    };
+    let socket = cli.socket.unwrap_or_else(|| cli.data_dir.join("admin.sock"));
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -411,7 +486,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(&socket, command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dpuctl: {e}");
