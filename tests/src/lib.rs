@@ -70,7 +70,14 @@ impl AgentProcess {
     /// Start an agent with `--data-dir data_dir --listen 127.0.0.1:0` plus `extra` args,
     /// and wait until it prints the address it listens on.
     pub fn start(data_dir: &Path, extra: &[&str]) -> AgentProcess {
-        let mut child = command_in("dpu-agent", &data_dir.join(".home"))
+        Self::start_program(Command::new(binary("dpu-agent")), data_dir, extra, Duration::from_secs(30))
+    }
+
+    /// Like [`AgentProcess::start`], for an agent run by `program` (another build of
+    /// `dpu-agent`, or an emulator with the agent as its first argument), waiting at most
+    /// `startup` for its address.
+    pub fn start_program(mut program: Command, data_dir: &Path, extra: &[&str], startup: Duration) -> AgentProcess {
+        let mut child = hermetic(&mut program, &data_dir.join(".home"))
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
@@ -93,7 +100,11 @@ impl AgentProcess {
             }
             for _ in lines {} // keep draining so the agent never blocks on stdout
         });
-        let line = rx.recv_timeout(Duration::from_secs(30)).expect("dpu-agent did not report its address within 30 s");
+        let Ok(line) = rx.recv_timeout(startup) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dpu-agent did not report its address within {startup:?}");
+        };
         let rest = line
             .strip_prefix("dpu-agent listening on ")
             .unwrap_or_else(|| panic!("unexpected first line from dpu-agent: {line:?}"));

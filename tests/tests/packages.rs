@@ -10,6 +10,7 @@
 //! Without packages, or without root for the install, each test says it is skipped and why.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -128,9 +129,17 @@ fn amd64_packages_install_and_the_installed_agent_serves() {
         std::fs::create_dir_all(dir).unwrap();
         ok_stdout(&run("chown", &["dpuio:dpuio", dir]));
     }
-    let mut child = Command::new("runuser")
-        .args(["-u", "dpuio", "--", "env", "HOME=/var/lib/dpuio", "DPUIO_CONFIG_DIR=/var/lib/dpuio/client"])
-        .args(["/usr/bin/dpu-agent", "serve", "--config", "/etc/dpuio/agent.toml", "--listen", "127.0.0.1:0"])
+    // As the unit's User=dpuio, started directly (not through runuser) so that the child
+    // this test kills is the agent itself.
+    let id_of = |flag: &str| -> u32 { ok_stdout(&run("id", &[flag, "dpuio"])).trim().parse().unwrap() };
+    let mut child = Command::new("/usr/bin/dpu-agent")
+        .args(["serve", "--config", "/etc/dpuio/agent.toml", "--listen", "127.0.0.1:0"])
+        .uid(id_of("-u"))
+        .gid(id_of("-g"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/var/lib/dpuio")
+        .env("DPUIO_CONFIG_DIR", "/var/lib/dpuio/client")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -152,14 +161,25 @@ fn amd64_packages_install_and_the_installed_agent_serves() {
     let data: Vec<u8> = (0..(3u32 << 20) + 77).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
     let local = tmp.path().join("sample.bin");
     std::fs::write(&local, &data).unwrap();
+    // The packaged config names its tenants: their client bundles come from the admin
+    // socket, as an operator makes them (docs/deploy.md).
+    let certs = tmp.path().join("vision-certs");
+    ok_stdout(&run(
+        "/usr/bin/dpuctl",
+        &["--socket", "/run/dpuio/admin.sock", "cert", "issue", "--tenant", "vision", "--out", certs.to_str().unwrap()],
+    ));
     let client = |cmd: &mut Command| -> Output {
         cmd.env("DPUIO_AGENT", &addr)
-            .env("DPUIO_CONFIG_DIR", "/var/lib/dpuio/client")
+            .env("DPUIO_CONFIG_DIR", &certs)
+            // The client (root) and the agent (dpuio) are different users, as a host and a
+            // DPU are different machines: UCX shared memory between two users is refused
+            // (UCS_ERR_SHMEM_SEGMENT), TCP is what crosses.
+            .env("DPUIO_TRANSPORT", "tcp")
             .env("HOME", tmp.path())
             .output()
             .unwrap()
     };
-    ok_stdout(&client(Command::new("/usr/bin/dpuio").args(["put", local.to_str().unwrap(), "/pkg/sample.bin"])));
+    ok_stdout(&client(Command::new("/usr/bin/dpuio").args(["put", local.to_str().unwrap(), "/sample.bin"])));
     let flags = ok_stdout(&run("pkg-config", &["--cflags", "--libs", "dpuio"]));
     let exe = tmp.path().join("read_file");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/c/read_file.c");
@@ -167,7 +187,7 @@ fn amd64_packages_install_and_the_installed_agent_serves() {
     cc.args(["-std=c11", "-O1", "-o"]).arg(&exe).arg(&source).args(flags.split_whitespace());
     let out = cc.output().unwrap();
     assert!(out.status.success(), "cc with pkg-config failed: {}", String::from_utf8_lossy(&out.stderr));
-    let out = client(Command::new(&exe).args(["/pkg/sample.bin", "1048576", "4"]));
+    let out = client(Command::new(&exe).args(["/sample.bin", "1048576", "4"]));
     let said = ok_stdout(&out);
     assert!(said.contains(&format!("size={}", data.len())), "{said}");
     let fnv = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
