@@ -176,7 +176,14 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
     };
 
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
-    let stop = shutdown_signal(agent.clone())?;
+    let signalled = shutdown_signal(agent.clone())?;
+    // From the signal on, health says NOT_SERVING (kubelet's readiness, load balancers)
+    // while calls in flight finish.
+    let draining = health_reporter.clone();
+    let stop = async move {
+        signalled.await;
+        draining.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    };
     tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), mtls = tls.is_some(), "serving");
     on_listening(local, tls.is_some());
 

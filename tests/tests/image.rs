@@ -152,6 +152,27 @@ impl Drop for Scratch {
     }
 }
 
+/// `argv` run as a container runtime would run it in `rootfs`: chrooted, in a mount
+/// namespace of its own with /proc, /sys and /dev mounted (they go away with it), with
+/// only the image's environment `env` (`KEY=VALUE`).
+fn in_root(rootfs: &Path, argv: &[String], env: Vec<&str>) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-ec"])
+        .arg(
+            r#"r=$1; shift
+mount -t proc proc "$r/proc"
+mount --rbind /sys "$r/sys"
+mount --rbind /dev "$r/dev"
+exec chroot "$r" "$@""#,
+        )
+        .arg("sh")
+        .arg(rootfs)
+        .args(argv)
+        .env_clear()
+        .envs(env.iter().map(|kv| kv.split_once('=').unwrap_or_else(|| panic!("{kv:?} in the image's Env"))));
+    cmd
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -200,24 +221,8 @@ fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
     ]);
 
     let log_path = tmp.path().join("agent.log");
-    let mut cmd = Command::new("unshare");
-    // A mount namespace of its own: what is mounted into the root goes away with the agent.
-    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-ec"])
-        .arg(
-            r#"r=$1; shift
-mount -t proc proc "$r/proc"
-mount --rbind /sys "$r/sys"
-mount --rbind /dev "$r/dev"
-exec chroot "$r" "$@""#,
-        )
-        .arg("sh")
-        .arg(&rootfs)
-        .args(&argv)
-        .env_clear()
-        .envs(strings(&c["Env"]).iter().map(|kv| kv.split_once('=').unwrap()))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log_path).unwrap());
+    let mut cmd = in_root(&rootfs, &argv, strings(&c["Env"]));
+    cmd.env("RUST_LOG", "info").stdout(Stdio::piped()).stderr(std::fs::File::create(&log_path).unwrap());
     let mut child = cmd.spawn().expect("start the agent in its root filesystem");
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -268,9 +273,10 @@ exec chroot "$r" "$@""#,
     assert!(log().contains("data plane up"), "UCX did not start in the image's root:\n{}", log());
 
     // The image's own dpuctl, in the same root, over the packaged config's admin socket.
-    let mut dpuctl = Command::new("chroot");
-    dpuctl.arg(&rootfs).args(&prefix).args(["/usr/bin/dpuctl", "--socket", "/run/dpuio/admin.sock", "status"]);
-    let status = ok_stdout(&dpuctl.env_clear().output().unwrap());
+    let mut argv = prefix.clone();
+    argv.extend(["/usr/bin/dpuctl", "--socket", "/run/dpuio/admin.sock", "status"].map(String::from));
+    let mut dpuctl = in_root(&rootfs, &argv, strings(&c["Env"]));
+    let status = ok_stdout(&dpuctl.output().unwrap());
     assert!(status.contains("backend   local"), "{status}");
     assert!(status.contains(VERSION), "{status}");
 
