@@ -353,7 +353,7 @@ def plugins(sysroot, triplet, providers):
             n for n in sorted(os.listdir(sysroot.host_path(pdir))) if re.fullmatch(rf"lib{re.escape(p)}-rdmav\d+\.so", n)
         ] if os.path.isdir(sysroot.host_path(pdir)) else []
         if not names:
-            raise BuildError(f"libibverbs provider {p!r} for {triplet} is not installed (ibverbs-providers:ARCH)")
+            raise BuildError(f"libibverbs provider {p!r} for {triplet} is not installed under {sysroot.root} (ibverbs-providers)")
         for n in names:
             real = sysroot.resolve(f"{pdir}/{n}")
             with open(sysroot.host_path(real), "rb") as f:
@@ -386,7 +386,12 @@ def build(args):
         raise BuildError(f"{args.version!r} is not a version")
     if not re.fullmatch(r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*", args.name):
         raise BuildError(f"{args.name!r} is not an image name (lower case, e.g. localhost/dpuio/dpu-agent)")
-    epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+    if not os.path.isdir(args.sysroot):
+        raise BuildError(f"--sysroot {args.sysroot}: no such directory")
+    try:
+        epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+    except ValueError:
+        raise BuildError(f"SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']!r} is not a number of seconds") from None
     sysroot = Sysroot(args.sysroot, triplet, machine)
 
     members = read_ar(args.deb)
