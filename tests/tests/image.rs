@@ -223,6 +223,7 @@ fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
     let log_path = tmp.path().join("agent.log");
     let mut cmd = in_root(&rootfs, &argv, strings(&c["Env"]));
     cmd.env("RUST_LOG", "info").stdout(Stdio::piped()).stderr(std::fs::File::create(&log_path).unwrap());
+    let started = std::time::Instant::now();
     let mut child = cmd.spawn().expect("start the agent in its root filesystem");
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -247,6 +248,7 @@ fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("the agent in the image said {line:?}:\n{}", log()))
         .to_owned();
+    let up = started.elapsed();
     // The harness's handle on this agent (kill on drop, signal, wait); its data directory
     // is the image's /var/lib/dpuio (the packaged config's).
     let agent = AgentProcess { child, addr, data_dir: rootfs.join("var/lib/dpuio"), plaintext: false };
@@ -271,6 +273,12 @@ fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
     });
     assert_eq!(tls, serving);
     assert!(log().contains("data plane up"), "UCX did not start in the image's root:\n{}", log());
+    // UCX's transport modules (/usr/lib/<triplet>/ucx in the image) were found and loaded:
+    // without them only self, tcp, sysv and posix are listed.
+    for module in ["ib", "rdmacm", "cma"] {
+        let listed = log().lines().any(|l| l.contains("component") && l.trim_end().ends_with(&format!(":  {module}")));
+        assert!(listed, "UCX did not load its {module} module from the image:\n{}", log());
+    }
 
     // The image's own dpuctl, in the same root, over the packaged config's admin socket.
     let mut argv = prefix.clone();
@@ -281,9 +289,18 @@ fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
     assert!(status.contains(VERSION), "{status}");
 
     // SIGTERM, as kubelet stops a pod: a clean exit, and the mounts went with the namespace.
+    // (The clients' connections close with their runtime first: the agent's graceful
+    // shutdown waits for open connections.)
+    drop(rt);
     let mut agent = agent;
     agent.signal("TERM");
     assert_eq!(agent.wait(Duration::from_secs(60)), Some(0), "{}", log());
+    eprintln!(
+        "{arch}: the image's agent{} listened after {:.2} s, answered health (plaintext and TLS) and dpuctl status, exited 0 on SIGTERM after {:.2} s",
+        emulator.map(|e| format!(" under {e}")).unwrap_or_default(),
+        up.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(!mounts.contains(rootfs.to_str().unwrap()), "mounts left behind:\n{mounts}");
 }
