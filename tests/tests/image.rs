@@ -384,3 +384,133 @@ fn static_pod_parses_and_names_the_image() {
     }
     assert_eq!(volume("hugepages")["emptyDir"]["medium"], "HugePages");
 }
+
+/// A containerd of the test's own (its state, root and socket in a scratch directory),
+/// stopped when dropped.
+struct Containerd {
+    child: std::process::Child,
+    socket: PathBuf,
+}
+
+impl Containerd {
+    fn start(dir: &Path) -> Containerd {
+        let socket = dir.join("containerd.sock");
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
+                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[grpc]\n  address = \"{socket}\"\n",
+                root = dir.join("root").display(),
+                state = dir.join("state").display(),
+                socket = socket.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
+            .spawn()
+            .expect("start containerd");
+        let c = Containerd { child, socket };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !c.ctr(&["version"]).status.success() {
+            assert!(std::time::Instant::now() < deadline, "containerd did not answer within 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c
+    }
+
+    fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the DPU does with the archive (docs/image.md): containerd imports it under the name
+/// the static pod uses, and runc runs the image as it is (entrypoint, command, packaged
+/// config, in a network namespace of its own), whose dpuctl then answers inside it.
+#[test]
+fn amd64_image_imports_into_containerd_and_runs_under_runc() {
+    let Some(path) = archive("amd64") else { return };
+    if ok_stdout(&run("id", &["-u"])).trim() != "0" {
+        eprintln!("SKIPPED: containerd needs root");
+        return;
+    }
+    if !(have("containerd") && have("ctr") && have("runc")) {
+        eprintln!("SKIPPED: apt-get install containerd (with runc) for this test");
+        return;
+    }
+    let scratch = Scratch(Some(tempfile::tempdir().unwrap()));
+    let containerd = Containerd::start(scratch.0.as_ref().unwrap().path());
+    ok_stdout(&containerd.ctr(&["images", "import", "--platform", "linux/amd64", path.to_str().unwrap()]));
+    let name = format!("{IMAGE}:{VERSION}");
+    let images = ok_stdout(&containerd.ctr(&["images", "ls", "-q"]));
+    assert!(images.lines().any(|l| l == name), "imported as {images:?}, not {name}");
+
+    let id = format!("dpuio-image-test-{}", std::process::id());
+    ok_stdout(&containerd.ctr(&["run", "-d", &name, &id]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let out = containerd.ctr(&[
+            "tasks",
+            "exec",
+            "--exec-id",
+            "status",
+            &id,
+            "/usr/bin/dpuctl",
+            "--socket",
+            "/run/dpuio/admin.sock",
+            "status",
+        ]);
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dpuctl status in the container: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.contains("backend   local") && status.contains("tenants   2"), "{status}");
+
+    // SIGTERM, as the image's StopSignal says: the task stops, exit status 0.
+    ok_stdout(&containerd.ctr(&["tasks", "kill", "--signal", "SIGTERM", &id]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let tasks = ok_stdout(&containerd.ctr(&["tasks", "ls"]));
+        if tasks.lines().any(|l| l.starts_with(&id) && l.contains("STOPPED")) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the agent did not stop on SIGTERM: {tasks}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // ctr warns "task ... exit with non-zero exit code N" when it was not 0.
+    let deleted = containerd.ctr(&["tasks", "delete", &id]);
+    let said = String::from_utf8_lossy(&deleted.stderr);
+    assert!(deleted.status.success() && !said.contains("non-zero exit code"), "{said}");
+    ok_stdout(&containerd.ctr(&["containers", "rm", &id]));
+    eprintln!(
+        "amd64: containerd imported {name}; under runc the image's agent served dpuctl status and stopped on SIGTERM"
+    );
+}
