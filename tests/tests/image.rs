@@ -289,8 +289,8 @@ fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
     assert!(status.contains(VERSION), "{status}");
 
     // SIGTERM, as kubelet stops a pod: a clean exit, and the mounts went with the namespace.
-    // (The clients' connections close with their runtime first: the agent's graceful
-    // shutdown waits for open connections.)
+    // The clients go first: their runtime runs only inside block_on, so their connections
+    // could not answer the GOAWAY of the agent's graceful shutdown, which waits for them.
     drop(rt);
     let mut agent = agent;
     agent.signal("TERM");
