@@ -514,3 +514,38 @@ fn amd64_image_imports_into_containerd_and_runs_under_runc() {
         "amd64: containerd imported {name}; under runc the image's agent served dpuctl status and stopped on SIGTERM"
     );
 }
+
+/// The health port the static pod's probes use: SERVING while the agent serves, NOT_SERVING
+/// from SIGTERM on while it drains (kubelet's readiness), and gone once it has stopped.
+#[test]
+fn health_port_says_not_serving_while_the_agent_drains() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut agent = AgentProcess::start(data.path(), &["--health-listen", &format!("127.0.0.1:{port}")]);
+    // Each probe on its own connection and runtime, as kubelet's are.
+    let probe = || -> Option<i32> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap();
+            Some(health(endpoint.connect().await.ok()?).await)
+        })
+    };
+    assert_eq!(probe(), Some(ServingStatus::Serving as i32));
+
+    // A client that keeps its connection open and idle (its runtime is not running, so it
+    // cannot answer the GOAWAY) holds the graceful shutdown: the agent is draining meanwhile.
+    let idle = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let channel = idle.block_on(agent.channel());
+    assert_eq!(idle.block_on(health(channel.clone())), ServingStatus::Serving as i32);
+    agent.signal("TERM");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while probe() != Some(ServingStatus::NotServing as i32) {
+        assert!(std::time::Instant::now() < deadline, "the health port never said NOT_SERVING after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(channel);
+    drop(idle);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    assert_eq!(probe(), None, "the health port still answers after the agent stopped");
+}
