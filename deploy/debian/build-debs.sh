@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Build dpuio's Debian packages for one architecture from binaries that are already built.
 #
-#   deploy/debian/build-debs.sh ARCH BIN_DIR VERSION OUT_DIR [COMPRESSION]
+#   deploy/debian/build-debs.sh ARCH BIN_DIR VERSION OUT_DIR [COMPRESSION] [WHICH]
 #
 #   ARCH         amd64 or arm64 (the Debian name)
 #   BIN_DIR      where cargo put dpu-agent, dpuctl, dpuio, libdpuio.so and libdpuio.a
 #   VERSION      the workspace version (Cargo.toml)
 #   OUT_DIR      the packages are written here
 #   COMPRESSION  dpkg-deb -Z (default xz; ./x test passes gzip: the same package, sooner)
+#   WHICH        all (default) or agent: only dpuio-agent, from dpu-agent and dpuctl alone
+#                (what the OCI image needs; ./x test builds it from the debug build)
 #
 # Writes dpuio-agent_VERSION_ARCH.deb (dpu-agent, dpuctl, the systemd unit, the config as a
 # conffile, a system user) and dpuio-host_VERSION_ARCH.deb (dpuio, libdpuio.so/.a, dpuio.h,
@@ -17,10 +19,10 @@
 set -euo pipefail
 
 if (($# < 4)); then
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,18p' "$0" >&2
     exit 2
 fi
-ARCH=$1 BIN_DIR=$2 VERSION=$3 OUT_DIR=$4 COMPRESSION=${5:-xz}
+ARCH=$1 BIN_DIR=$2 VERSION=$3 OUT_DIR=$4 COMPRESSION=${5:-xz} WHICH=${6:-all}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 case "$ARCH" in
@@ -28,7 +30,12 @@ case "$ARCH" in
     arm64) TRIPLET=aarch64-linux-gnu STRIP=aarch64-linux-gnu-strip ;;
     *) echo "build-debs: unknown architecture $ARCH (amd64 or arm64)" >&2; exit 2 ;;
 esac
-for f in dpu-agent dpuctl dpuio libdpuio.so libdpuio.a; do
+case "$WHICH" in
+    all) NEEDED=(dpu-agent dpuctl dpuio libdpuio.so libdpuio.a) ;;
+    agent) NEEDED=(dpu-agent dpuctl) ;;
+    *) echo "build-debs: WHICH is all or agent, not $WHICH" >&2; exit 2 ;;
+esac
+for f in "${NEEDED[@]}"; do
     [ -f "$BIN_DIR/$f" ] || { echo "build-debs: $BIN_DIR/$f is missing: build it first (./x package does)" >&2; exit 1; }
 done
 command -v "$STRIP" >/dev/null || { echo "build-debs: $STRIP is missing (apt-get install binutils-$TRIPLET)" >&2; exit 1; }
@@ -99,6 +106,7 @@ control dpuio-agent "$depends" \
     "data into host memory with one-sided UCX/RDMA operations, so no host CPU is on" \
     "the data path. dpuctl is its operator's command line." >"$A/DEBIAN/control"
 build dpuio-agent
+[ "$WHICH" = all ] || exit 0
 
 # dpuio-host: the host CLI, the C library, its header and pkg-config file.
 H="$WORK/dpuio-host"

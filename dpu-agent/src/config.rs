@@ -55,6 +55,9 @@ pub const DEFAULT_TENANT: &str = "default";
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// A plaintext listener that serves only `grpc.health.v1` (for kubelet's `grpc` probe,
+    /// which speaks no TLS); none by default.
+    pub health_listen: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub lease_ms: u64,
     pub backend: BackendConfig,
@@ -270,6 +273,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: DEFAULT_LISTEN.parse().expect("constant address parses"),
+            health_listen: None,
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             lease_ms: 30_000,
             backend: BackendConfig::Local { path: PathBuf::from(DEFAULT_DATA_DIR) },
@@ -387,13 +391,25 @@ impl Checker {
 
         let mut backend_path = None;
         if let Some(agent) = self.section(root, "agent") {
-            self.unknown_keys("agent", agent, &["listen", "data_dir", "lease_ms"]);
+            self.unknown_keys("agent", agent, &["listen", "health_listen", "data_dir", "lease_ms"]);
             if let Some(listen) = self.string(agent, "agent", "listen") {
                 match listen.parse::<SocketAddr>() {
                     Ok(addr) => config.listen = addr,
                     Err(_) => self.issue(
                         "agent.listen",
                         format!("{listen:?} is not an IP:port address such as \"127.0.0.1:7300\""),
+                    ),
+                }
+            }
+            if let Some(listen) = self.string(agent, "agent", "health_listen") {
+                match listen.parse::<SocketAddr>() {
+                    Ok(addr) if addr == config.listen && addr.port() != 0 => {
+                        self.issue("agent.health_listen", format!("{addr} is agent.listen already; use another port"))
+                    }
+                    Ok(addr) => config.health_listen = Some(addr),
+                    Err(_) => self.issue(
+                        "agent.health_listen",
+                        format!("{listen:?} is not an IP:port address such as \"0.0.0.0:7301\""),
                     ),
                 }
             }
@@ -792,6 +808,18 @@ mod tests {
         assert_eq!(config.limits.max_io_bytes, 1 << 20);
         assert_eq!(config.tenants.len(), 2);
         assert_eq!(config.lease_ms, 5000);
+    }
+
+    #[test]
+    fn health_listen_is_checked() {
+        let config = Config::parse("[agent]\nlisten = \"0.0.0.0:7300\"\nhealth_listen = \"0.0.0.0:7301\"\n").unwrap();
+        assert_eq!(config.health_listen, Some("0.0.0.0:7301".parse().unwrap()));
+        assert_eq!(Config::parse("").unwrap().health_listen, None);
+        let found = issues("[agent]\nlisten = \"0.0.0.0:7300\"\nhealth_listen = \"0.0.0.0:7300\"\n");
+        assert_eq!(found[0].key, "agent.health_listen");
+        assert!(found[0].reason.contains("agent.listen already"), "{found:?}");
+        let found = issues("[agent]\nhealth_listen = \"7301\"\n");
+        assert!(found[0].reason.contains("not an IP:port"), "{found:?}");
     }
 
     #[test]

@@ -38,6 +38,10 @@ enum Command {
         /// port 0 picks a free port, printed on stdout).
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Also serve grpc.health.v1 alone, in plaintext, here (kubelet's `grpc` probe speaks
+        /// no TLS), overriding the config's `[agent] health_listen`.
+        #[arg(long, value_name = "ADDR")]
+        health_listen: Option<SocketAddr>,
         /// Data directory (the local backend's containers live under it), overriding the config.
         #[arg(long)]
         data_dir: Option<PathBuf>,
@@ -69,8 +73,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Serve { config, listen, data_dir } => {
-            let config = match resolve(config, listen, data_dir) {
+        Command::Serve { config, listen, health_listen, data_dir } => {
+            let config = match resolve(config, listen, health_listen, data_dir) {
                 Ok(c) => c,
                 Err(message) => {
                     eprintln!("dpu-agent: {message}");
@@ -108,7 +112,12 @@ fn backend_path(config: &Config) -> &std::path::Path {
 }
 
 /// The config file (or the defaults) with the command-line flags applied on top.
-fn resolve(file: Option<PathBuf>, listen: Option<SocketAddr>, data_dir: Option<PathBuf>) -> Result<Config, String> {
+fn resolve(
+    file: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    health_listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+) -> Result<Config, String> {
     let mut config = match file {
         Some(path) => Config::load(&path).map_err(|e: ConfigError| e.to_string())?,
         None => Config::default(),
@@ -121,6 +130,15 @@ fn resolve(file: Option<PathBuf>, listen: Option<SocketAddr>, data_dir: Option<P
             ));
         }
         config.listen = addr;
+    }
+    if let Some(addr) = health_listen {
+        config.health_listen = Some(addr);
+    }
+    if let Some(health) = config.health_listen
+        && health == config.listen
+        && health.port() != 0
+    {
+        return Err(format!("the health address {health} is the control-plane address: use another port"));
     }
     if let Some(dir) = data_dir {
         config.backend = BackendConfig::Local { path: dir.clone() };

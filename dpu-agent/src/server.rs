@@ -156,8 +156,34 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
         ));
     tracing::info!(socket = %admin_path.display(), "admin service listening");
 
+    // kubelet's `grpc` probe speaks no TLS: health alone, in plaintext, where configured.
+    let (health_stop_tx, health_stop) = tokio::sync::oneshot::channel::<()>();
+    let health = match agent.config.health_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+            let bound = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
+            tracing::info!(%bound, "health service (grpc.health.v1, plaintext) listening");
+            Some(tokio::spawn(
+                tonic::transport::Server::builder().add_service(health_service.clone()).serve_with_incoming_shutdown(
+                    incoming(listener),
+                    async {
+                        let _ = health_stop.await;
+                    },
+                ),
+            ))
+        }
+        None => None,
+    };
+
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
-    let stop = shutdown_signal(agent.clone())?;
+    let signalled = shutdown_signal(agent.clone())?;
+    // From the signal on, health says NOT_SERVING (kubelet's readiness, load balancers)
+    // while calls in flight finish.
+    let draining = health_reporter.clone();
+    let stop = async move {
+        signalled.await;
+        draining.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    };
     tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), mtls = tls.is_some(), "serving");
     on_listening(local, tls.is_some());
 
@@ -178,6 +204,12 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
     }
 
     reaper.abort();
+    let _ = health_stop_tx.send(());
+    if let Some(h) = health
+        && let Ok(Err(e)) = h.await
+    {
+        tracing::warn!(error = %e, "health service stopped with an error");
+    }
     let _ = admin_stop_tx.send(());
     if let Ok(Err(e)) = admin.await {
         tracing::warn!(error = %e, "admin service stopped with an error");

@@ -1,0 +1,551 @@
+//! The agent's OCI image and its kubelet static pod:
+//!
+//! * the archive `dpu-agent-VERSION-ARCH.oci.tar` (`./x package` writes both architectures
+//!   into target/packages; `./x test` builds the amd64 one from the debug build into
+//!   `$DPUIO_IMAGE_DIR`, which is looked in first) is a valid OCI layout for skopeo, every blob matches its digest,
+//!   and its config names the agent's entrypoint, command, port and architecture;
+//! * the root filesystem of its one layer runs the agent (chroot into it, with /proc, /sys
+//!   and /dev mounted in a mount namespace of its own, as a container runtime would; the
+//!   arm64 one under `qemu-aarch64-static`), with the image's own command, environment and
+//!   packaged config: it answers grpc.health.v1 on its plaintext health port and over TLS
+//!   on its control-plane port, its UCX data plane comes up, the image's `dpuctl status`
+//!   answers over the admin socket, and SIGTERM stops it cleanly;
+//! * `deploy/bluefield/dpu-agent.yaml` parses and names that image, its probes and ports.
+//!
+//! A missing tool, archive or privilege skips a test with the reason printed.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use dpuio_tests::{AgentProcess, ok_stdout};
+use serde_json::Value;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const IMAGE: &str = "localhost/dpuio/dpu-agent";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Where archives are looked for: `$DPUIO_IMAGE_DIR` (./x test's debug-built amd64 image),
+/// then target/packages (`./x package`).
+fn image_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("DPUIO_IMAGE_DIR").map(PathBuf::from).into_iter().collect();
+    dirs.push(workspace().join("target/packages"));
+    dirs
+}
+
+fn archive(arch: &str) -> Option<PathBuf> {
+    let name = format!("dpu-agent-{VERSION}-{arch}.oci.tar");
+    let found = image_dirs().into_iter().map(|d| d.join(&name)).find(|p| p.is_file());
+    if found.is_none() {
+        let dirs: Vec<String> = image_dirs().iter().map(|d| d.display().to_string()).collect();
+        eprintln!(
+            "SKIPPED: no {name} in {} (`./x package` builds both architectures, `./x test` the amd64 one)",
+            dirs.join(" or ")
+        );
+    }
+    found
+}
+
+fn have(tool: &str) -> bool {
+    let found =
+        Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("SKIPPED: {tool} is not installed");
+    }
+    found
+}
+
+fn run(program: &str, args: &[&str]) -> Output {
+    Command::new(program).args(args).output().unwrap_or_else(|e| panic!("run {program}: {e}"))
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array().unwrap_or_else(|| panic!("not an array: {v}")).iter().map(|s| s.as_str().unwrap()).collect()
+}
+
+/// skopeo reads the layout, copies every blob out of it (checking each digest), and the
+/// config says what the agent's image must say.
+fn layout_is_valid(arch: &str) {
+    let Some(path) = archive(arch) else { return };
+    if !have("skopeo") {
+        return;
+    }
+    let reference = format!("oci-archive:{}", path.display());
+    let inspect = json(&ok_stdout(&run("skopeo", &["inspect", &reference])));
+    assert_eq!(inspect["Architecture"], arch, "{inspect}");
+    assert_eq!(inspect["Os"], "linux");
+    assert_eq!(inspect["Labels"]["org.opencontainers.image.version"], VERSION);
+
+    let config = json(&ok_stdout(&run("skopeo", &["inspect", "--config", &reference])));
+    assert_eq!(config["architecture"], arch);
+    assert_eq!(config["os"], "linux");
+    let c = &config["config"];
+    assert_eq!(strings(&c["Entrypoint"]), ["/usr/bin/dpu-agent"]);
+    assert_eq!(strings(&c["Cmd"]), ["serve", "--config", "/etc/dpuio/agent.toml"]);
+    assert!(c["ExposedPorts"].get("7300/tcp").is_some(), "{c}");
+    assert_eq!(c["StopSignal"], "SIGTERM");
+    assert!(config["rootfs"]["diff_ids"].as_array().is_some_and(|d| d.len() == 1), "{config}");
+
+    // A copy out of the archive reads and verifies every blob.
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("copy");
+    ok_stdout(&run("skopeo", &["copy", "--quiet", &reference, &format!("dir:{}", copy.display())]));
+    let manifest = json(&std::fs::read_to_string(copy.join("manifest.json")).unwrap());
+    assert_eq!(manifest["layers"].as_array().unwrap().len(), 1);
+
+    // The name containerd gives it on import, which the static pod uses.
+    let index = json(&ok_stdout(&run("tar", &["-xOf", path.to_str().unwrap(), "index.json"])));
+    let annotations = &index["manifests"][0]["annotations"];
+    assert_eq!(annotations["io.containerd.image.name"], format!("{IMAGE}:{VERSION}").as_str());
+    assert_eq!(annotations["org.opencontainers.image.ref.name"], VERSION);
+}
+
+#[test]
+fn amd64_image_is_a_valid_oci_layout_of_the_agent() {
+    layout_is_valid("amd64");
+}
+
+#[test]
+fn arm64_image_is_a_valid_oci_layout_of_the_agent() {
+    layout_is_valid("arm64");
+}
+
+/// The image's layer unpacked into `dir/rootfs`, and its config.
+fn unpack(archive: &Path, dir: &Path) -> (PathBuf, Value) {
+    let layout = dir.join("layout");
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(&layout).unwrap();
+    std::fs::create_dir_all(&rootfs).unwrap();
+    ok_stdout(&run("tar", &["-xf", archive.to_str().unwrap(), "-C", layout.to_str().unwrap()]));
+    let blob =
+        |digest: &Value| layout.join("blobs/sha256").join(digest.as_str().unwrap().trim_start_matches("sha256:"));
+    let index = json(&std::fs::read_to_string(layout.join("index.json")).unwrap());
+    let manifest = json(&std::fs::read_to_string(blob(&index["manifests"][0]["digest"])).unwrap());
+    let config = json(&std::fs::read_to_string(blob(&manifest["config"]["digest"])).unwrap());
+    for layer in manifest["layers"].as_array().unwrap() {
+        let file = blob(&layer["digest"]);
+        ok_stdout(&run("tar", &["-xzf", file.to_str().unwrap(), "-C", rootfs.to_str().unwrap()]));
+    }
+    (rootfs, config)
+}
+
+/// A scratch directory that is kept, not removed, if anything is still mounted under it
+/// (removing it would then reach into the host's /dev or /sys).
+struct Scratch(Option<tempfile::TempDir>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let dir = self.0.take().unwrap();
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        if mounts.contains(dir.path().to_str().unwrap()) {
+            eprintln!("keeping {}: something is still mounted under it", dir.path().display());
+            let _ = dir.keep();
+        }
+    }
+}
+
+/// `argv` run as a container runtime would run it in `rootfs`: chrooted, in a mount
+/// namespace of its own with /proc, /sys and /dev mounted (they go away with it), with
+/// only the image's environment `env` (`KEY=VALUE`).
+fn in_root(rootfs: &Path, argv: &[String], env: Vec<&str>) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-ec"])
+        .arg(
+            r#"r=$1; shift
+mount -t proc proc "$r/proc"
+mount --rbind /sys "$r/sys"
+mount --rbind /dev "$r/dev"
+exec chroot "$r" "$@""#,
+        )
+        .arg("sh")
+        .arg(rootfs)
+        .args(argv)
+        .env_clear()
+        .envs(env.iter().map(|kv| kv.split_once('=').unwrap_or_else(|| panic!("{kv:?} in the image's Env"))));
+    cmd
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn health(channel: tonic::transport::Channel) -> i32 {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let reply = HealthClient::new(channel)
+        .check(HealthCheckRequest { service: String::new() })
+        .await
+        .expect("grpc.health.v1 Check");
+    reply.into_inner().status
+}
+
+/// Start the image's entrypoint and command, with its environment, chrooted into its root
+/// filesystem (under `emulator`, copied in, when the image is not for this machine), and
+/// check that it serves.
+fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
+    let Some(path) = archive(arch) else { return };
+    if ok_stdout(&run("id", &["-u"])).trim() != "0" {
+        eprintln!("SKIPPED: chroot and the mounts of a container's root need root");
+        return;
+    }
+    if !have("unshare") || emulator.is_some_and(|e| !have(e)) {
+        return;
+    }
+    let scratch = Scratch(Some(tempfile::tempdir().unwrap()));
+    let tmp = scratch.0.as_ref().unwrap();
+    let (rootfs, config) = unpack(&path, tmp.path());
+    let mut prefix: Vec<String> = Vec::new();
+    if let Some(emulator) = emulator {
+        let host = ok_stdout(&run("sh", &["-c", &format!("command -v {emulator}")]));
+        std::fs::copy(host.trim(), rootfs.join(emulator)).unwrap();
+        prefix.push(format!("/{emulator}"));
+    }
+    let c = &config["config"];
+    let mut argv: Vec<String> = prefix.clone();
+    argv.extend(strings(&c["Entrypoint"]).into_iter().map(String::from));
+    argv.extend(strings(&c["Cmd"]).into_iter().map(String::from));
+    // As the static pod adds a health listener; a free port, loopback only, for the test.
+    let health_port = free_port();
+    argv.extend([
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--health-listen".into(),
+        format!("127.0.0.1:{health_port}"),
+    ]);
+
+    let log_path = tmp.path().join("agent.log");
+    let mut cmd = in_root(&rootfs, &argv, strings(&c["Env"]));
+    cmd.env("RUST_LOG", "info").stdout(Stdio::piped()).stderr(std::fs::File::create(&log_path).unwrap());
+    let started = std::time::Instant::now();
+    let mut child = cmd.spawn().expect("start the agent in its root filesystem");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // Under emulation the first start makes the development CA: give it time.
+    let line = match rx.recv_timeout(Duration::from_secs(180)) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("the agent in the image did not report its address:\n{}", log());
+        }
+    };
+    let addr = line
+        .strip_prefix("dpu-agent listening on ")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the agent in the image said {line:?}:\n{}", log()))
+        .to_owned();
+    let up = started.elapsed();
+    // The harness's handle on this agent (kill on drop, signal, wait); its data directory
+    // is the image's /var/lib/dpuio (the packaged config's).
+    let agent = AgentProcess { child, addr, data_dir: rootfs.join("var/lib/dpuio"), plaintext: false };
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    // Plaintext, on the health port only: what kubelet's grpc probe does.
+    let plain = rt.block_on(async {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{health_port}")).unwrap();
+        health(endpoint.connect().await.expect("connect to the health port")).await
+    });
+    assert_eq!(plain, serving, "{}", log());
+    // Over TLS on the control-plane port, trusting the development CA the agent made in the
+    // image's data directory (health needs no client certificate; every other service does).
+    let ca =
+        std::fs::read(agent.data_dir.join("pki/ca.pem")).unwrap_or_else(|e| panic!("the agent's CA: {e}\n{}", log()));
+    let tls = rt.block_on(async {
+        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+        let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("127.0.0.1");
+        let endpoint = Endpoint::from_shared(format!("https://{}", agent.addr)).unwrap().tls_config(tls).unwrap();
+        health(endpoint.connect().await.expect("TLS connection to the agent")).await
+    });
+    assert_eq!(tls, serving);
+    assert!(log().contains("data plane up"), "UCX did not start in the image's root:\n{}", log());
+    // UCX's transport modules (/usr/lib/<triplet>/ucx in the image) were found and loaded:
+    // without them only self, tcp, sysv and posix are listed.
+    for module in ["ib", "rdmacm", "cma"] {
+        let listed = log().lines().any(|l| l.contains("component") && l.trim_end().ends_with(&format!(":  {module}")));
+        assert!(listed, "UCX did not load its {module} module from the image:\n{}", log());
+    }
+
+    // The image's own dpuctl, in the same root, over the packaged config's admin socket.
+    let mut argv = prefix.clone();
+    argv.extend(["/usr/bin/dpuctl", "--socket", "/run/dpuio/admin.sock", "status"].map(String::from));
+    let mut dpuctl = in_root(&rootfs, &argv, strings(&c["Env"]));
+    let status = ok_stdout(&dpuctl.output().unwrap());
+    assert!(status.contains("backend   local"), "{status}");
+    assert!(status.contains(VERSION), "{status}");
+
+    // SIGTERM, as kubelet stops a pod: a clean exit, and the mounts went with the namespace.
+    // The clients go first: their runtime runs only inside block_on, so their connections
+    // could not answer the GOAWAY of the agent's graceful shutdown, which waits for them.
+    drop(rt);
+    let mut agent = agent;
+    agent.signal("TERM");
+    assert_eq!(agent.wait(Duration::from_secs(60)), Some(0), "{}", log());
+    eprintln!(
+        "{arch}: the image's agent{} listened after {:.2} s, answered health (plaintext and TLS) and dpuctl status, exited 0 on SIGTERM after {:.2} s",
+        emulator.map(|e| format!(" under {e}")).unwrap_or_default(),
+        up.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(rootfs.to_str().unwrap()), "mounts left behind:\n{mounts}");
+}
+
+#[test]
+fn amd64_agent_runs_and_answers_health_in_its_image_root() {
+    agent_runs_in_its_root("amd64", None);
+}
+
+#[test]
+fn arm64_agent_runs_and_answers_health_in_its_image_root_under_qemu() {
+    agent_runs_in_its_root("arm64", Some("qemu-aarch64-static"));
+}
+
+#[test]
+fn static_pod_parses_and_names_the_image() {
+    let file = workspace().join("deploy/bluefield/dpu-agent.yaml");
+    if !have("python3") {
+        return;
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    if String::from_utf8_lossy(&out.stderr).contains("No module named 'yaml'") {
+        eprintln!("SKIPPED: python3's yaml module is missing (apt-get install python3-yaml)");
+        return;
+    }
+    let pod = json(&ok_stdout(&out));
+    assert_eq!(pod["apiVersion"], "v1");
+    assert_eq!(pod["kind"], "Pod");
+    let spec = &pod["spec"];
+    assert_eq!(spec["hostNetwork"], true);
+    let containers = spec["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    assert_eq!(c["image"], format!("{IMAGE}:{VERSION}").as_str(), "the pod must name the image ./x package builds");
+    assert_eq!(c["imagePullPolicy"], "Never", "the image is imported, never pulled");
+    assert_eq!(pod["metadata"]["labels"]["app.kubernetes.io/version"], VERSION);
+
+    // The image's command with a health listener whose port the probes use.
+    let args = strings(&c["args"]);
+    assert_eq!(args[..3], ["serve", "--config", "/etc/dpuio/agent.toml"]);
+    let health = args.iter().position(|a| *a == "--health-listen").map(|i| args[i + 1]).expect("--health-listen");
+    let health_port: u64 = health.rsplit_once(':').unwrap().1.parse().unwrap();
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(c[probe]["grpc"]["port"], health_port, "{probe} must ask grpc.health.v1 on {health}");
+    }
+    let ports: Vec<u64> = c["ports"].as_array().unwrap().iter().map(|p| p["containerPort"].as_u64().unwrap()).collect();
+    assert!(ports.contains(&7300) && ports.contains(&health_port), "{ports:?}");
+
+    // Huge pages: requested, and (as kubelet requires) the request equals the limit.
+    let r = &c["resources"];
+    assert!(r["requests"]["hugepages-2Mi"].is_string(), "{r}");
+    assert_eq!(r["requests"]["hugepages-2Mi"], r["limits"]["hugepages-2Mi"]);
+    assert!(c["securityContext"]["capabilities"]["add"].as_array().unwrap().contains(&Value::from("IPC_LOCK")));
+
+    // Every mount has its volume; config, certificates, data, admin socket and the RDMA
+    // devices come from the DPU.
+    let volumes = spec["volumes"].as_array().unwrap();
+    let volume = |name: &str| volumes.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no volume {name}"));
+    let mounts: Vec<(&str, &str)> = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap(), m["mountPath"].as_str().unwrap()))
+        .collect();
+    for (name, _) in &mounts {
+        volume(name);
+    }
+    for (host, mount) in [
+        ("/etc/dpuio", "/etc/dpuio"),
+        ("/var/lib/dpuio", "/var/lib/dpuio"),
+        ("/run/dpuio", "/run/dpuio"),
+        ("/dev/infiniband", "/dev/infiniband"),
+    ] {
+        let v = volumes.iter().find(|v| v["hostPath"]["path"] == host).unwrap_or_else(|| panic!("no hostPath {host}"));
+        let name = v["name"].as_str().unwrap();
+        assert!(mounts.contains(&(name, mount)), "{host} is not mounted at {mount}: {mounts:?}");
+    }
+    assert_eq!(volume("hugepages")["emptyDir"]["medium"], "HugePages");
+}
+
+/// A containerd of the test's own (its state, root and socket in a scratch directory),
+/// stopped when dropped.
+struct Containerd {
+    child: std::process::Child,
+    socket: PathBuf,
+}
+
+impl Containerd {
+    fn start(dir: &Path) -> Containerd {
+        let socket = dir.join("containerd.sock");
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
+                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[grpc]\n  address = \"{socket}\"\n",
+                root = dir.join("root").display(),
+                state = dir.join("state").display(),
+                socket = socket.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
+            .spawn()
+            .expect("start containerd");
+        let c = Containerd { child, socket };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !c.ctr(&["version"]).status.success() {
+            assert!(std::time::Instant::now() < deadline, "containerd did not answer within 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c
+    }
+
+    fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the DPU does with the archive (docs/image.md): containerd imports it under the name
+/// the static pod uses, and runc runs the image as it is (entrypoint, command, packaged
+/// config, in a network namespace of its own), whose dpuctl then answers inside it.
+#[test]
+fn amd64_image_imports_into_containerd_and_runs_under_runc() {
+    let Some(path) = archive("amd64") else { return };
+    if ok_stdout(&run("id", &["-u"])).trim() != "0" {
+        eprintln!("SKIPPED: containerd needs root");
+        return;
+    }
+    if !(have("containerd") && have("ctr") && have("runc")) {
+        eprintln!("SKIPPED: apt-get install containerd (with runc) for this test");
+        return;
+    }
+    let scratch = Scratch(Some(tempfile::tempdir().unwrap()));
+    let containerd = Containerd::start(scratch.0.as_ref().unwrap().path());
+    ok_stdout(&containerd.ctr(&["images", "import", "--platform", "linux/amd64", path.to_str().unwrap()]));
+    let name = format!("{IMAGE}:{VERSION}");
+    let images = ok_stdout(&containerd.ctr(&["images", "ls", "-q"]));
+    assert!(images.lines().any(|l| l == name), "imported as {images:?}, not {name}");
+
+    let id = format!("dpuio-image-test-{}", std::process::id());
+    ok_stdout(&containerd.ctr(&["run", "-d", &name, &id]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let out = containerd.ctr(&[
+            "tasks",
+            "exec",
+            "--exec-id",
+            "status",
+            &id,
+            "/usr/bin/dpuctl",
+            "--socket",
+            "/run/dpuio/admin.sock",
+            "status",
+        ]);
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dpuctl status in the container: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.contains("backend   local") && status.contains("tenants   2"), "{status}");
+
+    // SIGTERM, as the image's StopSignal says: the task stops, exit status 0.
+    ok_stdout(&containerd.ctr(&["tasks", "kill", "--signal", "SIGTERM", &id]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let tasks = ok_stdout(&containerd.ctr(&["tasks", "ls"]));
+        if tasks.lines().any(|l| l.starts_with(&id) && l.contains("STOPPED")) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the agent did not stop on SIGTERM: {tasks}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // ctr warns "task ... exit with non-zero exit code N" when it was not 0.
+    let deleted = containerd.ctr(&["tasks", "delete", &id]);
+    let said = String::from_utf8_lossy(&deleted.stderr);
+    assert!(deleted.status.success() && !said.contains("non-zero exit code"), "{said}");
+    ok_stdout(&containerd.ctr(&["containers", "rm", &id]));
+    eprintln!(
+        "amd64: containerd imported {name}; under runc the image's agent served dpuctl status and stopped on SIGTERM"
+    );
+}
+
+/// The health port the static pod's probes use: SERVING while the agent serves, NOT_SERVING
+/// from SIGTERM on while it drains (kubelet's readiness), and gone once it has stopped.
+#[test]
+fn health_port_says_not_serving_while_the_agent_drains() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut agent = AgentProcess::start(data.path(), &["--health-listen", &format!("127.0.0.1:{port}")]);
+    // Each probe on its own connection and runtime, as kubelet's are.
+    let probe = || -> Option<i32> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap();
+            Some(health(endpoint.connect().await.ok()?).await)
+        })
+    };
+    assert_eq!(probe(), Some(ServingStatus::Serving as i32));
+
+    // A client that keeps its connection open and idle (its runtime is not running, so it
+    // cannot answer the GOAWAY) holds the graceful shutdown: the agent is draining meanwhile.
+    let idle = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let channel = idle.block_on(agent.channel());
+    assert_eq!(idle.block_on(health(channel.clone())), ServingStatus::Serving as i32);
+    agent.signal("TERM");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while probe() != Some(ServingStatus::NotServing as i32) {
+        assert!(std::time::Instant::now() < deadline, "the health port never said NOT_SERVING after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(channel);
+    drop(idle);
+    assert_eq!(agent.wait(Duration::from_secs(30)), Some(0));
+    assert_eq!(probe(), None, "the health port still answers after the agent stopped");
+}
