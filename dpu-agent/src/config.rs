@@ -598,7 +598,7 @@ impl Checker {
         };
         let chunk_bytes =
             self.integer(t, "backend", "chunk_bytes", 4096, 1 << 30).map_or(DEFAULT_DAOS_CHUNK_BYTES, |n| n as u64);
-        if chunk_bytes % 4096 != 0 {
+        if !chunk_bytes.is_multiple_of(4096) {
             self.issue("backend.chunk_bytes", format!("{chunk_bytes} is not a multiple of 4096"));
         }
         let object_class = self.string(t, "backend", "object_class").unwrap_or_default();
