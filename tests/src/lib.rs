@@ -93,10 +93,20 @@ impl AgentProcess {
             }
             for _ in lines {} // keep draining so the agent never blocks on stdout
         });
-        let line = rx.recv_timeout(Duration::from_secs(30)).expect("dpu-agent did not report its address within 30 s");
-        let rest = line
-            .strip_prefix("dpu-agent listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from dpu-agent: {line:?}"));
+        // On failure the agent is killed before the panic: an agent left running would
+        // hold the test's stderr open and outlive it.
+        let mut fail = |why: String| -> ! {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{why}")
+        };
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(_) => fail("dpu-agent did not report its address within 30 s".to_owned()),
+        };
+        let Some(rest) = line.strip_prefix("dpu-agent listening on ") else {
+            fail(format!("unexpected first line from dpu-agent: {line:?}"))
+        };
         let (addr, mode) = rest.split_once(' ').unwrap_or((rest, "(mtls)"));
         AgentProcess { child, addr: addr.to_owned(), data_dir: data_dir.to_owned(), plaintext: mode == "(plaintext)" }
     }

@@ -111,6 +111,12 @@ impl Runtime {
             // only when the config names a directory other than the environment's.
             unsafe { std::env::set_var("DAOS_AGENT_DRPC_DIR", agent_socket_dir) };
         }
+        if std::env::var_os("D_LOG_FILE").is_none() {
+            // libgurt logs to stdout unless told otherwise, and the agent's stdout is
+            // for its own lines (scripts read the listening address there).
+            // SAFETY: as for DAOS_AGENT_DRPC_DIR above.
+            unsafe { std::env::set_var("D_LOG_FILE", "/dev/stderr") };
+        }
         // SAFETY: daos_init takes no arguments; it is reference counted by libdaos and
         // paired with the daos_fini in Drop.
         let rc = unsafe { (api.daos_init)() };

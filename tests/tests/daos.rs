@@ -1,0 +1,173 @@
+//! End to end over the DAOS backend: a real `dpu-agent` with `[backend] kind = "daos"`
+//! against a real DAOS system, driven by the `dpuio` CLI, and checked from outside dpuio
+//! with DAOS's own `daos` tool.
+//!
+//! Needs what `../shared/daos/daos-up.sh RUNDIR` sets up (`source RUNDIR/env`): `DAOS_POOL`,
+//! a `daos_agent` at `DAOS_AGENT_DRPC_DIR`, and `daos` on `PATH`. Without them each test
+//! prints that it is skipped and why, unless `DPUIO_REQUIRE_DAOS=1` (`./x test`'s DAOS
+//! tier), which makes a skip a failure. Each test uses its own containers in the pool.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use dpuio_tests::{AgentProcess, ok_stdout};
+
+struct Daos {
+    pool: String,
+    socket_dir: PathBuf,
+}
+
+fn daos(test: &str) -> Option<Daos> {
+    let pool = std::env::var("DAOS_POOL").ok().filter(|p| !p.is_empty());
+    let socket_dir =
+        std::env::var_os("DAOS_AGENT_DRPC_DIR").map_or_else(|| "/var/run/daos_agent".into(), PathBuf::from);
+    let daos_tool = Command::new("daos").arg("version").output().is_ok_and(|o| o.status.success());
+    let why = match (&pool, socket_dir.join("daos_agent.sock").exists(), daos_tool) {
+        (None, _, _) => {
+            "DAOS_POOL is not set (start DAOS with ../shared/daos/daos-up.sh RUNDIR, then source RUNDIR/env)".to_owned()
+        }
+        (_, false, _) => format!("no daos_agent socket in {}", socket_dir.display()),
+        (_, _, false) => "the daos tool is not on PATH".to_owned(),
+        (Some(pool), true, true) => return Some(Daos { pool: pool.clone(), socket_dir }),
+    };
+    assert!(std::env::var("DPUIO_REQUIRE_DAOS").as_deref() != Ok("1"), "DPUIO_REQUIRE_DAOS=1 but: {why}");
+    eprintln!("{test}: skipped: {why}");
+    None
+}
+
+/// A container label no other test or run uses.
+fn label(test: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("e2e-{test}-{}-{}", std::process::id(), nanos % 1_000_000_000)
+}
+
+fn config(dir: &Path, d: &Daos, container: &str, create: bool, extra_tenant: &str) -> PathBuf {
+    let path = dir.join("agent.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\ncreate_containers = {create}\n\n\
+             [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n{extra_tenant}",
+            d.pool,
+            d.socket_dir.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn random_file(path: &Path, bytes: usize, seed: u64) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut data = vec![0u8; bytes];
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+/// `daos filesystem copy` of one file out of a container: DAOS's own view of it.
+fn daos_copy_out(d: &Daos, container: &str, path: &str, dst: &Path) {
+    let out = Command::new("daos")
+        .args(["filesystem", "copy", "--src", &format!("daos://{}/{container}{path}", d.pool), "--dst"])
+        .arg(dst)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "daos filesystem copy failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn put_get_256_mib_over_daos_and_daos_sees_the_same_bytes() {
+    let Some(d) = daos("put_get_256_mib_over_daos") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("putget");
+    let config = config(dir.path(), &d, &container, true, "");
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let local = dir.path().join("in.bin");
+    let data = random_file(&local, 256 << 20, 12);
+    let back = dir.path().join("back.bin");
+    let started = std::time::Instant::now();
+    ok_stdout(&agent.cli(&["--transport", "shm", "put", local.to_str().unwrap(), "/copy.bin"]));
+    let put = started.elapsed();
+    let started = std::time::Instant::now();
+    ok_stdout(&agent.cli(&["--transport", "shm", "get", "/copy.bin", back.to_str().unwrap()]));
+    eprintln!("256 MiB over daos: put {put:?}, get {:?}", started.elapsed());
+    assert!(std::fs::read(&back).unwrap() == data, "get differs from put");
+    assert!(ok_stdout(&agent.cli(&["stat", "/copy.bin"])).contains(&(256u64 << 20).to_string()));
+
+    // From outside dpuio: DAOS's own tool finds the file with the same bytes.
+    let outside = dir.path().join("outside.bin");
+    daos_copy_out(&d, &container, "/copy.bin", &outside);
+    assert!(std::fs::read(&outside).unwrap() == data, "daos filesystem copy differs from what was put");
+}
+
+#[test]
+fn namespace_operations_through_the_agent() {
+    let Some(d) = daos("namespace_operations_through_the_agent") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("ns");
+    let config = config(dir.path(), &d, &container, true, "");
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    ok_stdout(&agent.cli(&["mkdir", "-p", "/a/b"]));
+    let names: Vec<String> = (0..300).map(|i| format!("/a/b/f{i:03}")).collect();
+    let mut args = vec!["touch"];
+    args.extend(names.iter().map(String::as_str));
+    ok_stdout(&agent.cli(&args));
+    let listing = ok_stdout(&agent.cli(&["ls", "/a/b"]));
+    assert_eq!(listing.lines().count(), 300, "{listing}");
+    ok_stdout(&agent.cli(&["mv", "/a/b/f000", "/a/moved"]));
+    let out = agent.cli(&["mv", "/a/b/f001", "/a/moved"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("exists"), "{out:?}");
+    let out = agent.cli(&["rm", "/a"]);
+    assert!(!out.status.success(), "a non-empty directory is not removed without -r");
+    ok_stdout(&agent.cli(&["rm", "-r", "/a"]));
+    let out = agent.cli(&["stat", "/a"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no such file"), "{out:?}");
+}
+
+#[test]
+fn encrypted_tenant_over_daos_stores_only_ciphertext() {
+    let Some(d) = daos("encrypted_tenant_over_daos") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("kek");
+    let key_bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(5)).collect();
+    std::fs::write(&key, &key_bytes).unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let container = label("enc");
+    let encryption = format!("[tenants.encryption]\nkey_file = \"{}\"\n", key.display());
+    let config = config(dir.path(), &d, &container, true, &encryption);
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let local = dir.path().join("in.bin");
+    let data = random_file(&local, 3 << 20, 4);
+    ok_stdout(&agent.cli(&["--transport", "shm", "put", local.to_str().unwrap(), "/secret.bin"]));
+    let back = dir.path().join("back.bin");
+    ok_stdout(&agent.cli(&["--transport", "shm", "get", "/secret.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == data, "get differs from put");
+    // What DAOS holds is not the plaintext, nor contains any 4 KiB of it.
+    let raw = dir.path().join("raw.bin");
+    daos_copy_out(&d, &container, "/secret.bin", &raw);
+    let raw = std::fs::read(&raw).unwrap();
+    assert!(raw.len() > data.len(), "stored size {} holds header and tags", raw.len());
+    assert!(!raw.windows(4096).take(1).any(|w| data.windows(4096).step_by(4096).any(|p| p == w)));
+    assert!(raw[..data.len()] != data[..]);
+}
+
+#[test]
+fn serve_names_a_missing_container_and_what_to_do() {
+    let Some(d) = daos("serve_names_a_missing_container") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("missing");
+    let config = config(dir.path(), &d, &container, false, "");
+    let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&container)
+            && stderr.contains("DER_NONEXIST")
+            && stderr.contains("daos container create")
+            && stderr.contains("create_containers = true"),
+        "{stderr}"
+    );
+}
