@@ -171,3 +171,34 @@ fn serve_names_a_missing_container_and_what_to_do() {
         "{stderr}"
     );
 }
+
+#[test]
+fn serve_names_a_permission_denial_and_what_to_do() {
+    let Some(d) = daos("serve_names_a_permission_denial") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("noperm");
+    let daos_ok = |args: &[&str]| {
+        let out = Command::new("daos").args(args).output().unwrap();
+        assert!(out.status.success(), "daos {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    daos_ok(&["container", "create", &d.pool, &container, "--type=POSIX"]);
+    // The owner keeps only read: opening for DFS read-write is refused (DER_NO_PERM).
+    let acl = dir.path().join("acl.txt");
+    std::fs::write(&acl, "A::OWNER@:r\n").unwrap();
+    daos_ok(&["container", "overwrite-acl", &d.pool, &container, &format!("--acl-file={}", acl.display())]);
+    let config = config(dir.path(), &d, &container, false, "");
+    let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&container)
+            && stderr.contains("permission denied")
+            && stderr.contains("DER_NO_PERM")
+            && stderr.contains("daos container update-acl"),
+        "{stderr}"
+    );
+}

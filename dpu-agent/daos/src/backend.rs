@@ -96,7 +96,7 @@ impl DaosBackend {
                 Code::Der(der::NO_PERM) => format!(
                     "the pool's ACL does not let this agent's user (uid {}) connect: grant it with \
                      `dmg pool update-acl {} --entry A::<user>@:rw`, or run the agent as a user the ACL allows",
-                    rustix_uid(),
+                    real_uid(),
                     options.pool
                 ),
                 Code::Der(der::UNREACH | der::TIMEDOUT | der::AGENT_COMM | der::AGENT_INCOMPAT) => format!(
@@ -117,7 +117,7 @@ impl DaosBackend {
     }
 }
 
-fn rustix_uid() -> u32 {
+fn real_uid() -> u32 {
     // The real uid is what daos_agent vouches for.
     std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(u32::MAX)
 }
@@ -142,10 +142,12 @@ impl Backend for DaosBackend {
                 },
                 Code::Der(der::NO_PERM) | Code::Errno(libc::EPERM | libc::EACCES) => Error::Denied {
                     what,
+                    // dfs_* turn DER_NO_PERM into EPERM; name both.
                     reason: format!(
-                        "{e}: grant this agent's user (uid {}) access with `daos container update-acl {pool} \
+                        "{e}{}: grant this agent's user (uid {}) access with `daos container update-acl {pool} \
                          {container} --entry A::<user>@:rwdtTaAo`",
-                        rustix_uid()
+                        if matches!(e.code, Code::Errno(_)) { " (DER_NO_PERM from DAOS)" } else { "" },
+                        real_uid()
                     ),
                 },
                 Code::Der(der::UNREACH | der::TIMEDOUT | der::AGENT_COMM) => {
