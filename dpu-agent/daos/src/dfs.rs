@@ -166,6 +166,8 @@ impl Drop for Runtime {
         let rc = unsafe { (self.api.daos_fini)() };
         if rc != 0 {
             tracing::warn!(error = %der_error(self.api, "daos_fini", rc), "DAOS shutdown");
+        } else {
+            tracing::info!("DAOS client finalised (daos_fini)");
         }
     }
 }

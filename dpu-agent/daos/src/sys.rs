@@ -260,8 +260,12 @@ pub fn search_dirs(prefix: Option<&Path>) -> Vec<Option<PathBuf>> {
 /// Load libgurt, libdaos and libdfs from the first place that has all three, and
 /// resolve every symbol. The error lists each place tried and why it failed.
 pub fn load(prefix: Option<&Path>) -> Result<Api, Vec<String>> {
+    load_from(search_dirs(prefix))
+}
+
+fn load_from(dirs: Vec<Option<PathBuf>>) -> Result<Api, Vec<String>> {
     let mut tried = Vec::new();
-    for dir in search_dirs(prefix) {
+    for dir in dirs {
         let path = |name: &str| dir.as_ref().map_or_else(|| PathBuf::from(name), |d| d.join(name));
         let paths = LibraryPaths { gurt: path("libgurt.so"), daos: path("libdaos.so"), dfs: path("libdfs.so") };
         let where_ =
@@ -292,4 +296,36 @@ pub fn load(prefix: Option<&Path>) -> Result<Api, Vec<String>> {
         }
     }
     Err(tried)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn search_order_puts_the_prefix_first_and_the_loader_last() {
+        let dirs = search_dirs(Some(Path::new("/p")));
+        assert_eq!(
+            dirs,
+            [Some("/p/lib64".into()), Some("/p/lib".into()), Some("/opt/daos/lib64".into()), None::<PathBuf>]
+        );
+        assert_eq!(search_dirs(None).len(), 2);
+    }
+
+    #[test]
+    fn a_failed_search_names_every_place_and_why() {
+        let empty = tempfile::tempdir().unwrap();
+        let broken = tempfile::tempdir().unwrap();
+        for lib in ["libgurt.so", "libdaos.so", "libdfs.so"] {
+            std::fs::write(broken.path().join(lib), b"not an ELF file").unwrap();
+        }
+        let Err(tried) = load_from(vec![Some(empty.path().into()), Some(broken.path().into())]) else {
+            panic!("loaded DAOS from files that are not libraries")
+        };
+        assert_eq!(tried.len(), 2, "{tried:?}");
+        assert!(tried[0].contains(&empty.path().display().to_string()) && tried[0].contains("no libdfs.so"));
+        assert!(tried[1].contains(&broken.path().display().to_string()), "{tried:?}");
+        let message = crate::SetupError::Libraries { tried }.to_string();
+        assert!(message.contains("DPUIO_DAOS_PREFIX") && message.contains("libdfs.so"), "{message}");
+    }
 }
