@@ -202,3 +202,70 @@ fn serve_names_a_permission_denial_and_what_to_do() {
         "{stderr}"
     );
 }
+
+#[test]
+fn two_tenants_in_two_containers_of_one_pool_never_see_each_other() {
+    let Some(d) = daos("two_tenants_in_two_containers") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cb) = (label("tenant-a"), label("tenant-b"));
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\ncreate_containers = true\n\
+             [[tenants]]\nname = \"a\"\ncontainer = \"{ca}\"\n[[tenants]]\nname = \"b\"\ncontainer = \"{cb}\"\n",
+            d.pool,
+            d.socket_dir.display()
+        ),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let certs = dir.path().join("certs");
+    for t in ["a", "b"] {
+        ok_stdout(&agent.dpuctl(&["cert", "issue", "--tenant", t, "--out", certs.join(t).to_str().unwrap()]));
+    }
+    let as_tenant = |t: &str, args: &[&str]| {
+        agent.command("dpuio").env("DPUIO_CONFIG_DIR", certs.join(t)).args(args).output().unwrap()
+    };
+    let (fa, fb) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+    let (da, db) = (random_file(&fa, 2 << 20, 21), random_file(&fb, 1 << 20, 22));
+    ok_stdout(&as_tenant("a", &["--transport", "shm", "put", fa.to_str().unwrap(), "/secret.bin"]));
+    // B's namespace is its own container: A's file is not there, by name or listing.
+    assert_eq!(ok_stdout(&as_tenant("b", &["ls", "/"])).trim(), "");
+    let out = as_tenant("b", &["stat", "/secret.bin"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no such file"), "{out:?}");
+    ok_stdout(&as_tenant("b", &["--transport", "shm", "put", fb.to_str().unwrap(), "/secret.bin"]));
+    let back = dir.path().join("back.bin");
+    ok_stdout(&as_tenant("a", &["--transport", "shm", "get", "/secret.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == da, "tenant a reads its own bytes, not b's");
+    // And DAOS holds each tenant's bytes in that tenant's container only.
+    let (oa, ob) = (dir.path().join("oa.bin"), dir.path().join("ob.bin"));
+    daos_copy_out(&d, &ca, "/secret.bin", &oa);
+    daos_copy_out(&d, &cb, "/secret.bin", &ob);
+    assert!(std::fs::read(&oa).unwrap() == da && std::fs::read(&ob).unwrap() == db);
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill_of_the_agent() {
+    let Some(d) = daos("acknowledged_writes_survive_sigkill") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("kill");
+    let config = config(dir.path(), &d, &container, true, "");
+    let local = dir.path().join("in.bin");
+    let data = random_file(&local, 16 << 20, 31);
+    let mut agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    ok_stdout(&agent.cli(&["--transport", "shm", "put", local.to_str().unwrap(), "/kept.bin"]));
+    ok_stdout(&agent.cli(&["mkdir", "/kept-dir"]));
+    agent.signal("KILL");
+    agent.wait(std::time::Duration::from_secs(10));
+    drop(agent);
+    // Nothing was synced or unmounted: what put acknowledged is in DAOS all the same.
+    let outside = dir.path().join("outside.bin");
+    daos_copy_out(&d, &container, "/kept.bin", &outside);
+    assert!(std::fs::read(&outside).unwrap() == data);
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let back = dir.path().join("back.bin");
+    ok_stdout(&agent.cli(&["--transport", "shm", "get", "/kept.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == data);
+    assert!(ok_stdout(&agent.cli(&["stat", "/kept-dir"])).contains("dir"));
+}
