@@ -38,7 +38,33 @@ fn daos(test: &str) -> Option<Daos> {
 /// A container label no other test or run uses.
 fn label(test: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    format!("e2e-{test}-{}-{}", std::process::id(), nanos % 1_000_000_000)
+    let label = format!("e2e-{test}-{}-{}", std::process::id(), nanos % 1_000_000_000);
+    CREATED.with(|c| c.borrow_mut().push(label.clone()));
+    label
+}
+
+thread_local! {
+    /// Containers this test's thread named; destroyed when the thread (the test) ends,
+    /// so the shared pool gets its space back.
+    static CREATED: Cleanup = const { Cleanup(std::cell::RefCell::new(Vec::new())) };
+}
+
+struct Cleanup(std::cell::RefCell<Vec<String>>);
+
+impl std::ops::Deref for Cleanup {
+    type Target = std::cell::RefCell<Vec<String>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Ok(pool) = std::env::var("DAOS_POOL") else { return };
+        for container in self.0.borrow().iter() {
+            let _ = Command::new("daos").args(["container", "destroy", "--force", &pool, container]).output();
+        }
+    }
 }
 
 fn config(dir: &Path, d: &Daos, container: &str, create: bool, extra_tenant: &str) -> PathBuf {
