@@ -150,7 +150,7 @@ fn namespace_operations_through_the_agent() {
 }
 
 #[test]
-fn encrypted_tenant_over_daos_stores_only_ciphertext() {
+fn encrypted_tenant_over_daos_stores_only_ciphertext_and_tampering_is_detected() {
     let Some(d) = daos("encrypted_tenant_over_daos") else { return };
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("kek");
@@ -174,6 +174,33 @@ fn encrypted_tenant_over_daos_stores_only_ciphertext() {
     assert!(raw.len() > data.len(), "stored size {} holds header and tags", raw.len());
     assert!(!raw.windows(4096).take(1).any(|w| data.windows(4096).step_by(4096).any(|p| p == w)));
     assert!(raw[..data.len()] != data[..]);
+
+    // Another DAOS client (libdfs in this process) flips one byte of stored ciphertext in
+    // the second block: the agent refuses to release that data.
+    {
+        use dpuio_backend::{Backend, NsPath, OpenOptions};
+        let outside = dpuio_daos::DaosBackend::open(dpuio_daos::DaosOptions {
+            pool: d.pool.clone(),
+            system: "daos_server".into(),
+            agent_socket_dir: d.socket_dir.clone(),
+            create_containers: false,
+            chunk_bytes: dpuio_daos::DEFAULT_CHUNK_BYTES,
+            object_class: String::new(),
+        })
+        .unwrap();
+        let c = outside.mount(&container, false).unwrap();
+        let f = c.open(&NsPath::parse("/secret.bin").unwrap(), OpenOptions { write: true, ..Default::default() }, 0);
+        let f = f.unwrap();
+        let at = 256 + 65536 + 28 + 100;
+        let mut byte = [0u8; 1];
+        assert_eq!(f.read_at(&mut byte, at).unwrap(), 1);
+        byte[0] ^= 1;
+        f.write_at(&byte, at).unwrap();
+    }
+    let out = agent.cli(&["--transport", "shm", "get", "/secret.bin", back.to_str().unwrap()]);
+    assert!(!out.status.success(), "a tampered block was served");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("integrity"), "{err}");
 }
 
 #[test]
