@@ -33,6 +33,10 @@ use crate::sys::daos_anchor_t;
 /// DFS's default chunk size (`DFS_DEFAULT_CHUNK_SIZE`), also the data plane's split size.
 pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
 
+/// Chunk sizes a client may ask for in `CreateRequest` (the config's `chunk_bytes` range).
+pub const MIN_CHUNK_BYTES: u64 = 4096;
+pub const MAX_CHUNK_BYTES: u64 = 1 << 30;
+
 /// Most entries one `dfs_readdirplus` call is asked for; a larger batch takes several
 /// calls. Bounds the scratch memory of a call to about 1.7 MiB.
 const READDIR_CALL_ENTRIES: usize = 4096;
@@ -307,6 +311,15 @@ impl DaosContainer {
             flags |= libc::O_TRUNC;
         }
         let layout = options.layout;
+        // The chunk size comes from an untrusted CreateRequest: a 1-byte chunk would turn
+        // one file into millions of DAOS records.
+        if layout.chunk_bytes != 0 && !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&layout.chunk_bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "{path}: chunk size {} is outside {MIN_CHUNK_BYTES} to {MAX_CHUNK_BYTES} bytes (0 takes the \
+                 container's default)",
+                layout.chunk_bytes
+            )));
+        }
         let object_class = if layout.object_class != 0 { layout.object_class } else { self.object_class };
         let chunk_bytes = if layout.chunk_bytes != 0 { layout.chunk_bytes } else { self.chunk_bytes };
         let obj = self

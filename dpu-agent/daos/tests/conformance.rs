@@ -486,3 +486,26 @@ fn der_numbers_match_libgurt() {
         assert_eq!(dpuio_daos::der_name(code).unwrap(), name);
     }
 }
+
+#[test]
+fn daos_layout_from_a_client_is_checked_and_object_classes_resolve() {
+    let Some((_keep, c)) = daos("layout") else { return };
+    for bad in [1, 4095, (1 << 30) + 1, u64::MAX] {
+        let options = OpenOptions { layout: Layout { chunk_bytes: bad, object_class: 0 }, ..create() };
+        match c.open(&p("/f"), options, 0o644) {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains("chunk size"), "{msg}"),
+            other => panic!("chunk {bad}: {:?}", other.map(|_| ())),
+        }
+    }
+    let err =
+        DaosBackend::open(DaosOptions { object_class: "NO_SUCH_CLASS".into(), ..daos_backend().options().clone() })
+            .err()
+            .expect("an unknown object class is refused");
+    assert!(err.to_string().contains("NO_SUCH_CLASS"), "{err}");
+    let sx = DaosBackend::open(DaosOptions { object_class: "SX".into(), ..daos_backend().options().clone() }).unwrap();
+    let label = format!("conf-sx-{}", std::process::id());
+    let c = sx.mount(&label, true).unwrap();
+    let f = c.open(&p("/wide"), create(), 0o644).unwrap();
+    f.write_at(&[5u8; 3 << 20], 0).unwrap();
+    assert_eq!(c.stat(&p("/wide")).unwrap().size, 3 << 20);
+}
