@@ -39,9 +39,6 @@ pub enum SetupError {
     /// `daos_init` failed.
     #[error("{0} (is the daos_agent running and compatible with this libdaos?)")]
     Init(CallError),
-    /// A string we would pass to C holds a NUL byte.
-    #[error("{what} {value:?} contains a NUL byte")]
-    Nul { what: &'static str, value: String },
 }
 
 static API: OnceLock<Result<Api, Vec<String>>> = OnceLock::new();
@@ -531,8 +528,15 @@ impl Obj {
     }
 }
 
+/// A name or label for C. Paths and labels are validated long before (no NUL byte can
+/// get here from a client), so this is a last check, reported as EINVAL.
 fn cstring(s: &str) -> Result<CString, CallError> {
-    CString::new(s).map_err(|_| errno_error("(argument check)", libc::EINVAL))
+    CString::new(s).map_err(|_| CallError {
+        call: "argument check",
+        code: Code::Errno(libc::EINVAL),
+        name: "EINVAL".to_owned(),
+        description: format!("{s:?} contains a NUL byte"),
+    })
 }
 
 fn check(call: &'static str, rc: c_int) -> Result<(), CallError> {
