@@ -210,7 +210,9 @@ fn serve_names_a_missing_container_and_what_to_do() {
     let container = label("missing");
     let config = config(dir.path(), &d, &container, false, "");
     let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
         .arg(&config)
         .output()
         .unwrap();
@@ -241,7 +243,9 @@ fn serve_names_a_permission_denial_and_what_to_do() {
     daos_ok(&["container", "overwrite-acl", &d.pool, &container, &format!("--acl-file={}", acl.display())]);
     let config = config(dir.path(), &d, &container, false, "");
     let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
         .arg(&config)
         .output()
         .unwrap();
