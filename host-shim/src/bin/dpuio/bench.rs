@@ -7,9 +7,9 @@
 //! utilisation and the most simulated accelerators kept at AU >= 90%) and `checkpoint`
 //! (write with fsync, then read back).
 //!
-//! With `--backend daos` the baseline of the block workloads is libdfs in this process,
-//! on the same DAOS file the agent serves (the way pydaos reads); metadata, unet3d and
-//! checkpoint then run through the shim only, without a baseline.
+//! With `--backend daos` the baseline of the block workloads and of metadata is libdfs in
+//! this process, on the same DAOS container the agent serves (the way pydaos reads);
+//! unet3d and checkpoint then run through the shim only, without a baseline.
 //!
 //! POSIX queue depth is emulated the way fio's psync engine does it: `queue_depth`
 //! threads each doing blocking `pread`s. Host CPU is this process's CPU time
@@ -323,10 +323,8 @@ pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<(
         BenchBackend::Local => None,
         BenchBackend::Daos => Some(mount_dfs(&args)?),
     };
-    if dfs.is_some()
-        && args.workloads.iter().any(|w| matches!(w, Workload::Metadata | Workload::Unet3d | Workload::Checkpoint))
-    {
-        eprintln!("dpuio bench: over DAOS the libdfs baseline covers seq-read, seq-write and rand-read only");
+    if dfs.is_some() && args.workloads.iter().any(|w| matches!(w, Workload::Unet3d | Workload::Checkpoint)) {
+        eprintln!("dpuio bench: over DAOS the libdfs baseline covers seq-read, seq-write, rand-read and metadata only");
     }
     let posix_root = if dfs.is_some() {
         if posix_root.is_some() {
@@ -490,6 +488,11 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
         }
         bar.finish_and_clear();
     }
+    if let Some(dfs) = &setup.dfs {
+        let bar = setup.spinner(format!("metadata {LIBDFS}"));
+        out.extend(dfs_metadata(setup, &**dfs, files).map_err(|e| bench_error(format!("libdfs metadata: {e}")))?);
+        bar.finish_and_clear();
+    }
     for (name, client) in &setup.clients {
         let bar = setup.spinner(format!("metadata {name}"));
         let dir = format!("{BENCH_DIR}/meta-{name}");
@@ -524,6 +527,50 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
             out.push(meter.finish(&format!("metadata-{op}"), name, files as u64, 0));
         }
         bar.finish_and_clear();
+    }
+    Ok(out)
+}
+
+/// The metadata steps with libdfs in this process (`--backend daos`): the same names and
+/// calls as the shim's, one blocking DFS call each.
+fn dfs_metadata(
+    setup: &Setup,
+    dfs: &dyn dpuio_backend::Container,
+    files: usize,
+) -> dpuio_backend::Result<Vec<Figures>> {
+    use dpuio_backend::{NsPath, OpenOptions};
+    let dir = NsPath::parse(&format!("{BENCH_DIR}/meta-{LIBDFS}"))?;
+    let _ = dfs.remove(&dir, true);
+    let bench_dir = NsPath::parse(BENCH_DIR)?;
+    if dfs.stat(&bench_dir).is_err() {
+        dfs.mkdir(&bench_dir, 0o755)?;
+    }
+    dfs.mkdir(&dir, 0o755)?;
+    let names: Vec<NsPath> = (0..files).map(|i| dir.join(&format!("f{i:07}"))).collect::<Result<_, _>>()?;
+    let create = OpenOptions { write: true, create: true, exclusive: true, ..OpenOptions::default() };
+    let mut out = Vec::new();
+    for op in ["create", "stat", "readdir", "remove"] {
+        let meter = Meter::start(setup);
+        match op {
+            "create" => names.iter().try_for_each(|n| dfs.open(n, create, 0o644).map(drop))?,
+            "stat" => names.iter().try_for_each(|n| dfs.stat(n).map(drop))?,
+            "readdir" => {
+                let (mut listed, mut anchor) = (0, None::<String>);
+                loop {
+                    let (entries, next) = dfs.readdir(&dir, anchor.as_deref(), 4096)?;
+                    listed += entries.len();
+                    match next {
+                        Some(next) => anchor = Some(next),
+                        None => break,
+                    }
+                }
+                if listed != files {
+                    return Err(dpuio_backend::Error::InvalidArgument(format!("listed {listed} of {files} files")));
+                }
+            }
+            _ => names.iter().try_for_each(|n| dfs.remove(n, false))?,
+        }
+        out.push(meter.finish(&format!("metadata-{op}"), LIBDFS, files as u64, 0));
     }
     Ok(out)
 }
