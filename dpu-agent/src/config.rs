@@ -21,6 +21,14 @@
 //! [backend]
 //! kind = "local"              # the embedded backend
 //! path = "./dpuio-data"       # default: data_dir
+//! # or DAOS (libdfs loaded at run time; see docs/daos.md):
+//! # kind = "daos"
+//! # pool = "tank"                       # label or UUID; required
+//! # system = "daos_server"              # the DAOS system name
+//! # agent_socket_dir = "/var/run/daos_agent"  # default: DAOS_AGENT_DRPC_DIR, else this
+//! # create_containers = false           # true: a missing tenant container is created (POSIX)
+//! # chunk_bytes = 1048576               # chunk size of new files
+//! # object_class = ""                   # e.g. "SX", "RP_2G1"; empty: the container's default
 //!
 //! [limits]
 //! max_sessions = 1024
@@ -161,7 +169,34 @@ impl DataPlaneConfig {
 pub enum BackendConfig {
     /// The embedded backend: containers as directory trees under `path`.
     Local { path: PathBuf },
+    /// DAOS: each tenant's `container` is a DAOS container label in `pool`.
+    Daos(DaosConfig),
 }
+
+/// `[backend] kind = "daos"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaosConfig {
+    /// Pool label or UUID.
+    pub pool: String,
+    /// DAOS system name.
+    pub system: String,
+    /// Directory of `daos_agent.sock`; `None`: `DAOS_AGENT_DRPC_DIR`, else DAOS's default.
+    pub agent_socket_dir: Option<PathBuf>,
+    /// Create a tenant's missing container as a POSIX container on first use.
+    pub create_containers: bool,
+    /// Chunk size of new files, and where the data plane splits I/O.
+    pub chunk_bytes: u64,
+    /// Object class name of new files and directories; empty: the container's default.
+    pub object_class: String,
+}
+
+/// The DAOS system name DAOS uses unless its servers are configured otherwise.
+pub const DEFAULT_DAOS_SYSTEM: &str = "daos_server";
+/// DFS's default chunk size.
+pub const DEFAULT_DAOS_CHUNK_BYTES: u64 = 1 << 20;
+
+const LOCAL_KEYS: &[&str] = &["path"];
+const DAOS_KEYS: &[&str] = &["pool", "system", "agent_socket_dir", "create_containers", "chunk_bytes", "object_class"];
 
 /// Limits on everything that grows.
 #[derive(Debug, Clone, PartialEq)]
@@ -425,16 +460,34 @@ impl Checker {
             }
         }
 
+        let mut daos = None;
         if let Some(backend) = self.section(root, "backend") {
-            self.unknown_keys("backend", backend, &["kind", "path"]);
-            match self.string(backend, "backend", "kind").as_deref() {
-                None | Some("local") => {}
-                Some("daos") => {
-                    self.issue("backend.kind", "the DAOS backend is not available in this build yet; use \"local\"")
+            let mut known = vec!["kind"];
+            known.extend(LOCAL_KEYS);
+            known.extend(DAOS_KEYS);
+            self.unknown_keys("backend", backend, &known);
+            let kind = self.string(backend, "backend", "kind");
+            // Keys of the other kind are mistakes too: a `pool` under kind = "local" means
+            // the operator believes they are on DAOS.
+            let (theirs, other_kind) = match kind.as_deref() {
+                None | Some("local") => (DAOS_KEYS, "daos"),
+                Some("daos") => (LOCAL_KEYS, "local"),
+                Some(other) => {
+                    self.issue("backend.kind", format!("unknown backend {other:?}; expected \"local\" or \"daos\""));
+                    (&[][..], "")
                 }
-                Some(other) => self.issue("backend.kind", format!("unknown backend {other:?}; expected \"local\"")),
+            };
+            for key in theirs {
+                if backend.contains_key(*key) {
+                    self.issue(
+                        join("backend", key),
+                        format!("applies to kind = \"{other_kind}\" only; remove it or set kind = \"{other_kind}\""),
+                    );
+                }
             }
-            if let Some(path) = self.string(backend, "backend", "path") {
+            if kind.as_deref() == Some("daos") {
+                daos = self.daos(backend);
+            } else if let Some(path) = self.string(backend, "backend", "path") {
                 if path.is_empty() {
                     self.issue("backend.path", "must not be empty");
                 } else {
@@ -442,7 +495,10 @@ impl Checker {
                 }
             }
         }
-        config.backend = BackendConfig::Local { path: backend_path.unwrap_or_else(|| config.data_dir.clone()) };
+        config.backend = match daos {
+            Some(daos) => BackendConfig::Daos(daos),
+            None => BackendConfig::Local { path: backend_path.unwrap_or_else(|| config.data_dir.clone()) },
+        };
 
         if let Some(dp) = self.section(root, "data_plane") {
             self.unknown_keys("data_plane", dp, &["enabled", "transports", "io_threads"]);
@@ -511,6 +567,76 @@ impl Checker {
             }
         }
         config
+    }
+
+    /// The keys of `[backend] kind = "daos"`; `None` (with issues) if one is wrong.
+    fn daos(&mut self, t: &toml::Table) -> Option<DaosConfig> {
+        let issues = self.issues.len();
+        let pool = self.string(t, "backend", "pool");
+        match pool.as_deref() {
+            None if !t.contains_key("pool") => self.issue(
+                "backend.pool",
+                "missing; kind = \"daos\" needs the label or UUID of the pool (dmg pool list shows them)",
+            ),
+            Some(p) => {
+                if let Err(reason) = check_daos_label(p) {
+                    self.issue("backend.pool", format!("{p:?} {reason}"));
+                }
+            }
+            None => {}
+        }
+        let system = self.string(t, "backend", "system").unwrap_or_else(|| DEFAULT_DAOS_SYSTEM.to_owned());
+        if system.is_empty() || system.len() > 63 || !system.bytes().all(|b| b.is_ascii_graphic()) {
+            self.issue(
+                "backend.system",
+                format!("{system:?} is not a DAOS system name (1 to 63 printable characters; default \"daos_server\")"),
+            );
+        }
+        let agent_socket_dir = match self.string(t, "backend", "agent_socket_dir") {
+            Some(d) if d.is_empty() => {
+                self.issue("backend.agent_socket_dir", "must not be empty (leave it out for the default)");
+                None
+            }
+            Some(d) if !Path::new(&d).is_absolute() => {
+                self.issue("backend.agent_socket_dir", format!("{d:?} must be an absolute path"));
+                None
+            }
+            Some(d) => Some(PathBuf::from(d)),
+            None => None,
+        };
+        let create_containers = match t.get("create_containers") {
+            None => false,
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(other) => {
+                self.issue("backend.create_containers", format!("expected true or false, found {}", other.type_str()));
+                false
+            }
+        };
+        let chunk_bytes =
+            self.integer(t, "backend", "chunk_bytes", 4096, 1 << 30).map_or(DEFAULT_DAOS_CHUNK_BYTES, |n| n as u64);
+        if !chunk_bytes.is_multiple_of(4096) {
+            self.issue("backend.chunk_bytes", format!("{chunk_bytes} is not a multiple of 4096"));
+        }
+        let object_class = self.string(t, "backend", "object_class").unwrap_or_default();
+        if object_class.len() > 32
+            || !object_class.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        {
+            self.issue(
+                "backend.object_class",
+                format!(
+                    "{object_class:?} is not a DAOS object class name such as \"SX\", \"S1\" or \"RP_2G1\" \
+                     (upper-case letters, digits and '_'); leave it out for the container's default"
+                ),
+            );
+        }
+        (self.issues.len() == issues).then(|| DaosConfig {
+            pool: pool.unwrap_or_default(),
+            system,
+            agent_socket_dir,
+            create_containers,
+            chunk_bytes,
+            object_class,
+        })
     }
 
     fn limits(&mut self, t: &toml::Table, limits: &mut Limits) {
@@ -760,6 +886,18 @@ pub fn check_identifier(value: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// A DAOS pool or container label (`DAOS_PROP_LABEL_MAX_LEN` 127; letters, digits,
+/// `_ . : -`), or a UUID.
+pub fn check_daos_label(value: &str) -> Result<(), &'static str> {
+    if value.is_empty() || value.len() > 127 {
+        return Err("must be 1 to 127 characters long (a DAOS label or UUID)");
+    }
+    if !value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-')) {
+        return Err("may only contain ASCII letters, digits, '_', '.', ':' and '-' (a DAOS label or UUID)");
+    }
+    Ok(())
+}
+
 fn join(prefix: &str, key: &str) -> String {
     if prefix.is_empty() { key.to_owned() } else { format!("{prefix}.{key}") }
 }
@@ -823,6 +961,75 @@ mod tests {
     }
 
     #[test]
+    fn daos_backend_parses_with_defaults_and_every_key() {
+        let config = Config::parse("[backend]\nkind = \"daos\"\npool = \"tank\"\n").unwrap();
+        assert_eq!(
+            config.backend,
+            BackendConfig::Daos(DaosConfig {
+                pool: "tank".into(),
+                system: "daos_server".into(),
+                agent_socket_dir: None,
+                create_containers: false,
+                chunk_bytes: 1 << 20,
+                object_class: String::new(),
+            })
+        );
+        let config = Config::parse(
+            r#"
+            [backend]
+            kind = "daos"
+            pool = "6f1e8c3a-62a0-4c5c-9f2b-0d3c1a2b4c5d"
+            system = "prod"
+            agent_socket_dir = "/run/daos_agent"
+            create_containers = true
+            chunk_bytes = 8388608
+            object_class = "RP_2G1"
+            "#,
+        )
+        .unwrap();
+        let BackendConfig::Daos(d) = config.backend else { panic!("not daos") };
+        assert_eq!((d.system.as_str(), d.chunk_bytes, d.object_class.as_str()), ("prod", 8 << 20, "RP_2G1"));
+        assert_eq!((d.agent_socket_dir, d.create_containers), (Some("/run/daos_agent".into()), true));
+    }
+
+    #[test]
+    fn daos_backend_mistakes_are_all_named() {
+        let found = issues(
+            r#"
+            [backend]
+            kind = "daos"
+            path = "/srv"
+            system = ""
+            agent_socket_dir = "relative/dir"
+            create_containers = "yes"
+            chunk_bytes = 1000
+            object_class = "rp 2"
+            "#,
+        );
+        let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "backend.path",
+                "backend.pool",
+                "backend.system",
+                "backend.agent_socket_dir",
+                "backend.create_containers",
+                "backend.chunk_bytes",
+                "backend.object_class"
+            ],
+            "{found:?}"
+        );
+        assert!(found[0].reason.contains("kind = \"local\" only"), "{found:?}");
+        assert!(found[1].reason.contains("label or UUID of the pool"), "{found:?}");
+        let found = issues("[backend]\npool = \"tank\"\n");
+        assert_eq!(found[0].key, "backend.pool");
+        assert!(found[0].reason.contains("kind = \"daos\" only"), "{found:?}");
+        let found = issues("[backend]\nkind = \"daos\"\npool = \"bad/label\"\n");
+        assert!(found[0].reason.contains("DAOS label"), "{found:?}");
+    }
+
+    #[test]
     fn three_mistakes_are_all_named() {
         let found = issues(
             r#"
@@ -837,7 +1044,7 @@ mod tests {
         assert_eq!(keys, ["agent.listen", "agent.lease_ms", "backend.kind"], "{found:?}");
         assert!(found[0].reason.contains("IP:port"));
         assert!(found[1].reason.contains("expected an integer"));
-        assert!(found[2].reason.contains("unknown backend \"nfs\""));
+        assert!(found[2].reason.contains("unknown backend \"nfs\"; expected \"local\" or \"daos\""));
     }
 
     #[test]

@@ -440,8 +440,8 @@ impl Container for EncryptedContainer {
         self.core.inner.mkdir(path, mode)
     }
 
-    fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)> {
-        let (mut entries, more) = self.core.inner.readdir(path, anchor, max)?;
+    fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, Option<String>)> {
+        let (mut entries, next) = self.core.inner.readdir(path, anchor, max)?;
         for entry in &mut entries {
             if entry.attr.kind != EntryKind::File {
                 continue;
@@ -454,7 +454,7 @@ impl Container for EncryptedContainer {
                 0
             });
         }
-        Ok((entries, more))
+        Ok((entries, next))
     }
 
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>> {
@@ -1355,14 +1355,14 @@ impl KeyStatus {
     }
 }
 
-/// Visit every file of a container (depth first, directories in name order). A
+/// Visit every file of a container (depth first, directories in listing order). A
 /// directory removed during the walk is skipped; other listing errors stop it.
 fn walk_files(container: &dyn Container, mut visit: impl FnMut(&NsPath, &Attr)) -> Result<()> {
     let mut pending = vec![NsPath::root()];
     while let Some(dir) = pending.pop() {
         let mut anchor: Option<String> = None;
         loop {
-            let (entries, more) = match container.readdir(&dir, anchor.as_deref(), WALK_BATCH) {
+            let (entries, next) = match container.readdir(&dir, anchor.as_deref(), WALK_BATCH) {
                 Ok(batch) => batch,
                 Err(Error::NotFound { .. } | Error::NotADirectory { .. }) if !dir.is_root() => break,
                 Err(e) => return Err(e),
@@ -1374,9 +1374,9 @@ fn walk_files(container: &dyn Container, mut visit: impl FnMut(&NsPath, &Attr)) 
                     EntryKind::File => visit(&path, &entry.attr),
                 }
             }
-            match (more, entries.last()) {
-                (true, Some(last)) => anchor = Some(last.name.clone()),
-                _ => break,
+            match next {
+                Some(next) => anchor = Some(next),
+                None => break,
             }
         }
     }
@@ -2113,7 +2113,7 @@ mod tests {
         fn mkdir(&self, path: &NsPath, mode: u32) -> Result<Attr> {
             self.inner.mkdir(path, mode)
         }
-        fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)> {
+        fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, Option<String>)> {
             self.inner.readdir(path, anchor, max)
         }
         fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>> {
@@ -2328,7 +2328,7 @@ mod tests {
         f.write_at(b"again", 2).unwrap();
         assert_eq!(read_all(&*f), b"\0\0again");
         let (listing, more) = enc.readdir(&NsPath::root(), None, 10).unwrap();
-        assert_eq!((listing.len(), listing[0].attr.size, more), (1, 7, false));
+        assert_eq!((listing.len(), listing[0].attr.size, more), (1, 7, None));
         // A damaged header: stat reports it, the listing shows size 0 and goes on.
         flip(&env.stored("c", "/g"), 0);
         assert!(is_integrity(&enc.stat(&p("/g")), None));

@@ -89,7 +89,8 @@ fn backend_code(e: &BackendError) -> Code {
         | BackendError::IsADirectory { .. }
         | BackendError::DirectoryNotEmpty { .. }
         | BackendError::UnsupportedEntry { .. } => Code::FailedPrecondition,
-        BackendError::AccessMode { .. } => Code::PermissionDenied,
+        BackendError::AccessMode { .. } | BackendError::Denied { .. } => Code::PermissionDenied,
+        BackendError::Unavailable { .. } => Code::Unavailable,
         // Inline encryption: stored data failed authentication; never "not found" or
         // "retry", and no plaintext of it was released.
         BackendError::Integrity { .. } => Code::DataLoss,

@@ -60,12 +60,17 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => match Config::load(&file) {
             Ok(config) => {
                 println!(
-                    "{}: ok (listen {}, backend local at {}, {} tenant(s))",
+                    "{}: ok (listen {}, {}, {} tenant(s))",
                     file.display(),
                     config.listen,
-                    backend_path(&config).display(),
+                    describe_backend(&config),
                     config.tenants.len()
                 );
+                if let BackendConfig::Daos(daos) = &config.backend {
+                    for note in daos_notes(daos) {
+                        println!("  note: {note}");
+                    }
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -106,9 +111,32 @@ fn main() -> ExitCode {
     }
 }
 
-fn backend_path(config: &Config) -> &std::path::Path {
-    let BackendConfig::Local { path } = &config.backend;
-    path
+fn describe_backend(config: &Config) -> String {
+    match &config.backend {
+        BackendConfig::Local { path } => format!("backend local at {}", path.display()),
+        BackendConfig::Daos(d) => format!("backend daos: pool {:?} of system {:?}", d.pool, d.system),
+    }
+}
+
+/// What `serve` would meet on this machine (libraries, daos_agent): said, not judged,
+/// since a config is often checked on another machine than the one that runs it.
+fn daos_notes(daos: &dpu_agent::config::DaosConfig) -> Vec<String> {
+    let options = dpu_agent::server::daos_options(daos);
+    let mut notes = Vec::new();
+    match dpuio_daos::load_libraries() {
+        Ok(()) => notes.push("the DAOS client libraries load on this machine".to_owned()),
+        Err(e) => notes.push(format!("on this machine: {e}")),
+    }
+    let socket = options.agent_socket_dir.join("daos_agent.sock");
+    if socket.exists() {
+        notes.push(format!("a daos_agent socket is at {}", socket.display()));
+    } else {
+        notes.push(format!(
+            "no daos_agent socket at {} on this machine: serve needs daos_agent running there",
+            socket.display()
+        ));
+    }
+    notes
 }
 
 /// The config file (or the defaults) with the command-line flags applied on top.
@@ -141,7 +169,10 @@ fn resolve(
         return Err(format!("the health address {health} is the control-plane address: use another port"));
     }
     if let Some(dir) = data_dir {
-        config.backend = BackendConfig::Local { path: dir.clone() };
+        // --data-dir moves the local backend's tree; a DAOS backend keeps its pool.
+        if let BackendConfig::Local { .. } = config.backend {
+            config.backend = BackendConfig::Local { path: dir.clone() };
+        }
         config.data_dir = dir;
     }
     Ok(config)

@@ -4,12 +4,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use dpuio_backend::Backend;
 use dpuio_backend::local::LocalBackend;
+use dpuio_daos::{DaosBackend, DaosOptions};
 use dpuio_proto::v1 as pb;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 
-use crate::config::{BackendConfig, Config};
+use crate::config::{BackendConfig, Config, DaosConfig};
 use crate::dataplane::DataPlane;
 use crate::service::{MemoryService, NamespaceService, SessionService};
 use crate::state::Agent;
@@ -23,6 +25,8 @@ pub enum ServeError {
         #[source]
         source: dpuio_backend::Error,
     },
+    #[error("cannot open the DAOS backend: {0}")]
+    Daos(#[from] dpuio_daos::OpenError),
     #[error("tenant {tenant}: encryption: {source}")]
     Encryption {
         tenant: String,
@@ -59,15 +63,36 @@ pub enum ServeError {
     },
 }
 
+/// The DAOS backend's options from its config section.
+pub fn daos_options(daos: &DaosConfig) -> DaosOptions {
+    DaosOptions {
+        pool: daos.pool.clone(),
+        system: daos.system.clone(),
+        agent_socket_dir: daos.agent_socket_dir.clone().unwrap_or_else(dpuio_daos::default_agent_socket_dir),
+        create_containers: daos.create_containers,
+        chunk_bytes: daos.chunk_bytes,
+        object_class: daos.object_class.clone(),
+    }
+}
+
 /// Build the agent's state from a config: open the backend, create the containers.
 pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
-    let BackendConfig::Local { path } = &config.backend;
-    let backend = LocalBackend::open(path.clone())
-        .map_err(|source| ServeError::Backend { path: path.display().to_string(), source })?;
+    let (backend, chunk_bytes): (Arc<dyn Backend>, u64) = match &config.backend {
+        BackendConfig::Local { path } => {
+            let backend = LocalBackend::open(path.clone())
+                .map_err(|source| ServeError::Backend { path: path.display().to_string(), source })?;
+            (Arc::new(backend), dpuio_backend::local::DEFAULT_CHUNK_BYTES)
+        }
+        BackendConfig::Daos(daos) => {
+            let backend = DaosBackend::open(daos_options(daos))?;
+            tracing::info!(pool = daos.pool, system = daos.system, "DAOS backend up");
+            (Arc::new(backend), daos.chunk_bytes)
+        }
+    };
     let data_plane = config.data_plane.clone();
     let tenants = config.tenants.clone();
     let token_dir = config.data_dir.join("tokens");
-    let mut agent = Agent::new(config, Arc::new(backend));
+    let mut agent = Agent::new(config, backend);
     agent.tokens = dpuio_auth::token::TokenAuthority::load_or_create(&token_dir)
         .map_err(|e| ServeError::Tls(format!("capability token key in {}: {e}", token_dir.display())))?;
     let agent = Arc::new(agent);
@@ -82,8 +107,7 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     agent.prepare_containers().map_err(ServeError::Containers)?;
     if data_plane.enabled {
         let dp = Arc::new(DataPlane::open(&data_plane.fabric()).map_err(ServeError::DataPlane)?);
-        dp.start(agent.clone(), dpuio_backend::local::DEFAULT_CHUNK_BYTES as usize, data_plane.io_threads as usize)
-            .map_err(ServeError::DataPlane)?;
+        dp.start(agent.clone(), chunk_bytes as usize, data_plane.io_threads as usize).map_err(ServeError::DataPlane)?;
         tracing::info!(transport = %dp.describe(), "data plane up");
         agent.set_dataplane(dp);
     }

@@ -329,11 +329,8 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let container = session.container()?;
         let p = path("path", &req.path)?;
         session.rights.check(Op::Read, &p)?;
-        if !req.anchor.is_empty() {
-            NsPath::root()
-                .join(&req.anchor)
-                .map_err(|e| Error::invalid("anchor", format!("not a name from a previous batch: {e}")))?;
-        }
+        // The anchor is the backend's own opaque token; the backend checks it (a name
+        // for `local`, an authenticated DFS anchor for `daos`).
         let max = self.agent.limits().max_readdir_batch;
         let batch = match req.batch_size {
             0 => DEFAULT_READDIR_BATCH.min(max),
@@ -349,16 +346,16 @@ impl pb::namespace_server::Namespace for NamespaceService {
         tokio::spawn(async move {
             let mut next = Some(first);
             while let Some((entries, more)) = next.take() {
-                let anchor = entries.last().map(|e| e.name.clone()).unwrap_or_default();
+                let anchor = more.clone().unwrap_or_default();
                 let response = pb::ReaddirResponse {
                     entries: entries
                         .iter()
                         .map(|e| pb::DirEntry { name: e.name.clone(), attr: Some(attr_to_proto(&e.attr)) })
                         .collect(),
                     anchor: anchor.clone(),
-                    done: !more,
+                    done: more.is_none(),
                 };
-                if tx.send(Ok(response)).await.is_err() || !more {
+                if tx.send(Ok(response)).await.is_err() || more.is_none() {
                     return; // the client went away, or the listing is complete
                 }
                 let (c, p) = (container.clone(), p.clone());

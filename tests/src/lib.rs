@@ -56,6 +56,23 @@ pub fn command_in(name: &str, home: &Path) -> Command {
     c
 }
 
+/// The backend of agents started without `--config`: `local` unless
+/// `DPUIO_TEST_BACKEND=daos`, which gives each such agent a config with
+/// `[backend] kind = "daos"` in the pool `DAOS_POOL` and a container of its own for the
+/// default tenant (how `./x test`'s DAOS tier runs the end-to-end tests over DAOS).
+pub fn daos_pool_under_test() -> Option<String> {
+    match std::env::var("DPUIO_TEST_BACKEND").as_deref() {
+        Ok("daos") => Some(
+            std::env::var("DAOS_POOL")
+                .ok()
+                .filter(|p| !p.is_empty())
+                .expect("DPUIO_TEST_BACKEND=daos needs DAOS_POOL (source the env file of daos-up.sh)"),
+        ),
+        Ok("local") | Err(_) => None,
+        Ok(other) => panic!("DPUIO_TEST_BACKEND={other:?}: expected local or daos"),
+    }
+}
+
 /// A running `dpu-agent serve`, killed when dropped.
 pub struct AgentProcess {
     pub child: Child,
@@ -64,6 +81,8 @@ pub struct AgentProcess {
     pub data_dir: PathBuf,
     /// The agent serves plaintext (`[tls] mode = "off"`).
     pub plaintext: bool,
+    /// With `DPUIO_TEST_BACKEND=daos`: the pool and the default tenant's container.
+    pub daos: Option<(String, String)>,
 }
 
 impl AgentProcess {
@@ -77,11 +96,30 @@ impl AgentProcess {
     /// `dpu-agent`, or an emulator with the agent as its first argument), waiting at most
     /// `startup` for its address.
     pub fn start_program(mut program: Command, data_dir: &Path, extra: &[&str], startup: Duration) -> AgentProcess {
+        let mut daos = None;
+        let mut config_args: Vec<PathBuf> = Vec::new();
+        if let Some(pool) = daos_pool_under_test().filter(|_| !extra.contains(&"--config")) {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            let container = format!("e2e-{}-{}", std::process::id(), nanos % 1_000_000_000_000);
+            std::fs::create_dir_all(data_dir).expect("create the agent's data directory");
+            let config = data_dir.join("daos-agent.toml");
+            std::fs::write(
+                &config,
+                format!(
+                    "[backend]\nkind = \"daos\"\npool = \"{pool}\"\ncreate_containers = true\n\
+                     [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n"
+                ),
+            )
+            .expect("write the agent's DAOS config");
+            config_args = vec!["--config".into(), config];
+            daos = Some((pool, container));
+        }
         let mut child = hermetic(&mut program, &data_dir.join(".home"))
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0"])
+            .args(&config_args)
             .args(extra)
             .env("RUST_LOG", "warn")
             // The development client bundle goes beside the data, never into the
@@ -100,16 +138,58 @@ impl AgentProcess {
             }
             for _ in lines {} // keep draining so the agent never blocks on stdout
         });
-        let Ok(line) = rx.recv_timeout(startup) else {
+        // On failure the agent is killed before the panic: an agent left running would
+        // hold the test's stderr open and outlive it.
+        let mut fail = |why: String| -> ! {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("dpu-agent did not report its address within {startup:?}");
+            panic!("{why}")
         };
-        let rest = line
-            .strip_prefix("dpu-agent listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from dpu-agent: {line:?}"));
+        let line = match rx.recv_timeout(startup) {
+            Ok(line) => line,
+            Err(_) => fail(format!("dpu-agent did not report its address within {startup:?}")),
+        };
+        let Some(rest) = line.strip_prefix("dpu-agent listening on ") else {
+            fail(format!("unexpected first line from dpu-agent: {line:?}"))
+        };
         let (addr, mode) = rest.split_once(' ').unwrap_or((rest, "(mtls)"));
-        AgentProcess { child, addr: addr.to_owned(), data_dir: data_dir.to_owned(), plaintext: mode == "(plaintext)" }
+        AgentProcess {
+            child,
+            addr: addr.to_owned(),
+            data_dir: data_dir.to_owned(),
+            plaintext: mode == "(plaintext)",
+            daos,
+        }
+    }
+
+    /// Put a file at `path` of the default tenant's container behind the agent's back,
+    /// the way another client of the storage would: into the local tree, or with DAOS's
+    /// own `daos filesystem copy` into the DAOS container (its parent made through the
+    /// agent first).
+    pub fn seed_file(&self, path: &str, data: &[u8]) {
+        let relative = path.trim_start_matches('/');
+        match &self.daos {
+            None => {
+                let file = self.data_dir.join("containers/default").join(relative);
+                std::fs::create_dir_all(file.parent().expect("a parent")).expect("create the parent");
+                std::fs::write(file, data).expect("write into the container's tree");
+            }
+            Some((pool, container)) => {
+                if let Some((parent, _)) = relative.rsplit_once('/') {
+                    ok_stdout(&self.cli(&["mkdir", "-p", &format!("/{parent}")]));
+                }
+                let staged = self.data_dir.join(format!("seed-{}", relative.replace('/', "_")));
+                std::fs::write(&staged, data).expect("stage the file");
+                let out = Command::new("daos")
+                    .args(["filesystem", "copy", "--src"])
+                    .arg(&staged)
+                    .args(["--dst", &format!("daos://{pool}/{container}/{relative}")])
+                    .output()
+                    .expect("run daos filesystem copy (is DAOS's bin directory on PATH?)");
+                assert!(out.status.success(), "daos filesystem copy: {}", String::from_utf8_lossy(&out.stderr));
+                let _ = std::fs::remove_file(staged);
+            }
+        }
     }
 
     /// The address for the shim library and the CLI: `ADDR` (mutual TLS: use with
@@ -208,6 +288,10 @@ impl Drop for AgentProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The tier's pool is shared by every test: give the space back.
+        if let Some((pool, container)) = &self.daos {
+            let _ = Command::new("daos").args(["container", "destroy", "--force", pool, container]).output();
+        }
     }
 }
 

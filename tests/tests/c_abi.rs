@@ -112,9 +112,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 fn pattern_file(agent: &TestAgent, name: &str, bytes: usize) -> Vec<u8> {
     let data: Vec<u8> = (0..bytes).map(|i| (i.wrapping_mul(31).wrapping_add(i >> 12) % 253) as u8).collect();
-    let dir = agent.agent.data_dir.join("containers/default/data");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join(name), &data).unwrap();
+    agent.agent.seed_file(&format!("/data/{name}"), &data);
     data
 }
 

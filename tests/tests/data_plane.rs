@@ -15,7 +15,7 @@ fn pattern(i: u64) -> u8 {
 
 fn write_pattern_file(agent: &AgentProcess, name: &str, bytes: u64) {
     let data: Vec<u8> = (0..bytes).map(pattern).collect();
-    std::fs::write(agent.data_dir.join("containers/default").join(name), data).unwrap();
+    agent.seed_file(name, &data);
 }
 
 async fn data_client(agent: &AgentProcess, transports: &str) -> Client {

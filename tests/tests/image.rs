@@ -251,7 +251,7 @@ fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
     let up = started.elapsed();
     // The harness's handle on this agent (kill on drop, signal, wait); its data directory
     // is the image's /var/lib/dpuio (the packaged config's).
-    let agent = AgentProcess { child, addr, data_dir: rootfs.join("var/lib/dpuio"), plaintext: false };
+    let agent = AgentProcess { child, addr, data_dir: rootfs.join("var/lib/dpuio"), plaintext: false, daos: None };
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;

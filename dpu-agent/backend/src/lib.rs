@@ -4,7 +4,7 @@
 //! backend holds *containers*, a container is a tree of directories and files, and
 //! files are read and written at byte offsets through open *objects*. The agent's
 //! engine speaks only to these traits, so the embedded [`local`] backend and the DAOS
-//! backend (loaded at run time, a later piece of work) are interchangeable.
+//! backend (crate `dpuio-daos`, libdfs loaded at run time) are interchangeable.
 //!
 //! Why the traits are synchronous: both implementations are blocking calls at heart
 //! (`pread`/`fsync` here; `dfs_read`/`dfs_write` with a NULL event in libdfs). The
@@ -54,8 +54,12 @@ pub enum Error {
     #[error("cannot rename {from} to {to}: {reason}")]
     InvalidRename { from: String, to: String, reason: String },
     /// The container does not exist and `create` was not asked for.
-    #[error("container {name:?} does not exist")]
-    NoSuchContainer { name: String },
+    #[error("container {name:?} does not exist{hint}")]
+    NoSuchContainer {
+        name: String,
+        /// What to do, with its leading separator (`": create it with ..."`), or empty.
+        hint: String,
+    },
     /// An object was used for an access its open mode does not allow.
     #[error("{path}: {reason}")]
     AccessMode { path: String, reason: String },
@@ -65,6 +69,15 @@ pub enum Error {
     /// inside its own tree.
     #[error("{path}: {reason}")]
     UnsupportedEntry { path: String, reason: String },
+    /// The storage refused the caller's credentials (DAOS `DER_NO_PERM`, or an ACL of
+    /// the pool or container). `what` names the pool or container, `reason` the call,
+    /// the DAOS error and what to do.
+    #[error("{what}: permission denied: {reason}")]
+    Denied { what: String, reason: String },
+    /// The storage service cannot be reached now (no `daos_agent`, DER_UNREACH,
+    /// DER_TIMEDOUT); retrying later may work. `reason` says what to check.
+    #[error("{what}: storage unavailable: {reason}")]
+    Unavailable { what: String, reason: String },
     /// The storage underneath failed; the source says how.
     #[error("{context}: {source}")]
     Io {
@@ -174,13 +187,16 @@ pub trait Container: Send + Sync {
     fn stat(&self, path: &NsPath) -> Result<Attr>;
     /// Create a directory; its parent must exist.
     fn mkdir(&self, path: &NsPath, mode: u32) -> Result<Attr>;
-    /// List a directory in a stable order (bytewise by name), starting after `anchor`
-    /// (the last name a previous batch returned), at most `max` entries. Returns the
-    /// entries and whether more follow; a batch that says more follow is never empty,
-    /// so its last name is always the next anchor. `max` of 0 is
-    /// [`Error::InvalidArgument`]; a backend may return fewer than `max` (`local`
-    /// caps a batch at [`local::MAX_READDIR_BATCH`]).
-    fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)>;
+    /// List a directory in batches. The first batch starts with `anchor` of `None`; each
+    /// batch returns its entries and, when more follow, the anchor of the next batch
+    /// (`None` once the listing is complete). A batch that has a next anchor is never
+    /// empty. Anchors are opaque strings issued by the backend: `local` lists bytewise
+    /// by name and its anchor is the last name returned; `daos` lists in DFS's hash
+    /// order and its anchor encodes the DFS iteration position, authenticated so that a
+    /// forged or altered anchor is [`Error::InvalidArgument`]. `max` of 0 is
+    /// [`Error::InvalidArgument`]; a backend may return fewer than `max` (`local` caps a
+    /// batch at [`local::MAX_READDIR_BATCH`]).
+    fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, Option<String>)>;
     /// Open (and maybe create) a file.
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>>;
     /// Remove a file or an empty directory; with `recursive`, a directory and all under it.

@@ -9,6 +9,11 @@ spawn) and in the environment of the agent it starts, and none of the user's ``D
 client settings: an agent writes its development client bundle there and clients find it
 there, so tests never share one, nor read or overwrite the user's ``~/.config/dpuio``.
 A test starts at most one agent (they would write their bundles to the same place).
+
+With ``DPUIO_TEST_BACKEND=daos`` (and ``DAOS_POOL``, ``daos`` on ``PATH``: what
+``daos-up.sh``'s env file sets) every agent runs ``[backend] kind = "daos"`` with a
+container of its own, created on first use and destroyed when the agent stops; files are
+planted and checked with DAOS's own ``daos filesystem copy``.
 """
 
 import io
@@ -16,6 +21,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +40,15 @@ class Agent:
         self.config_dir = Path(config_dir)
         self.config_dir.mkdir(parents=True, exist_ok=True)
         args = [str(binary), "serve", "--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0"]
+        #: With DPUIO_TEST_BACKEND=daos: (pool, container label).
+        self.daos = None
+        if os.environ.get("DPUIO_TEST_BACKEND") == "daos":
+            pool = os.environ.get("DAOS_POOL") or pytest.fail("DPUIO_TEST_BACKEND=daos needs DAOS_POOL", pytrace=False)
+            self.daos = (pool, f"py-{os.getpid()}-{time.time_ns() % 10**12}")
+            config = (config or "") + (
+                f'[backend]\nkind = "daos"\npool = "{pool}"\ncreate_containers = true\n'
+                f'[[tenants]]\nname = "default"\ncontainer = "{self.daos[1]}"\n'
+            )
         if config is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             (self.data_dir.parent / "agent.toml").write_text(config)
@@ -56,12 +71,46 @@ class Agent:
         #: The tenant's container as a local directory (to plant and check files).
         self.container = self.data_dir / "containers" / "default"
 
+    def _daos_url(self, path):
+        return f"daos://{self.daos[0]}/{self.daos[1]}/{path.lstrip('/')}"
+
+    def _cli(self, *args):
+        env = {**os.environ, "DPUIO_AGENT": self.addr, "DPUIO_CONFIG_DIR": str(self.config_dir)}
+        subprocess.run([str(BIN_DIR / "dpuio"), *args], env=env, check=True, capture_output=True)
+
     def put(self, path, data):
         """Create a file in the container behind the agent's back."""
-        p = self.container / path.lstrip("/")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+        if self.daos is None:
+            p = self.container / path.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+            return data
+        parent = path.rstrip("/").rsplit("/", 1)[0]
+        if parent:
+            self._cli("mkdir", "-p", parent)
+        staged = self.data_dir / f"seed-{time.time_ns()}"
+        staged.write_bytes(data)
+        subprocess.run(["daos", "filesystem", "copy", "--src", str(staged), "--dst", self._daos_url(path)], check=True, capture_output=True)
+        staged.unlink()
         return data
+
+    def read(self, path):
+        """The bytes of a file as the storage holds it (not through the agent)."""
+        if self.daos is None:
+            return (self.container / path.lstrip("/")).read_bytes()
+        out = self.data_dir / f"out-{time.time_ns()}"
+        subprocess.run(["daos", "filesystem", "copy", "--src", self._daos_url(path), "--dst", str(out)], check=True, capture_output=True)
+        data = out.read_bytes()
+        out.unlink()
+        return data
+
+    def remove(self, path):
+        """Remove a file behind the client's back (over DAOS: through the agent's CLI,
+        as DAOS's own tool has no remove)."""
+        if self.daos is None:
+            (self.container / path.lstrip("/")).unlink()
+        else:
+            self._cli("rm", path)
 
     def stop(self):
         self.proc.terminate()
@@ -69,6 +118,8 @@ class Agent:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        if self.daos is not None:
+            subprocess.run(["daos", "container", "destroy", "--force", *self.daos], capture_output=True)
 
 
 #: The variables through which a user's shell could steer a client: tests never inherit them.

@@ -80,7 +80,7 @@ def test_files_vanishing_after_listing_are_not_found(agent, client, tree):
     base, samples = tree
     ds = MapDataset(base, client=client)
     victim = ds.objects[7][0]
-    (agent.container / victim.lstrip("/")).unlink()
+    agent.remove(victim)
     with pytest.raises(dpuio.NotFound, match=victim):
         ds.__getitems__([6, 7, 8])
     assert len(ds.__getitems__([6, 8])) == 2

@@ -137,6 +137,32 @@ impl LocalContainer {
 
     /// A batch of a directory too large to cache: one full scan per round, keeping only
     /// the smallest names; a second round only if entries vanished under the first.
+    /// One batch in bytewise name order after the name `anchor`, and whether more follow.
+    fn list(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)> {
+        if let Some(anchor) = anchor {
+            crate::validate_name(anchor).map_err(|e| {
+                Error::InvalidArgument(format!("{path}: readdir anchor is not a name from a previous batch: {e}"))
+            })?;
+        }
+        if max == 0 {
+            return Err(Error::InvalidArgument(format!("{path}: readdir needs room for at least one entry")));
+        }
+        let max = max.min(MAX_READDIR_BATCH);
+        let dir = open_dir(&self.root, path)?;
+        // Taken before the names are read: if the directory changes meanwhile, the
+        // cached listing carries the older version and is not reused.
+        let version = fsops::dir_version(&fsops::stat_fd(&dir, path.as_str())?);
+        let key = (self.id, path.clone());
+        let listing = match self.listings.get(&key, version) {
+            Some(listing) => Some(listing),
+            None => self.fill(&dir, path, key, version)?,
+        };
+        match listing {
+            Some(listing) => self.batch_from_listing(&dir, path, &listing, anchor, max),
+            None => self.batch_by_scan(&dir, path, anchor, max),
+        }
+    }
+
     fn batch_by_scan(
         &self,
         dir: &OwnedFd,
@@ -267,24 +293,10 @@ impl Container for LocalContainer {
         fsops::attr(&stat_at(&dir, name, path.as_str())?, path.as_str())
     }
 
-    fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)> {
-        if max == 0 {
-            return Err(Error::InvalidArgument(format!("{path}: readdir needs room for at least one entry")));
-        }
-        let max = max.min(MAX_READDIR_BATCH);
-        let dir = open_dir(&self.root, path)?;
-        // Taken before the names are read: if the directory changes meanwhile, the
-        // cached listing carries the older version and is not reused.
-        let version = fsops::dir_version(&fsops::stat_fd(&dir, path.as_str())?);
-        let key = (self.id, path.clone());
-        let listing = match self.listings.get(&key, version) {
-            Some(listing) => Some(listing),
-            None => self.fill(&dir, path, key, version)?,
-        };
-        match listing {
-            Some(listing) => self.batch_from_listing(&dir, path, &listing, anchor, max),
-            None => self.batch_by_scan(&dir, path, anchor, max),
-        }
+    fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, Option<String>)> {
+        let (entries, more) = self.list(path, anchor, max)?;
+        let next = if more { entries.last().map(|e| e.name.clone()) } else { None };
+        Ok((entries, next))
     }
 
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>> {
@@ -482,8 +494,13 @@ mod tests {
         c.open(&p(path), create(), 0o644).unwrap().write_at(data, 0).unwrap();
     }
 
+    /// `readdir` with "more follow" as a bool, the shape these tests were written in.
+    fn rd(c: &dyn Container, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, bool)> {
+        c.readdir(path, anchor, max).map(|(entries, next)| (entries, next.is_some()))
+    }
+
     fn names(c: &dyn Container, path: &str) -> Vec<String> {
-        let (entries, more) = c.readdir(&p(path), None, usize::MAX).unwrap();
+        let (entries, more) = rd(c, &p(path), None, usize::MAX).unwrap();
         assert!(!more);
         entries.into_iter().map(|e| e.name).collect()
     }
@@ -719,31 +736,31 @@ mod tests {
         c.mkdir(&p("/dir"), 0o755).unwrap();
         assert_eq!(names(&*c, "/"), ["C", "a", "aa", "b", "dir", "z", "é"]);
 
-        let (first, more) = c.readdir(&NsPath::root(), None, 3).unwrap();
+        let (first, more) = rd(&*c, &NsPath::root(), None, 3).unwrap();
         assert!(more);
         assert_eq!(first.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["C", "a", "aa"]);
-        let (second, more) = c.readdir(&NsPath::root(), Some("aa"), 3).unwrap();
+        let (second, more) = rd(&*c, &NsPath::root(), Some("aa"), 3).unwrap();
         assert!(more);
         assert_eq!(second.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["b", "dir", "z"]);
-        let (last, more) = c.readdir(&NsPath::root(), Some("z"), 3).unwrap();
+        let (last, more) = rd(&*c, &NsPath::root(), Some("z"), 3).unwrap();
         assert!(!more);
         assert_eq!(last.len(), 1);
         // Exactly filling the batch at the end is not "more".
-        assert!(!c.readdir(&NsPath::root(), Some("b"), 3).unwrap().1);
+        assert!(!rd(&*c, &NsPath::root(), Some("b"), 3).unwrap().1);
         // An anchor that no longer exists still resumes in order.
-        let (after, _) = c.readdir(&NsPath::root(), Some("ab"), 1).unwrap();
+        let (after, _) = rd(&*c, &NsPath::root(), Some("ab"), 1).unwrap();
         assert_eq!(after[0].name, "b");
-        assert_eq!(c.readdir(&NsPath::root(), Some("é"), 3).unwrap(), (vec![], false));
+        assert_eq!(rd(&*c, &NsPath::root(), Some("é"), 3).unwrap(), (vec![], false));
 
         // Attributes come with the entries.
         let dir = second.iter().find(|e| e.name == "dir").unwrap();
         assert_eq!(dir.attr, c.stat(&p("/dir")).unwrap());
         assert_eq!(second[0].attr.kind, EntryKind::File);
 
-        assert_eq!(c.readdir(&p("/dir"), None, 10).unwrap(), (vec![], false));
-        assert!(matches!(c.readdir(&NsPath::root(), None, 0), Err(Error::InvalidArgument(_))));
-        assert!(matches!(c.readdir(&p("/a"), None, 10), Err(Error::NotADirectory { path }) if path == "/a"));
-        assert_not_found(c.readdir(&p("/missing"), None, 10), "/missing");
+        assert_eq!(rd(&*c, &p("/dir"), None, 10).unwrap(), (vec![], false));
+        assert!(matches!(rd(&*c, &NsPath::root(), None, 0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(rd(&*c, &p("/a"), None, 10), Err(Error::NotADirectory { path }) if path == "/a"));
+        assert_not_found(rd(&*c, &p("/missing"), None, 10), "/missing");
     }
 
     #[test]
@@ -752,10 +769,10 @@ mod tests {
         for name in ["a", "c", "e"] {
             touch(&*c, &format!("/{name}"));
         }
-        assert_eq!(c.readdir(&NsPath::root(), None, 1).unwrap().0[0].name, "a");
+        assert_eq!(rd(&*c, &NsPath::root(), None, 1).unwrap().0[0].name, "a");
         touch(&*c, "/d");
         c.remove(&p("/c"), false).unwrap();
-        let (rest, more) = c.readdir(&NsPath::root(), Some("a"), 10).unwrap();
+        let (rest, more) = rd(&*c, &NsPath::root(), Some("a"), 10).unwrap();
         assert!(!more);
         assert_eq!(rest.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["d", "e"]);
         c.rename(&p("/e"), &p("/b")).unwrap();
@@ -776,7 +793,7 @@ mod tests {
         let started = Instant::now();
         let (mut anchor, mut seen, mut batches) = (None::<String>, 0, 0);
         loop {
-            let (entries, more) = c.readdir(&p("/big"), anchor.as_deref(), 1000).unwrap();
+            let (entries, more) = rd(&*c, &p("/big"), anchor.as_deref(), 1000).unwrap();
             assert_eq!(entries.len(), if more { 1000 } else { 20_000 - seen });
             for (k, entry) in entries.iter().enumerate() {
                 assert_eq!(entry.name, format!("entry-{:05}", seen + k));
@@ -829,7 +846,7 @@ mod tests {
         let mut all = Vec::new();
         let mut anchor = None::<String>;
         loop {
-            let (entries, more) = c.readdir(&NsPath::root(), anchor.as_deref(), 7).unwrap();
+            let (entries, more) = rd(&*c, &NsPath::root(), anchor.as_deref(), 7).unwrap();
             assert!(entries.len() == 7 || !more);
             all.extend(entries.into_iter().map(|e| e.name));
             anchor = all.last().cloned();
@@ -880,7 +897,7 @@ mod tests {
             refused(c.open(&path, create(), 0o644).map(drop));
             if path.components().count() > 1 {
                 refused(c.mkdir(&path, 0o755).map(drop));
-                refused(c.readdir(&path, None, 10).map(drop));
+                refused(rd(&*c, &path, None, 10).map(drop));
                 refused(c.truncate(&path, 0));
             }
         }
@@ -910,7 +927,7 @@ mod tests {
         let errors = [
             expect_err(c.stat(&p("/nope"))),
             expect_err(c.mkdir(&p("/a/b"), 0o755)),
-            expect_err(c.readdir(&p("/x"), None, 1)),
+            expect_err(rd(&*c, &p("/x"), None, 1)),
             expect_err(c.rename(&p("/x"), &p("/y"))),
         ];
         for e in errors {

@@ -201,7 +201,7 @@ impl Backend for LocalBackend {
         let root =
             rustix::fs::openat(&self.containers, container, fsops::dir_flags(), Mode::empty()).map_err(
                 |e| match e {
-                    Errno::NOENT => Error::NoSuchContainer { name: container.to_owned() },
+                    Errno::NOENT => Error::NoSuchContainer { name: container.to_owned(), hint: String::new() },
                     Errno::LOOP | Errno::NOTDIR => Error::UnsupportedEntry {
                         path: shown.clone(),
                         reason: "its place in the backend root is not a directory (a link or file put there by \
@@ -303,7 +303,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let backend = LocalBackend::open(dir.path()).unwrap();
         match backend.mount("missing", false) {
-            Err(Error::NoSuchContainer { name }) => assert_eq!(name, "missing"),
+            Err(Error::NoSuchContainer { name, .. }) => assert_eq!(name, "missing"),
             other => panic!("{:?}", other.map(|c| c.name().to_owned())),
         }
         let c = backend.mount("data-1.v2_x", true).unwrap();

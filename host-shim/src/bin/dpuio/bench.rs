@@ -7,6 +7,10 @@
 //! utilisation and the most simulated accelerators kept at AU >= 90%) and `checkpoint`
 //! (write with fsync, then read back).
 //!
+//! With `--backend daos` the baseline of the block workloads, metadata and checkpoint is
+//! libdfs in this process, on the same DAOS container the agent serves (the way pydaos
+//! reads); unet3d then runs through the shim only, without a baseline.
+//!
 //! POSIX queue depth is emulated the way fio's psync engine does it: `queue_depth`
 //! threads each doing blocking `pread`s. Host CPU is this process's CPU time
 //! (all threads, the shim's progress thread included) per GiB moved; agent CPU, when
@@ -42,6 +46,44 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         other => return Err(format!("unknown unit {other:?} in {s:?}; use KiB, MiB, GiB or TiB")),
     };
     n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Which backend the agent under test runs, hence which baseline is fair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchBackend {
+    Local,
+    Daos,
+}
+
+/// The baseline of a block workload: the same file, read and written without dpuio.
+trait BaselineFile: Send + Sync {
+    fn read_block(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+    fn write_block(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl BaselineFile for std::fs::File {
+    fn read_block(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+    fn write_block(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        FileExt::write_all_at(self, buf, offset)
+    }
+}
+
+/// A DFS object opened by libdfs in this process.
+struct DfsFile(Arc<dyn dpuio_backend::Object>);
+
+impl BaselineFile for DfsFile {
+    fn read_block(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self.0.read_at(buf, offset) {
+            Ok(n) if n == buf.len() => Ok(()),
+            Ok(n) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("short read of {n}"))),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
+    }
+    fn write_block(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_at(buf, offset).map_err(|e| std::io::Error::other(e.to_string()))
+    }
 }
 
 /// Which way the bytes go.
@@ -103,6 +145,20 @@ pub struct BenchArgs {
     /// file), e.g. ./dpuio-data/containers/default. Without it the POSIX path is skipped.
     #[arg(long)]
     pub posix_root: Option<PathBuf>,
+    /// The agent's backend: `local` (the baseline is POSIX on --posix-root) or `daos`
+    /// (the baseline reads and writes the same DAOS file with libdfs in this process, the
+    /// way pydaos does; needs --daos-pool and --daos-container).
+    #[arg(long, value_enum, default_value_t = BenchBackend::Local)]
+    pub backend: BenchBackend,
+    /// daos: the pool (label or UUID) of the agent's `[backend]`.
+    #[arg(long)]
+    pub daos_pool: Option<String>,
+    /// daos: the tenant's container label.
+    #[arg(long)]
+    pub daos_container: Option<String>,
+    /// daos: the daos_agent's socket directory [default: $DAOS_AGENT_DRPC_DIR, else /var/run/daos_agent].
+    #[arg(long)]
+    pub daos_agent_socket_dir: Option<PathBuf>,
     /// The agent's process id, to report its CPU per GiB.
     #[arg(long)]
     pub agent_pid: Option<u32>,
@@ -205,6 +261,8 @@ fn bench_error(reason: impl std::fmt::Display) -> dpuio_shim::Error {
 pub struct Setup {
     pub clients: Vec<(String, Client)>,
     pub posix_root: Option<PathBuf>,
+    /// `--backend daos`: the tenant's container mounted by libdfs in this process.
+    dfs: Option<Arc<dyn dpuio_backend::Container>>,
     pub agent_pid: Option<u32>,
     pub progress: indicatif::MultiProgress,
 }
@@ -261,11 +319,26 @@ pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<(
         }
         _ => None,
     };
+    let dfs = match args.backend {
+        BenchBackend::Local => None,
+        BenchBackend::Daos => Some(mount_dfs(&args)?),
+    };
+    if dfs.is_some() && args.workloads.contains(&Workload::Unet3d) {
+        eprintln!("dpuio bench: over DAOS unet3d has no libdfs baseline yet (it runs through the shim only)");
+    }
+    let posix_root = if dfs.is_some() {
+        if posix_root.is_some() {
+            return Err(bench_error("--posix-root is for --backend local; over DAOS the baseline is libdfs"));
+        }
+        None
+    } else {
+        posix_root
+    };
     let progress = indicatif::MultiProgress::new();
     if args.json {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let setup = Setup { clients, posix_root, agent_pid: args.agent_pid, progress };
+    let setup = Setup { clients, posix_root, dfs, agent_pid: args.agent_pid, progress };
     let mut all: Vec<Figures> = Vec::new();
     for &workload in &args.workloads {
         let figures = match workload {
@@ -292,6 +365,26 @@ pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<(
     Ok(())
 }
 
+/// `--backend daos`: mount the tenant's container with libdfs in this process.
+fn mount_dfs(args: &BenchArgs) -> dpuio_shim::Result<Arc<dyn dpuio_backend::Container>> {
+    use dpuio_backend::Backend;
+    let (Some(pool), Some(container)) = (&args.daos_pool, &args.daos_container) else {
+        return Err(bench_error(
+            "--backend daos needs --daos-pool and --daos-container (the agent's pool and the tenant's container label)",
+        ));
+    };
+    let backend = dpuio_daos::DaosBackend::open(dpuio_daos::DaosOptions {
+        pool: pool.clone(),
+        system: "daos_server".into(),
+        agent_socket_dir: args.daos_agent_socket_dir.clone().unwrap_or_else(dpuio_daos::default_agent_socket_dir),
+        create_containers: false,
+        chunk_bytes: dpuio_daos::DEFAULT_CHUNK_BYTES,
+        object_class: String::new(),
+    })
+    .map_err(|e| bench_error(format!("libdfs baseline: {e}")))?;
+    backend.mount(container, false).map_err(|e| bench_error(format!("libdfs baseline: {e}")))
+}
+
 /// seq-read, seq-write, rand-read: rounds of one cell per path, interleaved.
 async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> dpuio_shim::Result<Vec<Figures>> {
     let block = args.block_bytes.unwrap_or(match workload {
@@ -311,8 +404,8 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
     let file_bytes = args.file_bytes - args.file_bytes % block;
     let (_, first) = &setup.clients[0];
     prepare_file(first, file_bytes).await?;
-    let posix_file = match &setup.posix_root {
-        Some(root) => {
+    let baseline_file: Option<(&str, Arc<dyn BaselineFile>)> = match (&setup.posix_root, &setup.dfs) {
+        (Some(root), _) => {
             let path = root.join(BENCH_FILE.trim_start_matches('/'));
             let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| {
                 bench_error(format!(
@@ -320,33 +413,37 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
                     path.display()
                 ))
             })?;
-            Some(Arc::new(file))
+            // Warm the page cache, so every path reads the same cached file.
+            let mut buf = vec![0u8; 4 << 20];
+            let mut at = 0;
+            while at < file_bytes {
+                at += file.read_at(&mut buf, at).unwrap_or(0).max(1) as u64;
+            }
+            Some(("posix", Arc::new(file)))
         }
-        None => None,
+        (None, Some(dfs)) => {
+            let path = dpuio_backend::NsPath::parse(BENCH_FILE).map_err(bench_error)?;
+            let options = dpuio_backend::OpenOptions { write: true, ..Default::default() };
+            let object = dfs.open(&path, options, 0).map_err(|e| bench_error(format!("libdfs baseline: {e}")))?;
+            Some((LIBDFS, Arc::new(DfsFile(object))))
+        }
+        (None, None) => None,
     };
-    // Warm the page cache, so every path reads the same cached file.
-    if let Some(f) = &posix_file {
-        let mut buf = vec![0u8; 4 << 20];
-        let mut at = 0;
-        while at < file_bytes {
-            at += f.read_at(&mut buf, at).unwrap_or(0).max(1) as u64;
-        }
-    }
     let duration = Duration::from_secs_f64(args.seconds);
     let mut totals: Vec<Figures> = Vec::new();
     for round in 0..args.rounds {
         let mut cells = Vec::new();
-        if let Some(f) = &posix_file {
-            let bar = setup.spinner(format!("{} posix, round {}", workload.name(), round + 1));
+        if let Some((name, f)) = &baseline_file {
+            let bar = setup.spinner(format!("{} {name}, round {}", workload.name(), round + 1));
             let f = f.clone();
             let pid = setup.agent_pid;
             let mut fig = tokio::task::spawn_blocking(move || {
-                posix_cell(&f, workload, block, qd * threads, file_bytes, duration, round as u64, pid)
+                posix_cell(&*f, workload, block, qd * threads, file_bytes, duration, round as u64, pid)
             })
             .await
             .map_err(bench_error)?;
             bar.finish_and_clear();
-            fig.path = "posix".into();
+            fig.path = (*name).into();
             cells.push(fig);
         }
         for (name, client) in &setup.clients {
@@ -391,6 +488,11 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
         }
         bar.finish_and_clear();
     }
+    if let Some(dfs) = &setup.dfs {
+        let bar = setup.spinner(format!("metadata {LIBDFS}"));
+        out.extend(dfs_metadata(setup, &**dfs, files).map_err(|e| bench_error(format!("libdfs metadata: {e}")))?);
+        bar.finish_and_clear();
+    }
     for (name, client) in &setup.clients {
         let bar = setup.spinner(format!("metadata {name}"));
         let dir = format!("{BENCH_DIR}/meta-{name}");
@@ -425,6 +527,56 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
             out.push(meter.finish(&format!("metadata-{op}"), name, files as u64, 0));
         }
         bar.finish_and_clear();
+    }
+    Ok(out)
+}
+
+/// BENCH_DIR in the container, through libdfs.
+fn ensure_bench_dir(dfs: &dyn dpuio_backend::Container) -> dpuio_backend::Result<()> {
+    let dir = dpuio_backend::NsPath::parse(BENCH_DIR)?;
+    match dfs.mkdir(&dir, 0o755) {
+        Ok(_) | Err(dpuio_backend::Error::AlreadyExists { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The metadata steps with libdfs in this process (`--backend daos`): the same names and
+/// calls as the shim's, one blocking DFS call each.
+fn dfs_metadata(
+    setup: &Setup,
+    dfs: &dyn dpuio_backend::Container,
+    files: usize,
+) -> dpuio_backend::Result<Vec<Figures>> {
+    use dpuio_backend::{NsPath, OpenOptions};
+    let dir = NsPath::parse(&format!("{BENCH_DIR}/meta-{LIBDFS}"))?;
+    let _ = dfs.remove(&dir, true);
+    ensure_bench_dir(dfs)?;
+    dfs.mkdir(&dir, 0o755)?;
+    let names: Vec<NsPath> = (0..files).map(|i| dir.join(&format!("f{i:07}"))).collect::<Result<_, _>>()?;
+    let create = OpenOptions { write: true, create: true, exclusive: true, ..OpenOptions::default() };
+    let mut out = Vec::new();
+    for op in ["create", "stat", "readdir", "remove"] {
+        let meter = Meter::start(setup);
+        match op {
+            "create" => names.iter().try_for_each(|n| dfs.open(n, create, 0o644).map(drop))?,
+            "stat" => names.iter().try_for_each(|n| dfs.stat(n).map(drop))?,
+            "readdir" => {
+                let (mut listed, mut anchor) = (0, None::<String>);
+                loop {
+                    let (entries, next) = dfs.readdir(&dir, anchor.as_deref(), 4096)?;
+                    listed += entries.len();
+                    match next {
+                        Some(next) => anchor = Some(next),
+                        None => break,
+                    }
+                }
+                if listed != files {
+                    return Err(dpuio_backend::Error::InvalidArgument(format!("listed {listed} of {files} files")));
+                }
+            }
+            _ => names.iter().try_for_each(|n| dfs.remove(n, false))?,
+        }
+        out.push(meter.finish(&format!("metadata-{op}"), LIBDFS, files as u64, 0));
     }
     Ok(out)
 }
@@ -490,6 +642,34 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
         }
         out.push(meter.finish("checkpoint-read", "posix", bytes / CHUNK, bytes));
         let _ = std::fs::remove_file(&path);
+        bar.finish_and_clear();
+    }
+    if let Some(dfs) = &setup.dfs {
+        // libdfs in this process: the same chunks, dfs_write then dfs_read, one at a time
+        // (a DFS write is durable when it returns; the sync is DFS's no-op).
+        use dpuio_backend::{NsPath, OpenOptions};
+        let bar = setup.spinner(format!("checkpoint {LIBDFS}"));
+        let fail = |e: dpuio_backend::Error| bench_error(format!("libdfs checkpoint: {e}"));
+        let path = NsPath::parse(&format!("{BENCH_DIR}/checkpoint-{LIBDFS}.pt")).map_err(fail)?;
+        ensure_bench_dir(&**dfs).map_err(fail)?;
+        let meter = Meter::start(setup);
+        let create = OpenOptions { write: true, create: true, truncate: true, ..OpenOptions::default() };
+        let f = dfs.open(&path, create, 0o644).map_err(fail)?;
+        for i in 0..bytes / CHUNK {
+            f.write_at(&data, i * CHUNK).map_err(fail)?;
+        }
+        f.sync().map_err(fail)?;
+        out.push(meter.finish("checkpoint-write", LIBDFS, bytes / CHUNK, bytes));
+        let meter = Meter::start(setup);
+        let mut buf = vec![0u8; CHUNK as usize];
+        for i in 0..bytes / CHUNK {
+            if f.read_at(&mut buf, i * CHUNK).map_err(fail)? != CHUNK as usize {
+                return Err(bench_error("libdfs checkpoint: short read"));
+            }
+        }
+        out.push(meter.finish("checkpoint-read", LIBDFS, bytes / CHUNK, bytes));
+        drop(f);
+        let _ = dfs.remove(&path, false);
         bar.finish_and_clear();
     }
     for (name, client) in &setup.clients {
@@ -574,7 +754,7 @@ fn offset(workload: Workload, i: u64, block: u64, file_bytes: u64, rng: &mut imp
 
 #[allow(clippy::too_many_arguments)]
 fn posix_cell(
-    file: &std::fs::File,
+    file: &dyn BaselineFile,
     workload: Workload,
     block: u64,
     qd: usize,
@@ -598,9 +778,9 @@ fn posix_cell(
                         let at = offset(workload, i, block, file_bytes, &mut rng);
                         let t0 = Instant::now();
                         let _ = if workload == Workload::SeqWrite {
-                            file.write_all_at(&buf, at)
+                            file.write_block(&buf, at)
                         } else {
-                            file.read_exact_at(&mut buf, at)
+                            file.read_block(&mut buf, at)
                         };
                         lat.push(t0.elapsed().as_micros() as u32);
                         i += qd as u64;
@@ -769,9 +949,13 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.filter(|v| v.is_finite()).map_or("null".into(), |v| format!("{v:.digits$}"))
 }
 
-/// The POSIX figures of the same workload, the baseline of every ratio.
+/// The path name of the libdfs baseline (`--backend daos`).
+const LIBDFS: &str = "libdfs";
+
+/// The baseline figures of the same workload (POSIX, or libdfs over DAOS), the
+/// denominator of every ratio.
 fn baseline<'a>(all: &'a [Figures], t: &Figures) -> Option<&'a Figures> {
-    all.iter().find(|p| p.path == "posix" && p.workload == t.workload)
+    all.iter().find(|p| (p.path == "posix" || p.path == LIBDFS) && p.workload == t.workload)
 }
 
 /// Throughput for byte workloads, operation rate for metadata ones.
@@ -818,7 +1002,7 @@ fn report(totals: &[Figures], args: &BenchArgs) {
         "p99 us",
         "host s/GiB",
         "agent s/GiB",
-        "vs posix",
+        "vs base",
         "AU",
         "acc"
     );
@@ -848,16 +1032,17 @@ fn report(totals: &[Figures], args: &BenchArgs) {
 /// The issues' targets, printed with the figures they are judged by.
 fn targets(totals: &[Figures]) {
     let sm = |w: &str| totals.iter().find(|t| t.path == "shim-ucx-sm" && t.workload == w);
-    let px = |w: &str| totals.iter().find(|t| t.path == "posix" && t.workload == w);
+    let px = |w: &str| totals.iter().find(|t| (t.path == "posix" || t.path == LIBDFS) && t.workload == w);
+    let base = if totals.iter().any(|t| t.path == LIBDFS) { LIBDFS } else { "posix" };
     if let (Some(s), Some(p)) = (sm("seq-read"), px("seq-read")) {
         let thr = s.gib_per_s() / p.gib_per_s();
         let cpu = s.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
         println!(
-            "target: seq-read shim-ucx-sm throughput >= 0.8x posix (aim 1.0x): {thr:.2}x  {}",
+            "target: seq-read shim-ucx-sm throughput >= 0.8x {base} (aim 1.0x): {thr:.2}x  {}",
             verdict(thr >= 0.8)
         );
         println!(
-            "target: seq-read shim-ucx-sm host CPU/GiB <= 10% of posix: {:.1}%  {}",
+            "target: seq-read shim-ucx-sm host CPU/GiB <= 10% of {base}: {:.1}%  {}",
             cpu * 100.0,
             verdict(cpu <= 0.10)
         );
@@ -865,7 +1050,7 @@ fn targets(totals: &[Figures]) {
     if let (Some(s), Some(p)) = (sm("rand-read"), px("rand-read")) {
         let iops = s.iops() / p.iops();
         println!(
-            "target: rand-read shim-ucx-sm IOPS >= 0.5x posix: {iops:.2}x  {} (p50 {:.0} us, p99 {:.0} us; posix p50 {:.0} us, p99 {:.0} us)",
+            "target: rand-read shim-ucx-sm IOPS >= 0.5x {base}: {iops:.2}x  {} (p50 {:.0} us, p99 {:.0} us; {base} p50 {:.0} us, p99 {:.0} us)",
             verdict(iops >= 0.5),
             s.percentile_us(0.5),
             s.percentile_us(0.99),
@@ -882,7 +1067,7 @@ fn targets(totals: &[Figures]) {
     for w in ["checkpoint-write", "checkpoint-read"] {
         if let (Some(s), Some(p)) = (sm(w), px(w)) {
             let r = s.gib_per_s() / p.gib_per_s();
-            println!("target: {w} shim >= 0.8x posix (with fsync): {r:.2}x  {}", verdict(r >= 0.8));
+            println!("target: {w} shim >= 0.8x {base} (with fsync): {r:.2}x  {}", verdict(r >= 0.8));
         }
     }
 }

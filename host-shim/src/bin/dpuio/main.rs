@@ -59,7 +59,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List a directory (name order).
+    /// List a directory (by name on the local backend; in DFS hash order over DAOS).
     Ls {
         /// Long format: kind, size, modification time, name.
         #[arg(short, long)]

@@ -1,0 +1,45 @@
+//! The DAOS backend of `dpu-agent`: the agent runs the DAOS client (libdfs).
+//!
+//! - `sys`: the DAOS C API as we use it, declared by hand from the DAOS 2.x headers
+//!   with compile-time layout checks, and the run-time loader (`libloading`): libgurt,
+//!   libdaos and libdfs are opened when a DAOS backend is configured, so a host without
+//!   DAOS builds and runs dpuio with the local backend. Search order:
+//!   `$DPUIO_DAOS_PREFIX/lib64`, `$DPUIO_DAOS_PREFIX/lib`, `/opt/daos/lib64`, then the
+//!   dynamic loader's default path.
+//! - `dfs`: safe owners of DAOS handles (runtime, pool, mounted container, object) whose
+//!   drop order is DAOS's teardown order; `daos_init` once per process, `daos_fini` after
+//!   the last handle.
+//! - [`error`]: DER codes (`daos_*`, negative) and errno (`dfs_*`, positive), kept with
+//!   the call and the DAOS name of the error.
+//! - `anchor`: readdir anchors handed to clients, authenticated DFS positions.
+//! - [`DaosBackend`]: the `dpuio_backend` traits over all of the above.
+//!
+//! This is one of the three rooms where `unsafe` lives (with `fabric/` and the shim's C
+//! ABI): only `sys` and `dfs` hold it; `anchor` and `backend` forbid it.
+//!
+//! Deliberately not here yet: event-queue asynchronous I/O (reads and writes are
+//! blocking `dfs_read`/`dfs_write` with a NULL event, run on the agent's I/O threads),
+//! reading straight into a transport-mapped host region, and per-tenant worker
+//! processes under the tenant's uid.
+
+mod anchor;
+mod backend;
+mod dfs;
+pub mod error;
+mod sys;
+
+pub use backend::{DEFAULT_CHUNK_BYTES, DaosBackend, DaosContainer, DaosOptions, OpenError};
+pub use dfs::{DEFAULT_AGENT_SOCKET_DIR, SetupError, default_agent_socket_dir, load_libraries, prefix_from_env};
+
+/// Where the libraries are searched for, given `$DPUIO_DAOS_PREFIX` (for messages).
+pub fn library_search_path() -> Vec<String> {
+    sys::search_dirs(prefix_from_env().as_deref())
+        .into_iter()
+        .map(|d| d.map_or_else(|| "the dynamic loader's default path".to_owned(), |d| d.display().to_string()))
+        .collect()
+}
+
+/// For tests: the DAOS name of a DER code (positive), as the loaded libgurt spells it.
+pub fn der_name(der: i32) -> Result<String, SetupError> {
+    dfs::der_name(der)
+}

@@ -1,0 +1,328 @@
+//! End to end over the DAOS backend: a real `dpu-agent` with `[backend] kind = "daos"`
+//! against a real DAOS system, driven by the `dpuio` CLI, and checked from outside dpuio
+//! with DAOS's own `daos` tool.
+//!
+//! Needs what `../shared/daos/daos-up.sh RUNDIR` sets up (`source RUNDIR/env`): `DAOS_POOL`,
+//! a `daos_agent` at `DAOS_AGENT_DRPC_DIR`, and `daos` on `PATH`. Without them each test
+//! prints that it is skipped and why, unless `DPUIO_REQUIRE_DAOS=1` (`./x test`'s DAOS
+//! tier), which makes a skip a failure. Each test uses its own containers in the pool.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use dpuio_tests::{AgentProcess, ok_stdout};
+
+struct Daos {
+    pool: String,
+    socket_dir: PathBuf,
+}
+
+fn daos(test: &str) -> Option<Daos> {
+    let pool = std::env::var("DAOS_POOL").ok().filter(|p| !p.is_empty());
+    let socket_dir =
+        std::env::var_os("DAOS_AGENT_DRPC_DIR").map_or_else(|| "/var/run/daos_agent".into(), PathBuf::from);
+    let daos_tool = Command::new("daos").arg("version").output().is_ok_and(|o| o.status.success());
+    let why = match (&pool, socket_dir.join("daos_agent.sock").exists(), daos_tool) {
+        (None, _, _) => {
+            "DAOS_POOL is not set (start DAOS with ../shared/daos/daos-up.sh RUNDIR, then source RUNDIR/env)".to_owned()
+        }
+        (_, false, _) => format!("no daos_agent socket in {}", socket_dir.display()),
+        (_, _, false) => "the daos tool is not on PATH".to_owned(),
+        (Some(pool), true, true) => return Some(Daos { pool: pool.clone(), socket_dir }),
+    };
+    assert!(std::env::var("DPUIO_REQUIRE_DAOS").as_deref() != Ok("1"), "DPUIO_REQUIRE_DAOS=1 but: {why}");
+    eprintln!("{test}: skipped: {why}");
+    None
+}
+
+/// A container label no other test or run uses.
+fn label(test: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let label = format!("e2e-{test}-{}-{}", std::process::id(), nanos % 1_000_000_000);
+    CREATED.with(|c| c.borrow_mut().push(label.clone()));
+    label
+}
+
+thread_local! {
+    /// Containers this test's thread named; destroyed when the thread (the test) ends,
+    /// so the shared pool gets its space back.
+    static CREATED: Cleanup = const { Cleanup(std::cell::RefCell::new(Vec::new())) };
+}
+
+struct Cleanup(std::cell::RefCell<Vec<String>>);
+
+impl std::ops::Deref for Cleanup {
+    type Target = std::cell::RefCell<Vec<String>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Ok(pool) = std::env::var("DAOS_POOL") else { return };
+        for container in self.0.borrow().iter() {
+            let _ = Command::new("daos").args(["container", "destroy", "--force", &pool, container]).output();
+        }
+    }
+}
+
+fn config(dir: &Path, d: &Daos, container: &str, create: bool, extra_tenant: &str) -> PathBuf {
+    let path = dir.join("agent.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\ncreate_containers = {create}\n\n\
+             [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n{extra_tenant}",
+            d.pool,
+            d.socket_dir.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn random_file(path: &Path, bytes: usize, seed: u64) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut data = vec![0u8; bytes];
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+/// `daos filesystem copy` of one file out of a container: DAOS's own view of it.
+fn daos_copy_out(d: &Daos, container: &str, path: &str, dst: &Path) {
+    let out = Command::new("daos")
+        .args(["filesystem", "copy", "--src", &format!("daos://{}/{container}{path}", d.pool), "--dst"])
+        .arg(dst)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "daos filesystem copy failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn put_get_256_mib_over_daos_and_daos_sees_the_same_bytes() {
+    let Some(d) = daos("put_get_256_mib_over_daos") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("putget");
+    let config = config(dir.path(), &d, &container, true, "");
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let local = dir.path().join("in.bin");
+    let data = random_file(&local, 256 << 20, 12);
+    let back = dir.path().join("back.bin");
+    let started = std::time::Instant::now();
+    ok_stdout(&agent.cli(&["--transport", "shm", "put", local.to_str().unwrap(), "/copy.bin"]));
+    let put = started.elapsed();
+    let started = std::time::Instant::now();
+    ok_stdout(&agent.cli(&["--transport", "shm", "get", "/copy.bin", back.to_str().unwrap()]));
+    eprintln!("256 MiB over daos: put {put:?}, get {:?}", started.elapsed());
+    assert!(std::fs::read(&back).unwrap() == data, "get differs from put");
+    assert!(ok_stdout(&agent.cli(&["stat", "/copy.bin"])).contains(&(256u64 << 20).to_string()));
+
+    // From outside dpuio: DAOS's own tool finds the file with the same bytes.
+    let outside = dir.path().join("outside.bin");
+    daos_copy_out(&d, &container, "/copy.bin", &outside);
+    assert!(std::fs::read(&outside).unwrap() == data, "daos filesystem copy differs from what was put");
+}
+
+#[test]
+fn namespace_operations_through_the_agent() {
+    let Some(d) = daos("namespace_operations_through_the_agent") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("ns");
+    let config = config(dir.path(), &d, &container, true, "");
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    ok_stdout(&agent.cli(&["mkdir", "-p", "/a/b"]));
+    let names: Vec<String> = (0..300).map(|i| format!("/a/b/f{i:03}")).collect();
+    let mut args = vec!["touch"];
+    args.extend(names.iter().map(String::as_str));
+    ok_stdout(&agent.cli(&args));
+    let listing = ok_stdout(&agent.cli(&["ls", "/a/b"]));
+    assert_eq!(listing.lines().count(), 300, "{listing}");
+    ok_stdout(&agent.cli(&["mv", "/a/b/f000", "/a/moved"]));
+    let out = agent.cli(&["mv", "/a/b/f001", "/a/moved"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("exists"), "{out:?}");
+    let out = agent.cli(&["rm", "/a"]);
+    assert!(!out.status.success(), "a non-empty directory is not removed without -r");
+    ok_stdout(&agent.cli(&["rm", "-r", "/a"]));
+    let out = agent.cli(&["stat", "/a"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no such file"), "{out:?}");
+}
+
+#[test]
+fn encrypted_tenant_over_daos_stores_only_ciphertext_and_tampering_is_detected() {
+    let Some(d) = daos("encrypted_tenant_over_daos") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("kek");
+    let key_bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(5)).collect();
+    std::fs::write(&key, &key_bytes).unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let container = label("enc");
+    let encryption = format!("[tenants.encryption]\nkey_file = \"{}\"\n", key.display());
+    let config = config(dir.path(), &d, &container, true, &encryption);
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let local = dir.path().join("in.bin");
+    let data = random_file(&local, 3 << 20, 4);
+    ok_stdout(&agent.cli(&["--transport", "shm", "put", local.to_str().unwrap(), "/secret.bin"]));
+    let back = dir.path().join("back.bin");
+    ok_stdout(&agent.cli(&["--transport", "shm", "get", "/secret.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == data, "get differs from put");
+    // What DAOS holds is not the plaintext, nor contains any 4 KiB of it.
+    let raw = dir.path().join("raw.bin");
+    daos_copy_out(&d, &container, "/secret.bin", &raw);
+    let raw = std::fs::read(&raw).unwrap();
+    assert!(raw.len() > data.len(), "stored size {} holds header and tags", raw.len());
+    assert!(!raw.windows(4096).take(1).any(|w| data.windows(4096).step_by(4096).any(|p| p == w)));
+    assert!(raw[..data.len()] != data[..]);
+
+    // Another DAOS client (libdfs in this process) flips one byte of stored ciphertext in
+    // the second block: the agent refuses to release that data.
+    {
+        use dpuio_backend::{Backend, NsPath, OpenOptions};
+        let outside = dpuio_daos::DaosBackend::open(dpuio_daos::DaosOptions {
+            pool: d.pool.clone(),
+            system: "daos_server".into(),
+            agent_socket_dir: d.socket_dir.clone(),
+            create_containers: false,
+            chunk_bytes: dpuio_daos::DEFAULT_CHUNK_BYTES,
+            object_class: String::new(),
+        })
+        .unwrap();
+        let c = outside.mount(&container, false).unwrap();
+        let f = c.open(&NsPath::parse("/secret.bin").unwrap(), OpenOptions { write: true, ..Default::default() }, 0);
+        let f = f.unwrap();
+        let at = 256 + 65536 + 28 + 100;
+        let mut byte = [0u8; 1];
+        assert_eq!(f.read_at(&mut byte, at).unwrap(), 1);
+        byte[0] ^= 1;
+        f.write_at(&byte, at).unwrap();
+    }
+    let out = agent.cli(&["--transport", "shm", "get", "/secret.bin", back.to_str().unwrap()]);
+    assert!(!out.status.success(), "a tampered block was served");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("integrity"), "{err}");
+}
+
+#[test]
+fn serve_names_a_missing_container_and_what_to_do() {
+    let Some(d) = daos("serve_names_a_missing_container") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("missing");
+    let config = config(dir.path(), &d, &container, false, "");
+    let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&container)
+            && stderr.contains("DER_NONEXIST")
+            && stderr.contains("daos container create")
+            && stderr.contains("create_containers = true"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_names_a_permission_denial_and_what_to_do() {
+    let Some(d) = daos("serve_names_a_permission_denial") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("noperm");
+    let daos_ok = |args: &[&str]| {
+        let out = Command::new("daos").args(args).output().unwrap();
+        assert!(out.status.success(), "daos {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    daos_ok(&["container", "create", &d.pool, &container, "--type=POSIX"]);
+    // The owner keeps only read: opening for DFS read-write is refused (DER_NO_PERM).
+    let acl = dir.path().join("acl.txt");
+    std::fs::write(&acl, "A::OWNER@:r\n").unwrap();
+    daos_ok(&["container", "overwrite-acl", &d.pool, &container, &format!("--acl-file={}", acl.display())]);
+    let config = config(dir.path(), &d, &container, false, "");
+    let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&container)
+            && stderr.contains("permission denied")
+            && stderr.contains("DER_NO_PERM")
+            && stderr.contains("daos container update-acl"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn two_tenants_in_two_containers_of_one_pool_never_see_each_other() {
+    let Some(d) = daos("two_tenants_in_two_containers") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cb) = (label("tenant-a"), label("tenant-b"));
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\ncreate_containers = true\n\
+             [[tenants]]\nname = \"a\"\ncontainer = \"{ca}\"\n[[tenants]]\nname = \"b\"\ncontainer = \"{cb}\"\n",
+            d.pool,
+            d.socket_dir.display()
+        ),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let certs = dir.path().join("certs");
+    for t in ["a", "b"] {
+        ok_stdout(&agent.dpuctl(&["cert", "issue", "--tenant", t, "--out", certs.join(t).to_str().unwrap()]));
+    }
+    let as_tenant = |t: &str, args: &[&str]| {
+        agent.command("dpuio").env("DPUIO_CONFIG_DIR", certs.join(t)).args(args).output().unwrap()
+    };
+    let (fa, fb) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+    let (da, db) = (random_file(&fa, 2 << 20, 21), random_file(&fb, 1 << 20, 22));
+    ok_stdout(&as_tenant("a", &["--transport", "shm", "put", fa.to_str().unwrap(), "/secret.bin"]));
+    // B's namespace is its own container: A's file is not there, by name or listing.
+    assert_eq!(ok_stdout(&as_tenant("b", &["ls", "/"])).trim(), "");
+    let out = as_tenant("b", &["stat", "/secret.bin"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no such file"), "{out:?}");
+    ok_stdout(&as_tenant("b", &["--transport", "shm", "put", fb.to_str().unwrap(), "/secret.bin"]));
+    let back = dir.path().join("back.bin");
+    ok_stdout(&as_tenant("a", &["--transport", "shm", "get", "/secret.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == da, "tenant a reads its own bytes, not b's");
+    // And DAOS holds each tenant's bytes in that tenant's container only.
+    let (oa, ob) = (dir.path().join("oa.bin"), dir.path().join("ob.bin"));
+    daos_copy_out(&d, &ca, "/secret.bin", &oa);
+    daos_copy_out(&d, &cb, "/secret.bin", &ob);
+    assert!(std::fs::read(&oa).unwrap() == da && std::fs::read(&ob).unwrap() == db);
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill_of_the_agent() {
+    let Some(d) = daos("acknowledged_writes_survive_sigkill") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("kill");
+    let config = config(dir.path(), &d, &container, true, "");
+    let local = dir.path().join("in.bin");
+    let data = random_file(&local, 16 << 20, 31);
+    let mut agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    ok_stdout(&agent.cli(&["--transport", "shm", "put", local.to_str().unwrap(), "/kept.bin"]));
+    ok_stdout(&agent.cli(&["mkdir", "/kept-dir"]));
+    agent.signal("KILL");
+    agent.wait(std::time::Duration::from_secs(10));
+    drop(agent);
+    // Nothing was synced or unmounted: what put acknowledged is in DAOS all the same.
+    let outside = dir.path().join("outside.bin");
+    daos_copy_out(&d, &container, "/kept.bin", &outside);
+    assert!(std::fs::read(&outside).unwrap() == data);
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let back = dir.path().join("back.bin");
+    ok_stdout(&agent.cli(&["--transport", "shm", "get", "/kept.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == data);
+    assert!(ok_stdout(&agent.cli(&["stat", "/kept-dir"])).contains("dir"));
+}
