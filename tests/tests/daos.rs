@@ -203,21 +203,26 @@ fn encrypted_tenant_over_daos_stores_only_ciphertext_and_tampering_is_detected()
     assert!(err.contains("integrity"), "{err}");
 }
 
+/// Run `dpu-agent serve` with `config` (data under `dir`), which must fail; its stderr.
+fn serve_fails(dir: &Path, config: &Path) -> String {
+    let out = dpuio_tests::command_in("dpu-agent", &dir.join(".home"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "serve started with {}", config.display());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn serve_names_a_missing_container_and_what_to_do() {
     let Some(d) = daos("serve_names_a_missing_container") else { return };
     let dir = tempfile::tempdir().unwrap();
     let container = label("missing");
     let config = config(dir.path(), &d, &container, false, "");
-    let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_fails(dir.path(), &config);
     assert!(
         stderr.contains(&container)
             && stderr.contains("DER_NONEXIST")
@@ -242,15 +247,7 @@ fn serve_names_a_permission_denial_and_what_to_do() {
     std::fs::write(&acl, "A::OWNER@:r\n").unwrap();
     daos_ok(&["container", "overwrite-acl", &d.pool, &container, &format!("--acl-file={}", acl.display())]);
     let config = config(dir.path(), &d, &container, false, "");
-    let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_fails(dir.path(), &config);
     assert!(
         stderr.contains(&container)
             && stderr.contains("permission denied")
