@@ -182,18 +182,21 @@ impl Pool {
         let api = self.rt.api;
         let c_label = cstring(label)?;
         let mut coh = daos_handle_t::default();
-        // SAFETY: c_label outlives the call, coh is a valid out-pointer, info and event
-        // may be NULL.
-        let mut rc = unsafe {
-            (api.daos_cont_open2)(
-                self.poh,
-                c_label.as_ptr(),
-                sys::DAOS_COO_RW,
-                &mut coh,
-                ptr::null_mut(),
-                ptr::null_mut(),
-            )
+        let open = |coh: &mut daos_handle_t| {
+            // SAFETY: c_label outlives the call, coh is a valid out-pointer, info and
+            // event may be NULL.
+            unsafe {
+                (api.daos_cont_open2)(
+                    self.poh,
+                    c_label.as_ptr(),
+                    sys::DAOS_COO_RW,
+                    coh,
+                    ptr::null_mut(),
+                    ptr::null_mut(),
+                )
+            }
         };
+        let mut rc = open(&mut coh);
         if create && is_nonexist(rc) {
             let mut uuid: sys::uuid_t = [0; 16];
             // SAFETY: poh is connected; c_label outlives the call; attr NULL means DFS
@@ -213,17 +216,7 @@ impl Pool {
             if erc != 0 && erc != libc::EEXIST {
                 return Err(errno_error("dfs_cont_create_with_label", erc));
             }
-            // SAFETY: as for the first open.
-            rc = unsafe {
-                (api.daos_cont_open2)(
-                    self.poh,
-                    c_label.as_ptr(),
-                    sys::DAOS_COO_RW,
-                    &mut coh,
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                )
-            };
+            rc = open(&mut coh);
         }
         if rc != 0 {
             return Err(der_error(api, "daos_cont_open", rc));
