@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use dpuio_backend::{IoOp, IoQueue, IoRequest, OneAtATime};
 use dpuio_proto::wire::{self, Completion, Opcode, Submission};
 use fabric::{FabricConfig, MappedRemote, Transport, ucx};
 
@@ -167,11 +168,17 @@ impl DataPlane {
     ) -> Result<(), DataPlaneError> {
         let staging = self.worker.alloc_region(SCRATCH_BYTES + 2 * chunk_bytes)?;
         let (jobs, queue) = crossbeam_channel::bounded::<Job>(IO_QUEUE);
+        let mut io_overlaps = false;
         for i in 0..io_threads.max(1) {
             let queue = queue.clone();
+            let io = agent
+                .backend
+                .io_queue()
+                .map_err(|e| DataPlaneError::Invalid(format!("cannot make the I/O queue of an I/O thread: {e}")))?;
+            io_overlaps = io.depth() > 1;
             std::thread::Builder::new()
                 .name(format!("dpuio-io-{i}"))
-                .spawn(move || io_worker(queue))
+                .spawn(move || io_worker(queue, io))
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot start an I/O thread: {e}")))?;
         }
         let mut engine = Engine {
@@ -181,6 +188,7 @@ impl DataPlane {
             chunk_bytes,
             stop: self.stop.clone(),
             jobs,
+            io_overlaps,
             qos: self.qos.clone(),
         };
         let thread = std::thread::Builder::new()
@@ -339,6 +347,9 @@ struct Engine {
     stop: Arc<AtomicBool>,
     /// Chunks of mapped requests, for the I/O workers (bounded: in-flight work is).
     jobs: crossbeam_channel::Sender<Job>,
+    /// The workers' queues keep many pieces in flight (the backend has asynchronous
+    /// I/O): hand them every piece, none inline.
+    io_overlaps: bool,
     qos: Arc<Mutex<Scheduler<Queued>>>,
 }
 
@@ -394,42 +405,71 @@ struct Job {
     piece: engine::Chunk,
 }
 
-fn io_worker(queue: crossbeam_channel::Receiver<Job>) {
+/// An I/O thread: takes pieces of mapped requests and runs them on its backend's
+/// queue. With a queue that overlaps I/O (DAOS event queues) it takes every piece that
+/// is waiting, up to the queue's depth, and runs them as one batch, so one thread keeps
+/// many backend reads in flight; with a one-at-a-time queue (`local`) it takes one piece
+/// and leaves the rest to the other threads.
+fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(io.depth());
     while let Ok(job) = queue.recv() {
-        run_piece(job);
+        let overlaps = io.overlaps(&*job.request.handle.object);
+        batch.push(job);
+        // A piece the queue would run on this thread ends the batch: it must not hold
+        // back the pieces gathered before it longer than it takes itself.
+        while overlaps && batch.len() < io.depth() {
+            match queue.try_recv() {
+                Ok(job) => {
+                    let stop = !io.overlaps(&*job.request.handle.object);
+                    batch.push(job);
+                    if stop {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        run_pieces(&mut *io, &batch);
+        batch.clear();
     }
 }
 
-/// Run one piece of a mapped request; the last piece posts the completion.
-fn run_piece(Job { request: r, piece }: Job) {
-    {
-        let mapped = r.region.mapped.as_ref().expect("only mapped requests are queued");
-        let object = &r.handle.object;
-        let outcome = match r.sub.opcode {
-            Opcode::Read => {
-                let dst = mapped.slice_mut_shared(piece.region_offset as usize, piece.length as usize);
-                object.read_at(dst, piece.file_offset).map(|n| {
-                    if (n as u64) < piece.length {
-                        r.short_end.fetch_min(piece.file_offset + n as u64, Ordering::Relaxed);
-                    }
-                })
+/// Run pieces of mapped requests; the last piece of each request posts its completion.
+fn run_pieces(io: &mut dyn IoQueue, batch: &[Job]) {
+    let mut requests: Vec<IoRequest<'_>> = batch
+        .iter()
+        .map(|Job { request: r, piece }| {
+            let mapped = r.region.mapped.as_ref().expect("only mapped requests are queued");
+            let (at, len) = (piece.region_offset as usize, piece.length as usize);
+            IoRequest {
+                object: &*r.handle.object,
+                offset: piece.file_offset,
+                op: match r.sub.opcode {
+                    Opcode::Read => IoOp::Read(mapped.slice_mut_shared(at, len)),
+                    Opcode::Write => IoOp::Write(mapped.slice_shared(at, len)),
+                },
             }
-            Opcode::Write => {
-                let src = mapped.slice_shared(piece.region_offset as usize, piece.length as usize);
-                object.write_at(src, piece.file_offset)
+        })
+        .collect();
+    io.run(&mut requests, &mut |i, outcome| {
+        let Job { request: r, piece } = &batch[i];
+        match outcome {
+            Ok(n) if r.sub.opcode == Opcode::Read && (n as u64) < piece.length => {
+                r.short_end.fetch_min(piece.file_offset + n as u64, Ordering::Relaxed);
             }
-        };
-        if let Err(e) = outcome {
-            tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "backend I/O failed");
-            if matches!(e, dpuio_backend::Error::Integrity { .. }) {
-                r.integrity.store(true, Ordering::Relaxed);
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "backend I/O failed");
+                if matches!(e, dpuio_backend::Error::Integrity { .. }) {
+                    r.integrity.store(true, Ordering::Relaxed);
+                }
+                r.failed.store(true, Ordering::Relaxed);
             }
-            r.failed.store(true, Ordering::Relaxed);
         }
         if r.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            finish_mapped(&r);
+            finish_mapped(r);
         }
-    }
+    });
 }
 
 /// The last piece of a mapped request is done: sync if asked, post the completion.
@@ -850,11 +890,13 @@ impl Engine {
         ring.region.mapped.as_ref()?;
         let handle = session.handle(sub.handle).ok()?;
         let split = SPLIT_BYTES.min(self.chunk_bytes as u64);
-        let mut pieces = engine::chunks(sub.file_offset, sub.region_offset, sub.length, split);
-        let first = pieces.next()?;
-        let rest: Vec<engine::Chunk> = pieces.collect();
-        if rest.is_empty() {
-            return None; // one piece: cheaper inline than a hand-off to a worker
+        let pieces: Vec<engine::Chunk> =
+            engine::chunks(sub.file_offset, sub.region_offset, sub.length, split).collect();
+        // With blocking backend calls one piece is cheaper inline than a hand-off to a
+        // worker; with overlapping queues every piece goes to them, so the engine never
+        // waits on storage and the workers keep many pieces in flight.
+        if pieces.is_empty() || (pieces.len() == 1 && !self.io_overlaps) {
+            return None;
         }
         let request = Arc::new(InFlight {
             session_id: session.id,
@@ -863,14 +905,17 @@ impl Engine {
             handle,
             sub: *sub,
             cq_index,
-            pieces_left: std::sync::atomic::AtomicUsize::new(rest.len() + 1),
+            pieces_left: std::sync::atomic::AtomicUsize::new(pieces.len()),
             short_end: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
             integrity: AtomicBool::new(false),
             tenant: tenant.clone(),
             engine: self.worker.clone(),
         });
-        for piece in rest {
+        // Blocking backend calls: the engine takes the first piece itself rather than
+        // idling while workers wake.
+        let inline = (!self.io_overlaps).then(|| pieces[0]);
+        for &piece in &pieces[usize::from(inline.is_some())..] {
             if let Err(crossbeam_channel::SendError(job)) = self.jobs.send(Job { request: request.clone(), piece }) {
                 // The workers are gone (shutdown): fail this piece.
                 job.request.failed.store(true, Ordering::Relaxed);
@@ -879,8 +924,9 @@ impl Engine {
                 }
             }
         }
-        // The engine takes the first piece itself rather than idling while workers wake.
-        run_piece(Job { request, piece: first });
+        if let Some(piece) = inline {
+            run_pieces(&mut OneAtATime, &[Job { request, piece }]);
+        }
         Some(())
     }
 

@@ -9,7 +9,11 @@
 //! Why the traits are synchronous: both implementations are blocking calls at heart
 //! (`pread`/`fsync` here; `dfs_read`/`dfs_write` with a NULL event in libdfs). The
 //! agent runs them on its blocking pool or its data-plane threads; an async trait would
-//! only move the same blocking call behind a boxed future.
+//! only move the same blocking call behind a boxed future. Where a backend can keep
+//! many reads and writes in flight from one thread (DAOS event queues), it says so with
+//! an [`IoQueue`] per I/O thread ([`Backend::io_queue`]): the data plane hands it a
+//! batch of pieces and is told of each as it completes. The batch borrows its memory
+//! for the call, so no I/O outlives the buffers it reads into or writes from.
 //!
 //! What this crate deliberately does not do: authentication, tenancy, quotas or
 //! encryption (the agent's engine does those before it calls a backend), and any
@@ -21,6 +25,7 @@ mod path;
 
 pub use path::{MAX_NAME_BYTES, MAX_PATH_BYTES, NsPath, validate_name};
 
+use std::any::Any;
 use std::sync::Arc;
 
 /// Everything a backend can report. Each variant names the path or object it concerns.
@@ -173,6 +178,87 @@ pub trait Backend: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
     /// Open a container by name, creating it first if `create` is set.
     fn mount(&self, container: &str, create: bool) -> Result<Arc<dyn Container>>;
+    /// A queue for one I/O thread. The default runs each piece in turn with
+    /// [`Object::read_at`] / [`Object::write_at`]; a backend with asynchronous I/O
+    /// returns one that keeps a batch in flight.
+    fn io_queue(&self) -> Result<Box<dyn IoQueue>> {
+        Ok(Box::new(OneAtATime))
+    }
+}
+
+/// One piece of I/O handed to an [`IoQueue`].
+pub struct IoRequest<'a> {
+    pub object: &'a dyn Object,
+    /// Byte offset in the file.
+    pub offset: u64,
+    pub op: IoOp<'a>,
+}
+
+/// What an [`IoRequest`] does, with the memory it borrows until it completes.
+pub enum IoOp<'a> {
+    /// Read into the buffer; completes with the bytes read (short only at end of file).
+    Read(&'a mut [u8]),
+    /// Write all of the buffer; completes with its length.
+    Write(&'a [u8]),
+}
+
+impl IoRequest<'_> {
+    /// Run this piece on the calling thread, as [`OneAtATime`] does.
+    pub fn run_blocking(&mut self) -> Result<usize> {
+        match &mut self.op {
+            IoOp::Read(buf) => self.object.read_at(buf, self.offset),
+            IoOp::Write(buf) => self.object.write_at(buf, self.offset).map(|()| buf.len()),
+        }
+    }
+
+    /// The bytes this piece reads or writes.
+    pub fn len(&self) -> usize {
+        match &self.op {
+            IoOp::Read(buf) => buf.len(),
+            IoOp::Write(buf) => buf.len(),
+        }
+    }
+
+    /// Whether the piece moves no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Reads and writes driven by one thread, in batches. A queue is used by one thread at
+/// a time (it is `Send`, not `Sync`): DAOS event queues are per thread.
+pub trait IoQueue: Send {
+    /// Most pieces [`IoQueue::run`] keeps in flight at once; 1 for a queue that runs
+    /// them one after the other (the caller then hands it one piece at a time, so
+    /// other threads take the rest).
+    fn depth(&self) -> usize;
+    /// Whether `run` overlaps this object's I/O with other pieces' (false: it runs it
+    /// on the calling thread with `read_at`/`write_at`, e.g. an object of the inline
+    /// encryption wrapper, which reads, checks and decrypts in one call).
+    fn overlaps(&self, object: &dyn Object) -> bool;
+    /// Run every piece of `batch`, calling `done(index, result)` once for each as it
+    /// completes, in completion order. Returns when all have completed; no I/O on the
+    /// batch's memory continues after it returns, whatever `done` does.
+    fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, Result<usize>));
+}
+
+/// The [`IoQueue`] of a backend without asynchronous I/O: each piece in turn.
+pub struct OneAtATime;
+
+impl IoQueue for OneAtATime {
+    fn depth(&self) -> usize {
+        1
+    }
+
+    fn overlaps(&self, _: &dyn Object) -> bool {
+        false
+    }
+
+    fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, Result<usize>)) {
+        for (i, request) in batch.iter_mut().enumerate() {
+            done(i, request.run_blocking());
+        }
+    }
 }
 
 /// A mounted container: a tree of directories and files.
@@ -227,4 +313,10 @@ pub trait Object: Send + Sync {
     /// `sync` and then dropping the object; dropping alone promises nothing until the
     /// next [`Container::sync`].
     fn sync(&self) -> Result<()>;
+    /// This object as its backend's own type, for that backend's [`IoQueue`] (which
+    /// runs asynchronous I/O on objects it recognises). `None`, the default: queues
+    /// run it with `read_at`/`write_at`.
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
 }

@@ -23,10 +23,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dpuio_backend::{Attr, Backend, Container, DirEntry, EntryKind, Error, NsPath, Object, OpenOptions, Result};
+use dpuio_backend::{
+    Attr, Backend, Container, DirEntry, EntryKind, Error, IoOp, IoQueue, IoRequest, NsPath, Object, OpenOptions, Result,
+};
 
 use crate::anchor::AnchorKey;
-use crate::dfs::{Fs, Obj, Pool, Runtime, SetupError, Stat};
+use crate::dfs::{AsyncIo, EventQueue, Fs, Obj, Pool, Runtime, SetupError, Stat};
 use crate::error::{CallError, Code, der};
 use crate::sys::daos_anchor_t;
 
@@ -36,6 +38,11 @@ pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
 /// Chunk sizes a client may ask for in `CreateRequest` (the config's `chunk_bytes` range).
 pub const MIN_CHUNK_BYTES: u64 = 4096;
 pub const MAX_CHUNK_BYTES: u64 = 1 << 30;
+
+/// Reads and writes one I/O thread keeps in flight on its DAOS event queue. Enough to
+/// cover a queue depth of 32 pieces of a few hundred KiB each; more only queues inside
+/// libdaos.
+pub const IO_QUEUE_DEPTH: usize = 32;
 
 /// Most entries one `dfs_readdirplus` call is asked for; a larger batch takes several
 /// calls. Bounds the scratch memory of a call to about 1.7 MiB.
@@ -129,6 +136,11 @@ fn real_uid() -> u32 {
 impl Backend for DaosBackend {
     fn kind(&self) -> &'static str {
         "daos"
+    }
+
+    fn io_queue(&self) -> Result<Box<dyn IoQueue>> {
+        let eq = self.pool.event_queue(IO_QUEUE_DEPTH).map_err(|e| io_error("DAOS event queue", e))?;
+        Ok(Box::new(DaosIoQueue { eq }))
     }
 
     fn mount(&self, container: &str, create: bool) -> Result<Arc<dyn Container>> {
@@ -429,6 +441,87 @@ impl Container for DaosContainer {
     }
 }
 
+/// The [`IoQueue`] of one I/O thread: a DAOS event queue. Pieces on [`DaosObject`]s run
+/// as asynchronous `dfs_read`/`dfs_write` calls, [`IO_QUEUE_DEPTH`] at once; any other
+/// object (the inline encryption wrapper, which checks and decrypts inside its
+/// `read_at`) runs on the calling thread once those are launched.
+struct DaosIoQueue {
+    eq: EventQueue,
+}
+
+fn daos_object(object: &dyn Object) -> Option<&DaosObject> {
+    object.as_any()?.downcast_ref::<DaosObject>()
+}
+
+impl IoQueue for DaosIoQueue {
+    fn depth(&self) -> usize {
+        self.eq.depth()
+    }
+
+    fn overlaps(&self, object: &dyn Object) -> bool {
+        daos_object(object).is_some()
+    }
+
+    fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, Result<usize>)) {
+        // Split the batch: DFS objects go to the event queue (remembering their batch
+        // index), the rest run here afterwards.
+        let mut ops = Vec::with_capacity(batch.len());
+        let mut indices = Vec::with_capacity(batch.len());
+        let mut objects = Vec::with_capacity(batch.len());
+        let mut others = Vec::new();
+        for (i, request) in batch.iter_mut().enumerate() {
+            let Some(object) = daos_object(request.object) else {
+                others.push(i);
+                continue;
+            };
+            let offset = request.offset;
+            match &mut request.op {
+                IoOp::Read(buf) => ops.push(AsyncIo::Read { obj: &object.obj, buf, offset }),
+                IoOp::Write(buf) => match object.check_write(buf.len(), offset) {
+                    Ok(()) => ops.push(AsyncIo::Write { obj: &object.obj, buf, offset }),
+                    Err(e) => {
+                        done(i, Err(e));
+                        continue;
+                    }
+                },
+            }
+            indices.push(i);
+            objects.push(object);
+        }
+        // Reads that came back short before the end of the file (which libdfs does not
+        // do today) are finished with blocking reads once the queue is drained, as
+        // `read_at` would.
+        let read_lens: Vec<Option<usize>> = ops
+            .iter()
+            .map(|op| match op {
+                AsyncIo::Read { buf, .. } => Some(buf.len()),
+                AsyncIo::Write { .. } => None,
+            })
+            .collect();
+        let mut short = Vec::new();
+        self.eq.run(&mut ops, &mut |k, result| {
+            let (i, object) = (indices[k], objects[k]);
+            match result {
+                Ok(n) if n > 0 && read_lens[k].is_some_and(|len| n < len) => short.push((k, n)),
+                Ok(n) => done(i, Ok(n)),
+                Err(e) => done(i, Err(map(object.path.as_str(), e))),
+            }
+        });
+        drop(ops);
+        for (k, n) in short {
+            let i = indices[k];
+            let rest = match &mut batch[i].op {
+                IoOp::Read(buf) => objects[k].read_at(&mut buf[n..], batch[i].offset + n as u64),
+                IoOp::Write(_) => Ok(0),
+            };
+            done(i, rest.map(|m| n + m));
+        }
+        for i in others {
+            done(i, batch[i].run_blocking());
+        }
+    }
+}
+
 /// An open DFS file.
 pub struct DaosObject {
     obj: Obj,
@@ -439,6 +532,17 @@ pub struct DaosObject {
 impl DaosObject {
     fn read_only(&self, what: &str) -> Error {
         Error::AccessMode { path: self.path.to_string(), reason: format!("{what} needs a handle opened for writing") }
+    }
+
+    /// What `write_at` checks before DFS sees a write.
+    fn check_write(&self, len: usize, offset: u64) -> Result<()> {
+        if !self.writable {
+            return Err(self.read_only("write"));
+        }
+        offset
+            .checked_add(len as u64)
+            .map(drop)
+            .ok_or_else(|| Error::InvalidArgument(format!("{}: offset {offset} + length overflows", self.path)))
     }
 }
 
@@ -466,12 +570,7 @@ impl Object for DaosObject {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        if !self.writable {
-            return Err(self.read_only("write"));
-        }
-        offset
-            .checked_add(buf.len() as u64)
-            .ok_or_else(|| Error::InvalidArgument(format!("{}: offset {offset} + length overflows", self.path)))?;
+        self.check_write(buf.len(), offset)?;
         self.obj.write_at(buf, offset).map_err(|e| map(self.path.as_str(), e))
     }
 
@@ -490,5 +589,9 @@ impl Object for DaosObject {
     fn sync(&self) -> Result<()> {
         // A DFS write is durable once dfs_write returns; there is nothing to flush.
         Ok(())
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }

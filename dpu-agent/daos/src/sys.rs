@@ -137,6 +137,29 @@ const _: () = assert!(offset_of!(dfs_obj_info_t, doi_dir_oclass_id) == 16);
 const _: () = assert!(offset_of!(dfs_obj_info_t, doi_file_oclass_id) == 20);
 const _: () = assert!(offset_of!(dfs_obj_info_t, doi_oid) == 24);
 
+/// `daos_event_t` (daos_types.h): the completion of one asynchronous call. `ev_error`
+/// is the call's result once the event completed (for `dfs_*` calls, which set
+/// `daos_event_errno_rc`, a positive errno); the rest is DAOS's own.
+#[repr(C)]
+pub struct daos_event_t {
+    pub ev_error: c_int,
+    /// 152 bytes of DAOS state plus 8 of padding for `pthread_mutex_t` on aarch64.
+    pub ev_private: [u64; 20],
+    pub ev_debug: u64,
+}
+const _: () = assert!(size_of::<daos_event_t>() == 176);
+const _: () = assert!(offset_of!(daos_event_t, ev_error) == 0);
+const _: () = assert!(offset_of!(daos_event_t, ev_private) == 8);
+const _: () = assert!(offset_of!(daos_event_t, ev_debug) == 168);
+
+impl daos_event_t {
+    /// An event before `daos_event_init`, which fills it.
+    pub const ZERO: daos_event_t = daos_event_t { ev_error: 0, ev_private: [0; 20], ev_debug: 0 };
+}
+
+/// `DAOS_EQ_WAIT`: `daos_eq_poll` waits until an event completes.
+pub const DAOS_EQ_WAIT: i64 = -1;
+
 /// `uuid_t` of libuuid: 16 bytes.
 pub type uuid_t = [u8; 16];
 const _: () = assert!(size_of::<uuid_t>() == 16);
@@ -210,14 +233,19 @@ api! {
     daos: daos_cont_open2: fn(daos_handle_t, *const c_char, c_uint, *mut daos_handle_t, *mut c_void, *mut c_void) -> c_int;
     daos: daos_cont_close: fn(daos_handle_t, *mut c_void) -> c_int;
     daos: daos_oclass_name2id: fn(*const c_char) -> c_int;
+    daos: daos_eq_create: fn(*mut daos_handle_t) -> c_int;
+    daos: daos_eq_destroy: fn(daos_handle_t, c_int) -> c_int;
+    daos: daos_eq_poll: fn(daos_handle_t, c_int, i64, c_uint, *mut *mut daos_event_t) -> c_int;
+    daos: daos_event_init: fn(*mut daos_event_t, daos_handle_t, *mut daos_event_t) -> c_int;
+    daos: daos_event_fini: fn(*mut daos_event_t) -> c_int;
     dfs: dfs_cont_create_with_label: fn(daos_handle_t, *const c_char, *mut c_void, *mut uuid_t, *mut daos_handle_t, *mut *mut dfs_t) -> c_int;
     dfs: dfs_mount: fn(daos_handle_t, daos_handle_t, c_int, *mut *mut dfs_t) -> c_int;
     dfs: dfs_umount: fn(*mut dfs_t) -> c_int;
     dfs: dfs_lookup: fn(*mut dfs_t, *const c_char, c_int, *mut *mut dfs_obj_t, *mut mode_t, *mut stat) -> c_int;
     dfs: dfs_open: fn(*mut dfs_t, *mut dfs_obj_t, *const c_char, mode_t, c_int, u32, u64, *const c_char, *mut *mut dfs_obj_t) -> c_int;
     dfs: dfs_release: fn(*mut dfs_obj_t) -> c_int;
-    dfs: dfs_read: fn(*mut dfs_t, *mut dfs_obj_t, *mut d_sg_list_t, u64, *mut u64, *mut c_void) -> c_int;
-    dfs: dfs_write: fn(*mut dfs_t, *mut dfs_obj_t, *mut d_sg_list_t, u64, *mut c_void) -> c_int;
+    dfs: dfs_read: fn(*mut dfs_t, *mut dfs_obj_t, *mut d_sg_list_t, u64, *mut u64, *mut daos_event_t) -> c_int;
+    dfs: dfs_write: fn(*mut dfs_t, *mut dfs_obj_t, *mut d_sg_list_t, u64, *mut daos_event_t) -> c_int;
     dfs: dfs_punch: fn(*mut dfs_t, *mut dfs_obj_t, u64, u64) -> c_int;
     dfs: dfs_readdirplus: fn(*mut dfs_t, *mut dfs_obj_t, *mut daos_anchor_t, *mut u32, *mut dirent, *mut stat) -> c_int;
     dfs: dfs_mkdir: fn(*mut dfs_t, *mut dfs_obj_t, *const c_char, mode_t, u32) -> c_int;

@@ -13,7 +13,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use dpuio_backend::local::LocalBackend;
-use dpuio_backend::{Backend, Container, EntryKind, Error, Layout, NsPath, OpenOptions};
+use dpuio_backend::{
+    Backend, Container, EntryKind, Error, IoOp, IoQueue, IoRequest, Layout, NsPath, Object, OpenOptions,
+};
 use dpuio_daos::{DaosBackend, DaosOptions};
 
 fn p(s: &str) -> NsPath {
@@ -377,6 +379,125 @@ fn random_io_against_a_model(c: &dyn Container) {
     let g = c.open(&p("/model"), OpenOptions::default(), 0).unwrap();
     assert_eq!(g.read_at(&mut all, 0).unwrap(), SIZE);
     assert!(all == expected, "the file differs from the model");
+}
+
+/// A test double: an object of no backend's own type, so a queue must run it with
+/// `read_at`/`write_at` (as it does the inline encryption wrapper's objects).
+struct ForeignObjectDouble(Arc<dyn Object>);
+
+impl Object for ForeignObjectDouble {
+    fn path(&self) -> &NsPath {
+        self.0.path()
+    }
+    fn writable(&self) -> bool {
+        self.0.writable()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> dpuio_backend::Result<usize> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> dpuio_backend::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn stat(&self) -> dpuio_backend::Result<dpuio_backend::Attr> {
+        self.0.stat()
+    }
+    fn truncate(&self, size: u64) -> dpuio_backend::Result<()> {
+        self.0.truncate(size)
+    }
+    fn sync(&self) -> dpuio_backend::Result<()> {
+        self.0.sync()
+    }
+}
+
+/// Run `batch` on `q`, checking that each piece completes exactly once.
+fn run_batch(q: &mut dyn IoQueue, batch: &mut [IoRequest<'_>]) -> Vec<dpuio_backend::Result<usize>> {
+    let mut results: Vec<Option<dpuio_backend::Result<usize>>> = (0..batch.len()).map(|_| None).collect();
+    q.run(batch, &mut |i, r| {
+        assert!(results[i].is_none(), "piece {i} completed twice");
+        results[i] = Some(r);
+    });
+    results.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|| panic!("piece {i} never completed"))).collect()
+}
+
+/// The I/O queue of one data-plane thread: batches larger than its depth, pieces across
+/// chunk boundaries and past the end of the file, a write through a read-only handle
+/// and an object the queue must run itself, all in one batch, against a model.
+fn io_queue_against_a_model(c: &dyn Container, q: &mut dyn IoQueue) {
+    use rand::{Rng, SeedableRng};
+    const PIECE: usize = 96 << 10;
+    let pieces = q.depth() * 2 + 3;
+    let size = pieces * PIECE;
+    let f = c.open(&p("/queued"), create(), 0o644).unwrap();
+    let foreign = ForeignObjectDouble(c.open(&p("/queued"), rw(), 0).unwrap());
+    let read_only = c.open(&p("/queued"), OpenOptions::default(), 0).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let model: Vec<u8> = (0..size).map(|_| rng.random()).collect();
+
+    // Every piece written in one batch, in shuffled order, every fifth through the
+    // foreign object; one more write through the read-only handle must fail alone.
+    let mut order: Vec<usize> = (0..pieces).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    let junk = vec![0xeeu8; PIECE];
+    let mut batch: Vec<IoRequest<'_>> = order
+        .iter()
+        .map(|&k| IoRequest {
+            object: if k % 5 == 0 { &foreign as &dyn Object } else { &*f },
+            offset: (k * PIECE) as u64,
+            op: IoOp::Write(&model[k * PIECE..][..PIECE]),
+        })
+        .collect();
+    batch.insert(pieces / 2, IoRequest { object: &*read_only, offset: 0, op: IoOp::Write(&junk) });
+    let results = run_batch(q, &mut batch);
+    for (i, r) in results.iter().enumerate() {
+        if i == pieces / 2 {
+            assert!(matches!(r, Err(Error::AccessMode { .. })), "write through a read-only handle: {r:?}");
+        } else {
+            assert_eq!(*r.as_ref().unwrap(), PIECE, "write {i}");
+        }
+    }
+    assert_eq!(f.stat().unwrap().size, size as u64);
+
+    // Read it back in one batch: pieces at odd offsets (across chunk boundaries), one
+    // across the end of the file (short) and one past it (0 bytes).
+    let mut bufs: Vec<Vec<u8>> = (0..pieces + 2).map(|_| vec![0u8; PIECE]).collect();
+    let offsets: Vec<usize> =
+        (0..pieces).map(|k| (k * PIECE + k * 4099) % (size - PIECE)).chain([size - PIECE / 3, size + 1]).collect();
+    let mut batch: Vec<IoRequest<'_>> = bufs
+        .iter_mut()
+        .zip(&offsets)
+        .enumerate()
+        .map(|(k, (buf, &off))| IoRequest {
+            object: if k % 7 == 3 { &foreign as &dyn Object } else { &*read_only },
+            offset: off as u64,
+            op: IoOp::Read(buf),
+        })
+        .collect();
+    let results = run_batch(q, &mut batch);
+    drop(batch);
+    for (k, (r, &off)) in results.iter().zip(&offsets).enumerate() {
+        let n = *r.as_ref().unwrap_or_else(|e| panic!("read {k} at {off}: {e}"));
+        assert_eq!(n, size.saturating_sub(off).min(PIECE), "read {k} at {off}");
+        assert!(bufs[k][..n] == model[off.min(size)..][..n], "read {k} at {off} differs from the model");
+    }
+}
+
+#[test]
+fn local_io_queue_against_a_model() {
+    let (keep, c) = local("io_queue").unwrap();
+    let (_, backend) = keep.downcast_ref::<(tempfile::TempDir, LocalBackend)>().unwrap();
+    let mut q = backend.io_queue().unwrap();
+    assert_eq!(q.depth(), 1, "local runs pieces one at a time");
+    io_queue_against_a_model(&*c, &mut *q);
+}
+
+#[test]
+fn daos_io_queue_against_a_model() {
+    let Some((_keep, c)) = daos("io_queue") else { return };
+    let mut q = daos_backend().io_queue().unwrap();
+    assert!(q.depth() > 1, "a DAOS event queue keeps pieces in flight");
+    io_queue_against_a_model(&*c, &mut *q);
 }
 
 fn truncate_grows_and_shrinks(c: &dyn Container) {
