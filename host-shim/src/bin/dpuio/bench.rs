@@ -262,7 +262,7 @@ pub struct Setup {
     pub clients: Vec<(String, Client)>,
     pub posix_root: Option<PathBuf>,
     /// `--backend daos`: the tenant's container mounted by libdfs in this process.
-    dfs: Option<Arc<dyn dpuio_backend::Container>>,
+    pub dfs: Option<Arc<dyn dpuio_backend::Container>>,
     pub agent_pid: Option<u32>,
     pub progress: indicatif::MultiProgress,
 }
@@ -323,9 +323,6 @@ pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<(
         BenchBackend::Local => None,
         BenchBackend::Daos => Some(mount_dfs(&args)?),
     };
-    if dfs.is_some() && args.workloads.contains(&Workload::Unet3d) {
-        eprintln!("dpuio bench: over DAOS unet3d has no libdfs baseline yet (it runs through the shim only)");
-    }
     let posix_root = if dfs.is_some() {
         if posix_root.is_some() {
             return Err(bench_error("--posix-root is for --backend local; over DAOS the baseline is libdfs"));
@@ -950,7 +947,7 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 /// The path name of the libdfs baseline (`--backend daos`).
-const LIBDFS: &str = "libdfs";
+pub const LIBDFS: &str = "libdfs";
 
 /// The baseline figures of the same workload (POSIX, or libdfs over DAOS), the
 /// denominator of every ratio.

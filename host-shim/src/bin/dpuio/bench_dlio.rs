@@ -11,7 +11,9 @@
 //!
 //! Through the shim a reader opens the sample and has the agent put it into the reader's
 //! registered region (the host touches no payload byte); through POSIX it reads the file
-//! into memory with `std::fs::read`, as a plain-POSIX `Dataset` does.
+//! into memory with `std::fs::read`, as a plain-POSIX `Dataset` does; over DAOS
+//! (`--backend daos`) the baseline is libdfs in this process: open, stat, one `dfs_read`
+//! of the whole sample into memory, close, as pydaos loads a file.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -121,6 +123,17 @@ fn posix_loader(root: PathBuf) -> Loader {
     Arc::new(move |_reader, i| {
         let p = root.join(sample_path(i).trim_start_matches('/'));
         std::fs::read(&p).map(|v| v.len() as u64).map_err(|e| format!("{}: {e}", p.display()))
+    })
+}
+
+fn dfs_loader(dfs: Arc<dyn dpuio_backend::Container>) -> Loader {
+    Arc::new(move |_reader, i| {
+        let path = sample_path(i);
+        let fail = |e: dpuio_backend::Error| format!("libdfs {path}: {e}");
+        let ns = dpuio_backend::NsPath::parse(&path).map_err(|e| format!("{path}: {e}"))?;
+        let object = dfs.open(&ns, dpuio_backend::OpenOptions::default(), 0).map_err(fail)?;
+        let mut sample = vec![0u8; object.stat().map_err(fail)?.size as usize];
+        object.read_at(&mut sample, 0).map(|n| n as u64).map_err(fail)
     })
 }
 
@@ -294,6 +307,10 @@ pub async fn unet3d(setup: &Setup, args: &Unet3dArgs) -> dpuio_shim::Result<Vec<
         let load = posix_loader(root.clone());
         let args = args.clone();
         out.push(tokio::task::block_in_place(|| search("posix", &load, &args, setup))?);
+    }
+    if let Some(dfs) = &setup.dfs {
+        let load = dfs_loader(dfs.clone());
+        out.push(tokio::task::block_in_place(|| search(crate::bench::LIBDFS, &load, args, setup))?);
     }
     for (name, client) in &setup.clients {
         let readers = args.unet3d_read_threads * args.max_accelerators.max(1) as usize;
