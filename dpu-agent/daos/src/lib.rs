@@ -8,7 +8,8 @@
 //!   dynamic loader's default path.
 //! - `dfs`: safe owners of DAOS handles (runtime, pool, mounted container, object) whose
 //!   drop order is DAOS's teardown order; `daos_init` once per process, `daos_fini` after
-//!   the last handle.
+//!   the last handle; and the event queue of one I/O thread, which keeps many
+//!   `dfs_read`/`dfs_write` calls in flight for the duration of one batch.
 //! - [`error`]: DER codes (`daos_*`, negative) and errno (`dfs_*`, positive), kept with
 //!   the call and the DAOS name of the error.
 //! - `anchor`: readdir anchors handed to clients, authenticated DFS positions.
@@ -17,10 +18,9 @@
 //! This is one of the three rooms where `unsafe` lives (with `fabric/` and the shim's C
 //! ABI): only `sys` and `dfs` hold it; `anchor` and `backend` forbid it.
 //!
-//! Deliberately not here yet: event-queue asynchronous I/O (reads and writes are
-//! blocking `dfs_read`/`dfs_write` with a NULL event, run on the agent's I/O threads),
-//! reading straight into a transport-mapped host region, and per-tenant worker
-//! processes under the tenant's uid.
+//! Deliberately not here yet: per-tenant worker processes under the tenant's uid (DAOS
+//! credentials follow the agent's uid), and asynchronous calls for metadata (namespace
+//! operations are blocking calls on the agent's blocking pool).
 
 mod anchor;
 mod backend;
