@@ -123,6 +123,9 @@ pub struct DataPlane {
     address: Vec<u8>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The I/O threads: joined at shutdown, so their backend queues (DAOS event queues,
+    /// which hold the DAOS runtime) are gone before the agent finalises DAOS.
+    io_threads: Mutex<Vec<JoinHandle<()>>>,
     /// Tenants' buckets, fair queue and in-flight counts: the engine's, shared so
     /// [`Agent::set_qos`] changes them at once.
     qos: Arc<Mutex<Scheduler<Queued>>>,
@@ -138,6 +141,7 @@ impl DataPlane {
             address,
             stop: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(None),
+            io_threads: Mutex::new(Vec::new()),
             qos: Arc::new(Mutex::new(Scheduler::new())),
         })
     }
@@ -176,10 +180,11 @@ impl DataPlane {
                 .io_queue()
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot make the I/O queue of an I/O thread: {e}")))?;
             io_overlaps = io.depth() > 1;
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name(format!("dpuio-io-{i}"))
                 .spawn(move || io_worker(queue, io))
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot start an I/O thread: {e}")))?;
+            self.io_threads.lock().unwrap_or_else(|p| p.into_inner()).push(thread);
         }
         let mut engine = Engine {
             agent,
@@ -199,11 +204,15 @@ impl DataPlane {
         Ok(())
     }
 
-    /// Stop the engine thread after the work in hand.
+    /// Stop the engine thread after the work in hand, then the I/O threads (they stop
+    /// once the engine, which holds their queue's only sender, is gone).
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.worker.wake();
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+        for t in std::mem::take(&mut *self.io_threads.lock().unwrap_or_else(|p| p.into_inner())) {
             let _ = t.join();
         }
     }
