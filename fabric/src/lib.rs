@@ -167,6 +167,7 @@ pub mod config;
 mod doorbell;
 mod error;
 mod memory;
+pub mod ofi;
 mod progress;
 pub mod transport;
 pub mod ucx;
