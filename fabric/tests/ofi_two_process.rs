@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Child, check_pattern, child_role, commands, fill_pattern, hex, proc_stat, publish, self_cpu_us, unhex};
-use fabric::ofi::{OfiConfig, Worker};
+use fabric::ofi::{Completion, OfiConfig, Worker};
 use fabric::transport::Endpoint as _;
 use fabric::{Error, ProgressThread, Transport};
 
@@ -297,6 +297,34 @@ fn ofi_stopped_host_receives_payload_shm() {
     host.finish(&agent);
 }
 
+/// Over tcp;ofi_rxm the target must progress, and `flush` means "arrived": into a
+/// stopped host it times out (with the provider's default completion it would
+/// return at once, see `explore_tcp_transmit_completion`), and everything lands
+/// after SIGCONT.
+#[test]
+fn ofi_stopped_host_stalls_flush_tcp() {
+    const TEST: &str = "ofi_stopped_host_stalls_flush_tcp";
+    if child_role().is_some() {
+        return host_role();
+    }
+    let Some(agent) = open_or_skip(TEST, "tcp;ofi_rxm") else { return };
+    let mut host = spawn_host(TEST, "tcp;ofi_rxm", PAYLOAD_OFFSET + MIB, true);
+    hello(&agent, &mut host);
+    let (ep, key) = attach(&agent, &host);
+    let seed = 0x5eed_0013;
+    let mut staging = agent.alloc_region(MIB).unwrap();
+    fill_pattern(staging.as_mut_slice(), seed);
+    host.child.stop();
+    ep.put(&staging, 0, MIB, host.region_addr + PAYLOAD_OFFSET as u64, &key).unwrap();
+    let stopped = ep.flush(Duration::from_millis(500));
+    host.child.cont();
+    assert!(stopped.as_ref().is_err_and(Error::is_timeout), "flush into a stopped tcp host: {stopped:?}");
+    ep.flush(FLUSH_TIMEOUT).expect("flush after SIGCONT");
+    assert_eq!(host.check(seed, PAYLOAD_OFFSET, MIB), "ok");
+    drop((key, ep));
+    host.finish(&agent);
+}
+
 // ---------------------------------------------------------------- ordering
 
 /// "Payload, flush, completion": a host spinning on the completion word must find
@@ -308,23 +336,85 @@ fn payload_then_completion(test: &str, provider: &str, host_progress: bool) {
     let mut host = spawn_host(test, provider, PAYLOAD_OFFSET + len, host_progress);
     hello(&agent, &mut host);
     let (ep, key) = attach(&agent, &host);
+    let outcomes = ordering_rounds(&agent, &mut host, (&ep, &key), 5, len);
+    drop((key, ep));
+    for (round, outcome) in outcomes.iter().enumerate() {
+        assert_eq!(outcome, "ok", "round {}", round + 1);
+    }
+    eprintln!("[{test}] 5 rounds of 8 MiB payload then completion, in order ({})", agent.describe());
+    if let Some(p) = host.finish(&agent) {
+        eprintln!("[{test}] host progress thread: cpu_us wakeups events = {p}");
+    }
+}
+
+/// Rounds of "payload, flush, completion word, flush" while the host spins on the
+/// word; what the host found each time ("ok" or the first missing byte).
+fn ordering_rounds(
+    agent: &Worker,
+    host: &mut Host,
+    (ep, key): (&fabric::ofi::Endpoint, &fabric::ofi::RemoteKey),
+    rounds: u64,
+    len: usize,
+) -> Vec<String> {
     let mut staging = agent.alloc_region(len).unwrap();
     let base = host.region_addr;
-    for round in 1..=5u64 {
+    let mut outcomes = Vec::new();
+    for round in 1..=rounds {
         let seed = 0x5eed_0100 + round;
         fill_pattern(staging.as_mut_slice(), seed);
         host.child.send(&format!("await {round} {seed} {PAYLOAD_OFFSET} {len}"));
         assert_eq!(host.child.recv("awaiting"), round.to_string());
-        ep.put(&staging, 0, len, base + PAYLOAD_OFFSET as u64, &key).unwrap();
+        ep.put(&staging, 0, len, base + PAYLOAD_OFFSET as u64, key).unwrap();
         ep.flush(FLUSH_TIMEOUT).unwrap();
-        ep.put_bytes(&round.to_le_bytes(), base + COMPLETION_OFFSET as u64, &key).unwrap();
+        ep.put_bytes(&round.to_le_bytes(), base + COMPLETION_OFFSET as u64, key).unwrap();
         ep.flush(FLUSH_TIMEOUT).unwrap();
-        assert_eq!(host.child.recv("await"), "ok", "round {round}");
+        outcomes.push(host.child.recv("await"));
     }
-    eprintln!("[{test}] 5 rounds of 8 MiB payload then completion, in order ({})", ep.describe());
-    drop((key, ep));
-    if let Some(p) = host.finish(&agent) {
-        eprintln!("[{test}] host progress thread: cpu_us wakeups events = {p}");
+    outcomes
+}
+
+/// The negative control behind `Completion::Delivery` on tcp: the same rounds with
+/// the provider's default completion. Prints how many rounds the host saw the
+/// completion word before the whole payload.
+/// `cargo test -p fabric --test ofi_two_process -- --ignored --nocapture explore_tcp`
+#[test]
+#[ignore = "exploration; prints whether tcp;ofi_rxm reorders payload and completion without FI_DELIVERY_COMPLETE"]
+fn explore_tcp_transmit_completion() {
+    const TEST: &str = "explore_tcp_transmit_completion";
+    if child_role().is_some() {
+        return host_role();
+    }
+    if open_or_skip(TEST, "tcp;ofi_rxm").is_none() {
+        return;
+    }
+    for completion in [Completion::Transmit, Completion::Delivery] {
+        let mut cfg = config("tcp;ofi_rxm");
+        cfg.completion = completion;
+        let agent = Worker::open(&cfg).unwrap();
+        let len = 8 * MIB;
+        let mut host = spawn_host(TEST, "tcp;ofi_rxm", PAYLOAD_OFFSET + len, true);
+        hello(&agent, &mut host);
+        let (ep, key) = attach(&agent, &host);
+        let t0 = Instant::now();
+        let outcomes = ordering_rounds(&agent, &mut host, (&ep, &key), 20, len);
+        let early = outcomes.iter().filter(|o| *o != "ok").count();
+        eprintln!(
+            "EXPLORE tcp;ofi_rxm {completion:?}: {early} of 20 rounds saw the completion before the payload ({:?}); first: {:?}",
+            t0.elapsed(),
+            outcomes.iter().find(|o| *o != "ok")
+        );
+        // Does a flush complete while the target cannot receive? Then the local
+        // completion did not mean arrival.
+        host.child.stop();
+        ep.put_bytes(&[7u8; 4096], host.region_addr + PAYLOAD_OFFSET as u64, &key).unwrap();
+        let stopped = ep.flush(Duration::from_secs(1));
+        host.child.cont();
+        let after = ep.flush(FLUSH_TIMEOUT);
+        eprintln!(
+            "EXPLORE tcp;ofi_rxm {completion:?}: 4 KiB put + flush into a stopped host: {stopped:?}; after SIGCONT: {after:?}"
+        );
+        drop((key, ep));
+        host.finish(&agent);
     }
 }
 

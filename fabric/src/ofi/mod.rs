@@ -11,7 +11,7 @@
 //! | `put` / `get` / `put_bytes` | `fi_writemsg` / `fi_readmsg`, one local and one remote iov, each with a completion queue entry |
 //! | `flush` | progress the completion queue until every operation posted on the endpoint has its entry |
 //! | doorbells | `fi_send` of at most [`crate::MAX_DOORBELL_BYTES`] into receive buffers the worker keeps posted ([`OfiConfig::recv_slots`]) |
-//! | event fd, `arm`, `wake` | `fi_control(FI_GETWAIT)` on the completion queue, `fi_trywait`, `fi_cq_signal` |
+//! | event fd, `arm`, `wake` | `fi_control(FI_GETWAIT)` on the completion queue, `fi_trywait`, `fi_cq_signal`; on shm (no fd wait object) an eventfd of ours and [`crate::Transport::wakes_on_receive`] `false` |
 //! | [`RemoteKey::map`] | always `None`: libfabric has no portable way to map a peer's memory |
 //!
 //! # What a completion means, per provider (libfabric 1.17, measured)
@@ -37,6 +37,23 @@
 //!   Writes are therefore posted with `FI_DELIVERY_COMPLETE` ([`Completion::Delivery`]),
 //!   so "payload, flush, completion word" keeps its order; the ordering test checks
 //!   that a host polling the completion word always finds the payload complete.
+//! * **Set-up on shm is two-sided, once.** Before the first operation towards a
+//!   peer, shm exchanges names through the peers' command queues: the operation
+//!   returns `FI_EAGAIN` until the *other* side has progressed and answered. If the
+//!   host speaks first (connects to the agent and sends a doorbell, which the agent
+//!   receives), the pair is known on both sides and the agent's connect, key probe,
+//!   puts and gets need nothing more from the host, even while it is stopped. The
+//!   tests do exactly that; the shim must do the same at attach time.
+//! * **Wake-ups on shm.** shm's completion queue accepts only `FI_WAIT_NONE` /
+//!   `FI_WAIT_YIELD` (`fi_cq_open` answers `ENOSYS` for `FI_WAIT_FD`), so nothing
+//!   makes an fd readable when a doorbell arrives. The worker then hands out an
+//!   eventfd that only [`Worker::wake`] signals, and says so through
+//!   `wakes_on_receive() == false`: a loop waiting for doorbells sleeps in short
+//!   slices. `tcp;ofi_rxm` has a real fd (`FI_WAIT_FD`), also for counters.
+//! * **Keys and addresses on tcp.** `tcp;ofi_rxm` returns `mr_mode` 0: keys are
+//!   chosen by us (unique per domain) and remote addresses are offsets into the
+//!   peer's registration. [`Endpoint`] converts the virtual addresses the trait
+//!   speaks in; shm returns `FI_MR_VIRT_ADDR` and uses them as they are.
 //! * **`verbs;ofi_rxm`** (the RDMA path on real NICs) is accepted by name with the
 //!   same settings as tcp; it is not tested here (no RDMA NIC).
 //!
