@@ -96,6 +96,14 @@ fn host_role() {
                 }
             }
             "cpu" => publish("cpu", self_cpu_us()),
+            "progress" => {
+                let cpu0 = self_cpu_us();
+                let mut n = 0;
+                for _ in 0..100 {
+                    n += worker.progress();
+                }
+                publish("progress", format!("{n} {}", self_cpu_us() - cpu0));
+            }
             "connect" => ep = Some(worker.connect(&unhex(&cmd[1])).expect("host: connect to agent")),
             "doorbell" => {
                 let ep = ep.as_ref().expect("connect first");
@@ -244,6 +252,16 @@ fn ofi_put_get_shm() {
     put_get_roundtrip("ofi_put_get_shm", "shm", 64 * MIB, false);
 }
 
+/// shm as the shim would run it (a mostly sleeping progress thread returns the
+/// command-queue slots); prints that thread's CPU time.
+#[test]
+fn ofi_put_get_shm_with_host_progress_thread() {
+    if child_role().is_some() {
+        return host_role();
+    }
+    put_get_roundtrip("ofi_put_get_shm_with_host_progress_thread", "shm", 64 * MIB, true);
+}
+
 #[test]
 fn ofi_put_get_tcp_with_host_progress_thread() {
     if child_role().is_some() {
@@ -293,6 +311,83 @@ fn ofi_stopped_host_receives_payload_shm() {
     assert_eq!(host.check(seed, PAYLOAD_OFFSET, len), "ok");
     assert_eq!(host.word(COMPLETION_OFFSET), COMPLETION);
     eprintln!("[{TEST}] 64 MiB + completion into a stopped host in {elapsed:?}, host cpu across stop {cpu_across} us");
+    drop((key, ep));
+    host.finish(&agent);
+}
+
+/// What the host's progress does with the notices shm's CMA writes leave in its
+/// command queue: the payload must stay what the agent wrote, even after the agent
+/// reused its staging memory for other bytes.
+#[test]
+fn ofi_host_progress_keeps_payload_shm() {
+    const TEST: &str = "ofi_host_progress_keeps_payload_shm";
+    if child_role().is_some() {
+        return host_role();
+    }
+    let Some(agent) = open_or_skip(TEST, "shm") else { return };
+    let len = 4 * MIB;
+    let mut host = spawn_host(TEST, "shm", PAYLOAD_OFFSET + len, false);
+    hello(&agent, &mut host);
+    let (ep, key) = attach(&agent, &host);
+    let mut staging = agent.alloc_region(len).unwrap();
+    let (seed_a, seed_b) = (0x5eed_000a, 0x5eed_000b);
+    fill_pattern(staging.as_mut_slice(), seed_a);
+    for _ in 0..4 {
+        ep.put(&staging, 0, len, host.region_addr + PAYLOAD_OFFSET as u64, &key).unwrap();
+        ep.flush(FLUSH_TIMEOUT).unwrap();
+    }
+    assert_eq!(host.check(seed_a, PAYLOAD_OFFSET, len), "ok");
+    // The agent reuses its staging region; the host then progresses its queue.
+    fill_pattern(staging.as_mut_slice(), seed_b);
+    host.child.send("progress");
+    let progressed = host.child.recv("progress");
+    eprintln!("[{TEST}] host progress after 4 x 4 MiB: entries, cpu_us = {progressed}");
+    assert_eq!(host.check(seed_a, PAYLOAD_OFFSET, len), "ok", "host progress changed the payload");
+    drop((key, ep));
+    host.finish(&agent);
+}
+
+/// The bound on "one-sided" over shm (libfabric 1.17, measured): each CMA write or
+/// read takes a slot of the *target's* command queue (1024 per endpoint), and only
+/// the target's progress returns it. A stopped host takes 1024 operations (the
+/// key probe included); the next one gets `FI_EAGAIN` until the host runs again.
+#[test]
+fn ofi_stopped_host_queue_limit_shm() {
+    const TEST: &str = "ofi_stopped_host_queue_limit_shm";
+    if child_role().is_some() {
+        return host_role();
+    }
+    if open_or_skip(TEST, "shm").is_none() {
+        return;
+    }
+    let mut cfg = config("shm");
+    cfg.connect_timeout_ms = 300; // how long a post retries FI_EAGAIN
+    let agent = Worker::open(&cfg).unwrap();
+    // The host's progress thread is stopped with it; it drains the queue afterwards.
+    let mut host = spawn_host(TEST, "shm", 8192, true);
+    hello(&agent, &mut host);
+    host.child.stop();
+    let (ep, key) = attach(&agent, &host); // the probe: one operation
+    let mut accepted = 1;
+    let refused = loop {
+        let word = (accepted as u64).to_le_bytes();
+        match ep.put_bytes(&word, host.region_addr, &key).and_then(|()| ep.flush(FLUSH_TIMEOUT)) {
+            Ok(()) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(accepted <= 4096, "no limit found");
+    };
+    host.child.cont();
+    eprintln!("[{TEST}] a stopped host took {accepted} operations, then: {refused}");
+    assert!(refused.is_timeout(), "{refused}");
+    assert_eq!(accepted, 1024);
+    // Once the host's progress thread has run, writes go through again.
+    let deadline = Instant::now() + FLUSH_TIMEOUT;
+    while ep.put_bytes(&COMPLETION.to_le_bytes(), host.region_addr, &key).is_err() {
+        assert!(Instant::now() < deadline, "writes never resumed");
+    }
+    ep.flush(FLUSH_TIMEOUT).unwrap();
+    assert_eq!(host.word(0), COMPLETION);
     drop((key, ep));
     host.finish(&agent);
 }
@@ -529,18 +624,23 @@ fn bench_put_1mib_ofi_vs_ucx_shm() {
     if let Some(role) = child_role() {
         return if role == "ucx-host" { ucx_host_role() } else { host_role() };
     }
-    const ROUNDS: usize = 512;
-    const DEPTH: usize = 8; // puts posted per flush
+    const ROUNDS: usize = 2048;
+    // Puts posted per flush (FABRIC_BENCH_DEPTH, default 1).
+    let depth: usize = std::env::var("FABRIC_BENCH_DEPTH").ok().and_then(|d| d.parse().ok()).unwrap_or(1);
     let len = MIB;
-    let region = PAYLOAD_OFFSET + DEPTH * len;
+    let region = PAYLOAD_OFFSET + depth * len;
 
     let ofi = open_or_skip(TEST, "shm");
     if let Some(agent) = ofi {
-        let mut host = spawn_host(TEST, "shm", region, false);
+        // shm's CMA writes each take a slot of the host's command queue (1024) that
+        // only the host's progress returns: see ofi_stopped_host_queue_limit_shm.
+        let mut host = spawn_host(TEST, "shm", region, true);
         hello(&agent, &mut host);
-        let r = bench_puts(&agent, &host, len, ROUNDS, DEPTH);
+        let r = bench_puts(&agent, &host, len, ROUNDS, depth);
         eprintln!("BENCH ofi shm : {r}");
-        host.finish(&agent);
+        if let Some(p) = host.finish(&agent) {
+            eprintln!("BENCH ofi shm : host progress thread cpu_us wakeups events = {p}");
+        }
     }
 
     let ucx = fabric::ucx::Worker::open(&fabric::FabricConfig::shm()).expect("open UCX shm");
@@ -555,7 +655,7 @@ fn bench_put_1mib_ofi_vs_ucx_shm() {
         key: unhex(f[3]),
         child,
     };
-    let r = bench_puts(&ucx, &host, len, ROUNDS, DEPTH);
+    let r = bench_puts(&ucx, &host, len, ROUNDS, depth);
     eprintln!("BENCH ucx shm : {r}");
     host.finish(&ucx);
 }
@@ -583,11 +683,15 @@ fn bench_puts<T: Transport>(agent: &T, host: &Host, len: usize, rounds: usize, d
     let mut staging = agent.alloc_region(depth * len).unwrap();
     fill_pattern(staging.as_mut_slice(), 7);
     let base = host.region_addr + PAYLOAD_OFFSET as u64;
+    let done = std::cell::Cell::new(0usize);
     let run = |n: usize| {
         let t0 = Instant::now();
         for _ in 0..n {
             for d in 0..depth {
-                ep.put(&staging, d * len, len, base + (d * len) as u64, &key).unwrap();
+                if let Err(e) = ep.put(&staging, d * len, len, base + (d * len) as u64, &key) {
+                    panic!("put {} of the run failed: {e}", done.get());
+                }
+                done.set(done.get() + 1);
             }
             ep.flush(FLUSH_TIMEOUT).unwrap();
         }

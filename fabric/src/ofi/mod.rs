@@ -37,6 +37,12 @@
 //!   Writes are therefore posted with `FI_DELIVERY_COMPLETE` ([`Completion::Delivery`]),
 //!   so "payload, flush, completion word" keeps its order; the ordering test checks
 //!   that a host polling the completion word always finds the payload complete.
+//! * **One-sided on shm only up to 1024 operations.** Each CMA write or read still
+//!   takes a slot of the *target's* command queue (1024 per endpoint), returned only
+//!   when the target progresses: a stopped host takes 1024 operations, then posts
+//!   get `FI_EAGAIN` ([`Error::Timeout`] after `connect_timeout_ms`) until it runs
+//!   again. The host therefore needs a (mostly sleeping) progress thread on shm too;
+//!   `ofi_stopped_host_queue_limit_shm` measures the limit.
 //! * **Set-up on shm is two-sided, once.** Before the first operation towards a
 //!   peer, shm exchanges names through the peers' command queues: the operation
 //!   returns `FI_EAGAIN` until the *other* side has progressed and answered. If the

@@ -683,8 +683,10 @@ impl Worker {
             }
             return Err(Error::Io { op: "wake (write eventfd)", source: std::io::Error::last_os_error() });
         }
-        // SAFETY: cq open; fi_cq_signal only signals the wait object (thread safe in
-        // the util code behind every provider here).
+        // The lock is never held across a sleep, so taking it here cannot stall the
+        // wake-up, and keeps the FI_THREAD_DOMAIN contract for this call too.
+        let _guard = self.inner.domain.lock();
+        // SAFETY: cq open (lock held); fi_cq_signal only signals its wait object.
         let ret = unsafe { sys::fi_cq_signal(self.inner.cq) };
         check("wake completion queue (fi_cq_signal)", ret)
     }
