@@ -45,6 +45,18 @@ pub enum Error {
         provider: String,
     },
 
+    /// The provider refused to take an operation (`FI_EAGAIN`) for `waited_ms` while
+    /// we progressed: nothing was posted. On libfabric shm this means the peer has
+    /// not progressed for 1024 operations (its command queue is full); over rxm, a
+    /// connection that is not up yet. Retry once the peer runs.
+    #[error("{op}: the provider answered FI_EAGAIN for {waited_ms} ms; nothing was posted (is the peer progressing?)")]
+    Again {
+        /// Our action and the libfabric function.
+        op: &'static str,
+        /// How long we retried.
+        waited_ms: u64,
+    },
+
     /// An operation that needs the peer or the network did not finish in time. Over
     /// TCP this usually means the peer is not progressing its worker (stopped, or no
     /// progress thread); the operation stays posted and may still complete later.

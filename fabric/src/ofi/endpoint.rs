@@ -47,7 +47,9 @@ impl Endpoint {
     ///
     /// Then probes the key with a one-byte read and a flush, waiting at most
     /// `OfiConfig::connect_timeout_ms`: a bad key fails here, and over rxm this makes
-    /// the connection (the peer must progress; on shm it need not run at all).
+    /// the connection (the peer must progress). On shm the peer need not run if it
+    /// spoke to us first (see the module docs); otherwise the probe fails with
+    /// [`Error::Again`] until it has progressed once.
     pub fn unpack_key(&self, packed: &[u8], remote_addr: u64, len: u64) -> Result<RemoteKey> {
         if remote_addr.checked_add(len).is_none() {
             return Err(Error::OutOfRange { what: "address space", offset: remote_addr, len, bound: u64::MAX });

@@ -40,7 +40,7 @@
 //! * **One-sided on shm only up to 1024 operations.** Each CMA write or read still
 //!   takes a slot of the *target's* command queue (1024 per endpoint), returned only
 //!   when the target progresses: a stopped host takes 1024 operations, then posts
-//!   get `FI_EAGAIN` ([`Error::Timeout`] after `connect_timeout_ms`) until it runs
+//!   get `FI_EAGAIN` ([`Error::Again`] after `connect_timeout_ms`) until it runs
 //!   again. The host therefore needs a (mostly sleeping) progress thread on shm too;
 //!   `ofi_stopped_host_queue_limit_shm` measures the limit.
 //! * **Set-up on shm is two-sided, once.** Before the first operation towards a
@@ -134,7 +134,8 @@ pub struct OfiConfig {
     /// Operations posted on the worker (all endpoints) and not yet completed before
     /// `put`/`get` return [`Error::Busy`]. Sizes the completion queue.
     pub max_in_flight_ops: usize,
-    /// How long posting waits while the provider answers `FI_EAGAIN`, and how long
+    /// How long posting retries while the provider answers `FI_EAGAIN` (then
+    /// [`Error::Again`]), and how long
     /// [`Endpoint::unpack_key`] waits for its probe (a TCP peer must progress).
     pub connect_timeout_ms: u64,
 }

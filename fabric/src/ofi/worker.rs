@@ -552,7 +552,7 @@ impl Worker {
 
     /// Records a posted operation under a new token and calls `post` with it,
     /// retrying (progressing in between) while the provider says `FI_EAGAIN`, up to
-    /// `connect_timeout_ms`.
+    /// `connect_timeout_ms`, then [`Error::Again`].
     pub(crate) fn post(
         &self,
         op: &'static str,
@@ -591,7 +591,7 @@ impl Worker {
                 break Err(ofi_error(op, ret as i64));
             }
             if Instant::now() >= deadline {
-                break Err(Error::Timeout { op, timeout_ms: self.inner.config.connect_timeout_ms });
+                break Err(Error::Again { op, waited_ms: self.inner.config.connect_timeout_ms });
             }
             std::thread::yield_now();
         };
