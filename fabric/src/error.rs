@@ -25,6 +25,38 @@ pub enum Error {
         reason: String,
     },
 
+    /// A libfabric call failed. `code` is the positive `FI_E*` / errno value and
+    /// `reason` the text of `fi_strerror` for it.
+    #[error("{op}: {reason} (libfabric error {code})")]
+    Ofi {
+        /// Our action and the libfabric function that failed.
+        op: &'static str,
+        /// The positive error number (libfabric returns it negated).
+        code: i32,
+        /// `fi_strerror(code)`.
+        reason: String,
+    },
+
+    /// libfabric has no provider of this name on this machine (`fi_getinfo` found
+    /// nothing matching; `fi_info -l` lists what is there).
+    #[error("libfabric provider {provider:?} is not available here (see `fi_info -l`)")]
+    ProviderUnavailable {
+        /// The provider name asked for.
+        provider: String,
+    },
+
+    /// The provider refused to take an operation (`FI_EAGAIN`) for `waited_ms` while
+    /// we progressed: nothing was posted. On libfabric shm this means the peer has
+    /// not progressed for 1024 operations (its command queue is full); over rxm, a
+    /// connection that is not up yet. Retry once the peer runs.
+    #[error("{op}: the provider answered FI_EAGAIN for {waited_ms} ms; nothing was posted (is the peer progressing?)")]
+    Again {
+        /// Our action and the libfabric function.
+        op: &'static str,
+        /// How long we retried.
+        waited_ms: u64,
+    },
+
     /// An operation that needs the peer or the network did not finish in time. Over
     /// TCP this usually means the peer is not progressing its worker (stopped, or no
     /// progress thread); the operation stays posted and may still complete later.

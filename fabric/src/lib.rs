@@ -1,6 +1,10 @@
 //! The dpuio data plane: registered regions, remote keys, endpoints, one-sided
 //! put/get/flush and doorbells, behind one [`Transport`] trait, with UCX
-//! ([`ucx`], over our own `ucx-sys` bindings) as the first implementation.
+//! ([`ucx`], over our own `ucx-sys` bindings) as the first implementation and
+//! libfabric ([`ofi`], over our own `libfabric-sys`) as the second: providers `shm`,
+//! `tcp;ofi_rxm` and `verbs;ofi_rxm`. What each libfabric provider guarantees, and
+//! where it differs from UCX (no direct mapping of peer memory, no event fd on shm,
+//! a first message from the host on shm), is in the [`ofi`] module docs.
 //!
 //! All `unsafe` of the data plane lives in this crate. It deliberately does *not*
 //! know the wire format of rings, entries or doorbells (the `proto` crate), sessions,
@@ -167,6 +171,7 @@ pub mod config;
 mod doorbell;
 mod error;
 mod memory;
+pub mod ofi;
 mod progress;
 pub mod transport;
 pub mod ucx;

@@ -63,6 +63,15 @@ pub trait Transport: Send + Sync {
     /// Makes the event fd readable from any thread (to stop a sleeping progress loop).
     fn wake(&self) -> Result<()>;
 
+    /// Whether the event fd becomes readable by itself when a peer's doorbell arrives
+    /// or a posted operation completes (UCX: always). `false` where the transport has
+    /// no such fd (libfabric's shm provider): the fd then only reports
+    /// [`Transport::wake`], and a loop waiting for doorbells must sleep in short
+    /// slices (or poll its rings) instead of relying on the fd.
+    fn wakes_on_receive(&self) -> bool {
+        true
+    }
+
     /// Moves doorbells received so far into `out`. Returns how many were dropped
     /// since the last call because the queue was full; if non-zero, scan every ring.
     fn take_doorbells(&self, out: &mut Vec<Doorbell>) -> u64;
