@@ -139,9 +139,9 @@ struct Seen {
 
 /// SIGKILL of the agent during a stream of overwrites of an encrypted file from
 /// another process; after a restart on the same config and data directory (so the same
-/// container, also on DAOS) every 64 KiB block
-/// reads as it was before the write in flight, as that write left it, or fails with
-/// an integrity error: never as anything else.
+/// container, also on DAOS) every 64 KiB block reads as it was before the write in
+/// flight, as that write left it, or fails with an integrity error: never as anything
+/// else.
 #[test]
 fn killed_during_overwrites_every_block_is_old_new_or_an_integrity_error() {
     use std::io::{BufRead, BufReader};
