@@ -5,9 +5,11 @@
 //! executable (the README's test command builds them first).
 #![forbid(unsafe_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Path of a workspace binary built in the same profile as this test.
@@ -73,6 +75,187 @@ pub fn daos_pool_under_test() -> Option<String> {
     }
 }
 
+/// `prefix-PID-NANOS`: a DAOS container label (or the start of one) that no other test,
+/// run or engineer sharing the pool uses.
+fn unique_label(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000_000)
+}
+
+/// Run DAOS's own `daos` tool, which must succeed; its stdout.
+fn daos_tool(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new("daos")
+        .args(args)
+        .output()
+        .expect("run daos (is DAOS's bin directory on PATH? source the env file of daos-up.sh)");
+    assert!(
+        out.status.success(),
+        "daos {}: {}",
+        args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every entry under `dir` with its bytes, keyed by its path relative to `dir`
+/// (directories end in `/` and have no bytes).
+fn snapshot_tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("list {}: {e}", d.display())) {
+            let path = entry.expect("a directory entry").path();
+            let name = path.strip_prefix(dir).expect("under dir").display().to_string();
+            let kind = std::fs::symlink_metadata(&path).expect("stat an entry").file_type();
+            if kind.is_dir() {
+                out.insert(name + "/", Vec::new());
+                pending.push(path);
+            } else if kind.is_file() {
+                let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+                out.insert(name, bytes);
+            }
+        }
+    }
+    out
+}
+
+/// The storage behind an agent whose test writes its own config: the `[backend]` section
+/// for that config, the container names to give its tenants, and a view of the stored
+/// bytes from outside dpuio, the same calls for both backends.
+///
+/// `local` (the default): containers are trees under `DATA_DIR/containers`, named as
+/// the test names them. With `DPUIO_TEST_BACKEND=daos`: containers are DAOS containers
+/// in `DAOS_POOL` whose labels start with a prefix of this value's own, so tests sharing
+/// the pool never meet; they are created by the agent (`create_containers = true`) and
+/// destroyed when this value is dropped. An agent restarted on the same config reaches
+/// the same containers as long as this value lives: keep it for the whole test, and
+/// declare it before the agents so that they are gone when the containers are destroyed.
+pub struct StorageUnderTest {
+    data_dir: PathBuf,
+    daos: Option<DaosContainers>,
+}
+
+struct DaosContainers {
+    pool: String,
+    prefix: String,
+    /// Every label handed out: the containers to destroy (an agent creates them on
+    /// first use, so some may not exist).
+    labels: Mutex<BTreeSet<String>>,
+}
+
+impl StorageUnderTest {
+    /// Storage for the agents of one test that keep their data in `data_dir`; `test`
+    /// (a short tag) goes into the DAOS labels so that a leftover container names its test.
+    pub fn new(test: &str, data_dir: &Path) -> StorageUnderTest {
+        let daos = daos_pool_under_test().map(|pool| {
+            let tag: String = test.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(16).collect();
+            DaosContainers { pool, prefix: unique_label(&format!("e2e-{tag}")), labels: Mutex::new(BTreeSet::new()) }
+        });
+        StorageUnderTest { data_dir: data_dir.to_owned(), daos }
+    }
+
+    /// Whether the containers are DAOS containers.
+    pub fn is_daos(&self) -> bool {
+        self.daos.is_some()
+    }
+
+    /// The `[backend]` section of the agent's config (empty for `local`, the default):
+    /// put it before the `[[tenants]]`.
+    pub fn backend_config(&self) -> String {
+        match &self.daos {
+            None => String::new(),
+            Some(d) => format!("[backend]\nkind = \"daos\"\npool = \"{}\"\ncreate_containers = true\n", d.pool),
+        }
+    }
+
+    /// The container to configure for what the test calls `name`: `name` itself on
+    /// `local`, `PREFIX-name` on DAOS. The same `name` always gives the same container.
+    pub fn container(&self, name: &str) -> String {
+        match &self.daos {
+            None => name.to_owned(),
+            Some(d) => {
+                let label = format!("{}-{name}", d.prefix);
+                d.labels.lock().unwrap_or_else(|e| e.into_inner()).insert(label.clone());
+                label
+            }
+        }
+    }
+
+    /// Every file and directory of container `name` (as given to
+    /// [`StorageUnderTest::container`]) with its stored bytes, read as another client
+    /// of the storage would: from the local tree, or copied out of DAOS with
+    /// `daos filesystem copy`. Keys are paths relative to the container's root;
+    /// directories end in `/`.
+    pub fn snapshot(&self, name: &str) -> BTreeMap<String, Vec<u8>> {
+        match &self.daos {
+            None => snapshot_tree(&self.local_root(name)),
+            Some(d) => {
+                let out = tempfile::tempdir().expect("a scratch directory for the copy");
+                // The root of a container copied into an existing directory lands in it,
+                // not in a subdirectory.
+                daos_tool(&[
+                    "filesystem".as_ref(),
+                    "copy".as_ref(),
+                    "--src".as_ref(),
+                    format!("daos://{}/{}/", d.pool, self.container(name)).as_ref(),
+                    "--dst".as_ref(),
+                    out.path().as_os_str(),
+                ]);
+                snapshot_tree(out.path())
+            }
+        }
+    }
+
+    /// Change the stored bytes of the file at `path` of container `name` behind the
+    /// agent's back, as another client of the storage would: `edit` gets the bytes as
+    /// stored and must keep their length. On DAOS the file is copied out and copied back
+    /// over the same DFS object with `daos filesystem copy` (it keeps the object id; the
+    /// length is kept because that copy is not relied on to truncate).
+    pub fn alter_stored(&self, name: &str, path: &str, edit: impl FnOnce(&mut Vec<u8>)) {
+        let relative = path.trim_start_matches('/');
+        match &self.daos {
+            None => {
+                let file = self.local_root(name).join(relative);
+                let mut bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+                let len = bytes.len();
+                edit(&mut bytes);
+                assert_eq!(bytes.len(), len, "alter_stored keeps the length");
+                std::fs::write(&file, bytes).unwrap_or_else(|e| panic!("write {}: {e}", file.display()));
+            }
+            Some(d) => {
+                let scratch = tempfile::tempdir().expect("a scratch directory for the copy");
+                let local = scratch.path().join("stored");
+                let url = format!("daos://{}/{}/{relative}", d.pool, self.container(name));
+                let copy = |src: &std::ffi::OsStr, dst: &std::ffi::OsStr| {
+                    daos_tool(&["filesystem".as_ref(), "copy".as_ref(), "--src".as_ref(), src, "--dst".as_ref(), dst]);
+                };
+                copy(url.as_ref(), local.as_os_str());
+                let mut bytes = std::fs::read(&local).expect("read the copied-out file");
+                let len = bytes.len();
+                edit(&mut bytes);
+                assert_eq!(bytes.len(), len, "alter_stored keeps the length");
+                std::fs::write(&local, bytes).expect("write the edited copy");
+                copy(local.as_os_str(), url.as_ref());
+            }
+        }
+    }
+
+    fn local_root(&self, name: &str) -> PathBuf {
+        self.data_dir.join("containers").join(name)
+    }
+}
+
+impl Drop for StorageUnderTest {
+    fn drop(&mut self) {
+        // The pool is shared by every test and engineer on the machine: give the space back.
+        if let Some(d) = &self.daos {
+            for label in d.labels.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                let _ = Command::new("daos").args(["container", "destroy", "--force", &d.pool, label]).output();
+            }
+        }
+    }
+}
+
 /// A running `dpu-agent serve`, killed when dropped.
 pub struct AgentProcess {
     pub child: Child,
@@ -99,8 +282,7 @@ impl AgentProcess {
         let mut daos = None;
         let mut config_args: Vec<PathBuf> = Vec::new();
         if let Some(pool) = daos_pool_under_test().filter(|_| !extra.contains(&"--config")) {
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-            let container = format!("e2e-{}-{}", std::process::id(), nanos % 1_000_000_000_000);
+            let container = unique_label("e2e");
             std::fs::create_dir_all(data_dir).expect("create the agent's data directory");
             let config = data_dir.join("daos-agent.toml");
             std::fs::write(

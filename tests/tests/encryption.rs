@@ -1,11 +1,15 @@
 //! Inline encryption end to end: a tenant with `[tenants.encryption]` stores only
 //! ciphertext, reads back its plaintext, tampering is an integrity error, and a
 //! killed agent leaves no block that reads as wrong data.
+//!
+//! The tenant's container is a tree of the local backend or, with
+//! `DPUIO_TEST_BACKEND=daos`, a DAOS container (see [`StorageUnderTest`]): what is
+//! stored and what is tampered with are read and written from outside dpuio either way.
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use dpuio_tests::{AgentProcess, command_in, ok_stdout};
+use dpuio_tests::{AgentProcess, StorageUnderTest, command_in, ok_stdout};
 
 fn write_key(path: &std::path::Path, mode: u32) {
     let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
@@ -13,12 +17,16 @@ fn write_key(path: &std::path::Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-fn config(dir: &std::path::Path, key: &std::path::Path) -> std::path::PathBuf {
+/// A config whose one tenant, "default", is encrypted and lives in the container
+/// `storage` names "default".
+fn config(dir: &std::path::Path, key: &std::path::Path, storage: &StorageUnderTest) -> std::path::PathBuf {
     let config = dir.join("agent.toml");
     std::fs::write(
         &config,
         format!(
-            "[[tenants]]\nname = \"default\"\ncontainer = \"default\"\n[tenants.encryption]\nkey_file = \"{}\"\nblock_bytes = 65536\n",
+            "{}[[tenants]]\nname = \"default\"\ncontainer = \"{}\"\n[tenants.encryption]\nkey_file = \"{}\"\nblock_bytes = 65536\n",
+            storage.backend_config(),
+            storage.container("default"),
             key.display()
         ),
     )
@@ -37,13 +45,18 @@ fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
+/// Where the second 64 KiB block is stored: after the 256-byte header and the first
+/// block with its 12-byte nonce and 16-byte tag.
+const SECOND_BLOCK: usize = 256 + 65536 + 28;
+
 #[test]
 fn only_ciphertext_is_stored_and_tampering_is_detected() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("tenant.key");
     write_key(&key, 0o600);
-    let config = config(dir.path(), &key);
     let data_dir = dir.path().join("data");
+    let storage = StorageUnderTest::new("enc-tamper", &data_dir);
+    let config = config(dir.path(), &key, &storage);
     let agent = AgentProcess::start(&data_dir, &["--config", config.to_str().unwrap()]);
 
     const MARKER: &str = "DPUIO-MARKER-7f3a9c";
@@ -52,9 +65,16 @@ fn only_ciphertext_is_stored_and_tampering_is_detected() {
     std::fs::write(&local, &plain).unwrap();
     ok_stdout(&agent.cli(&["--transport", "shm", "put", local.to_str().unwrap(), "/secret.txt"]));
 
-    let mut stored = Vec::new();
-    files_under(&data_dir, &mut stored);
-    for f in &stored {
+    // Neither the container nor anything else the agent keeps (on DAOS: its state, the
+    // certificates) holds the plaintext.
+    let stored = storage.snapshot("default");
+    assert!(stored.get("secret.txt").is_some_and(|b| b.len() > plain.len()), "{:?}", stored.keys());
+    for (name, bytes) in &stored {
+        assert!(!bytes.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()), "marker found in stored {name}");
+    }
+    let mut beside = Vec::new();
+    files_under(&data_dir, &mut beside);
+    for f in &beside {
         let bytes = std::fs::read(f).unwrap();
         assert!(!bytes.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()), "marker found in {}", f.display());
     }
@@ -63,11 +83,14 @@ fn only_ciphertext_is_stored_and_tampering_is_detected() {
     ok_stdout(&agent.cli(&["--transport", "shm", "get", "/secret.txt", back.to_str().unwrap()]));
     assert!(std::fs::read(&back).unwrap() == plain);
 
+    // The same rewrite with nothing changed still reads: the error below then comes
+    // from the flipped byte, not from how the storage was rewritten behind the agent.
+    storage.alter_stored("default", "/secret.txt", |_| ());
+    ok_stdout(&agent.cli(&["--transport", "shm", "get", "/secret.txt", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == plain);
+
     // Flip one byte of stored ciphertext in the second block.
-    let file = data_dir.join("containers/default/secret.txt");
-    let mut bytes = std::fs::read(&file).unwrap();
-    bytes[256 + 65536 + 28 + 100] ^= 1;
-    std::fs::write(&file, bytes).unwrap();
+    storage.alter_stored("default", "/secret.txt", |bytes| bytes[SECOND_BLOCK + 100] ^= 1);
     let out = agent.cli(&["--transport", "shm", "get", "/secret.txt", back.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -79,7 +102,8 @@ fn a_key_file_readable_by_others_stops_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("loose.key");
     write_key(&key, 0o644);
-    let config = config(dir.path(), &key);
+    let storage = StorageUnderTest::new("enc-keymode", &dir.path().join("data"));
+    let config = config(dir.path(), &key, &storage);
     let out = command_in("dpu-agent", &dir.path().join("home"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap()])
         .arg("--data-dir")
@@ -114,9 +138,10 @@ struct Seen {
 }
 
 /// SIGKILL of the agent during a stream of overwrites of an encrypted file from
-/// another process; after a restart on the same data directory every 64 KiB block
-/// reads as it was before the write in flight, as that write left it, or fails with
-/// an integrity error: never as anything else.
+/// another process; after a restart on the same config and data directory (so the same
+/// container, also on DAOS) every 64 KiB block reads as it was before the write in
+/// flight, as that write left it, or fails with an integrity error: never as anything
+/// else.
 #[test]
 fn killed_during_overwrites_every_block_is_old_new_or_an_integrity_error() {
     use std::io::{BufRead, BufReader};
@@ -127,8 +152,9 @@ fn killed_during_overwrites_every_block_is_old_new_or_an_integrity_error() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("tenant.key");
     write_key(&key, 0o600);
-    let config = config(dir.path(), &key);
     let data_dir = dir.path().join("data");
+    let storage = StorageUnderTest::new("enc-crash", &data_dir);
+    let config = config(dir.path(), &key, &storage);
     let args = ["--config", config.to_str().unwrap()];
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut total = Seen::default();

@@ -3,56 +3,51 @@
 //! and B's data is unchanged byte for byte; delegated tokens never do more than their
 //! parent; certificates from another CA or none at all are UNAUTHENTICATED; a tenant
 //! removed at run time loses its sessions at once and keeps its data.
+//!
+//! Each tenant has a container of its own: two trees of the local backend, or, with
+//! `DPUIO_TEST_BACKEND=daos`, two DAOS containers of one pool (see
+//! [`StorageUnderTest`]). Every test here runs on both, also those about certificates
+//! and tokens only: they cost a container each and show that attaching works the same.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use dpuio_proto::v1 as pb;
 use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, IoStatus, RegionAccess, TlsOptions};
-use dpuio_tests::{AgentProcess, ok_stdout};
+use dpuio_tests::{AgentProcess, StorageUnderTest, ok_stdout};
 use tonic::Code;
-
-const TWO_TENANTS: &str =
-    "[[tenants]]\nname = \"a\"\ncontainer = \"a\"\n[[tenants]]\nname = \"b\"\ncontainer = \"b\"\n";
-
-/// Every file under `dir` with its bytes: the "checksum" of a container on disk.
-fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut pending = vec![dir.to_owned()];
-    while let Some(d) = pending.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let entry = entry.unwrap();
-            let path = entry.path();
-            let name = path.strip_prefix(dir).unwrap().display().to_string();
-            if entry.file_type().unwrap().is_dir() {
-                out.insert(name + "/", Vec::new());
-                pending.push(path);
-            } else {
-                out.insert(name, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
-}
 
 struct Setup {
     _dir: tempfile::TempDir,
     agent: AgentProcess,
     certs: std::path::PathBuf,
+    /// After `agent`: the agent is gone before the containers are destroyed.
+    storage: StorageUnderTest,
 }
 
-fn start_two_tenants() -> Setup {
+/// An agent with tenants "a" and "b", each in its own container.
+fn start_two_tenants(test: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let storage = StorageUnderTest::new(test, &data_dir);
     let config = dir.path().join("agent.toml");
-    std::fs::write(&config, TWO_TENANTS).unwrap();
-    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    std::fs::write(
+        &config,
+        format!(
+            "{}[[tenants]]\nname = \"a\"\ncontainer = \"{}\"\n[[tenants]]\nname = \"b\"\ncontainer = \"{}\"\n",
+            storage.backend_config(),
+            storage.container("a"),
+            storage.container("b")
+        ),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&data_dir, &["--config", config.to_str().unwrap()]);
     let certs = dir.path().join("certs");
     for t in ["a", "b"] {
         let out_dir = certs.join(t);
         ok_stdout(&agent.dpuctl(&["cert", "issue", "--tenant", t, "--out", out_dir.to_str().unwrap()]));
     }
-    Setup { _dir: dir, agent, certs }
+    Setup { _dir: dir, agent, certs, storage }
 }
 
 impl Setup {
@@ -83,32 +78,34 @@ fn code<T>(r: dpuio_shim::Result<T>) -> Code {
 
 #[tokio::test]
 async fn tenant_a_cannot_reach_tenant_b() {
-    let s = start_two_tenants();
+    let s = start_two_tenants("ten-matrix");
     let b = s.client("b").await;
     b.mkdir("/secret", false).await.unwrap();
     let region = b.register_region(1 << 20, RegionAccess::ReadWrite).await.unwrap();
     let file = b.create("/secret/data.bin", true).await.unwrap();
     assert_eq!(file.write_at(&region, 1 << 20, 0).unwrap(), 1 << 20);
     file.sync().await.unwrap();
-    let b_dir = s.agent.data_dir.join("containers/b");
-    let before = snapshot(&b_dir);
+    let before = s.storage.snapshot("b");
     assert!(before.contains_key("secret/data.bin"), "{:?}", before.keys());
 
     let a = s.client("a").await;
-    // By path, in A's own namespace: B's paths do not exist there, and escapes are refused.
+    // By path, in A's own namespace: B's paths do not exist there, and escapes are
+    // refused, also by the name B's container has in the storage (a DAOS label).
+    let cb = s.storage.container("b");
     let tricks = [
-        "/secret/data.bin",
-        "/../b/secret/data.bin",
-        "/secret/../../b/secret/data.bin",
-        "../b/secret/data.bin",
-        "/..",
-        "/%2e%2e/b/secret/data.bin",
-        "//b/secret/data.bin",
-        "/./../b",
-        "/secret/data.bin\0",
-        "b/secret/data.bin",
+        "/secret/data.bin".to_owned(),
+        format!("/../{cb}/secret/data.bin"),
+        format!("/secret/../../{cb}/secret/data.bin"),
+        format!("../{cb}/secret/data.bin"),
+        "/..".to_owned(),
+        format!("/%2e%2e/{cb}/secret/data.bin"),
+        format!("//{cb}/secret/data.bin"),
+        format!("/./../{cb}"),
+        "/secret/data.bin\0".to_owned(),
+        format!("{cb}/secret/data.bin"),
     ];
-    for path in tricks {
+    for path in &tricks {
+        let path = path.as_str();
         for (what, c) in [
             ("stat", code(a.stat(path).await)),
             ("open", code(a.open(path, Access::ReadOnly).await)),
@@ -129,7 +126,7 @@ async fn tenant_a_cannot_reach_tenant_b() {
     let mut ns = pb::namespace_client::NamespaceClient::new(channel.clone());
     let mut sessions = pb::session_client::SessionClient::new(channel.clone());
     let mut memory = pb::memory_client::MemoryClient::new(channel);
-    let e = ns.mount(pb::MountRequest { session_id: a.session_id(), container: "b".into() }).await.unwrap_err();
+    let e = ns.mount(pb::MountRequest { session_id: a.session_id(), container: cb.clone() }).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     let sid = b.session_id();
     let path = || Some(pb::stat_request::Target::Path("/secret/data.bin".into()));
@@ -188,13 +185,16 @@ async fn tenant_a_cannot_reach_tenant_b() {
         .expect_err("A attaching as B");
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 
-    assert_eq!(snapshot(&b_dir), before, "B's data changed");
+    assert_eq!(s.storage.snapshot("b"), before, "B's data changed");
     assert_eq!(file.read_at(&region, 0).unwrap(), 1 << 20, "B still reads its file");
+    // What A made went into A's container, and nothing of B's did.
+    let a_stored = s.storage.snapshot("a");
+    assert_eq!(a_stored.keys().collect::<Vec<_>>(), ["mine"], "A's container");
 }
 
 #[tokio::test]
 async fn bad_certificates_and_tokens_are_unauthenticated() {
-    let s = start_two_tenants();
+    let s = start_two_tenants("ten-certs");
     let a = s.client("a").await;
 
     // A certificate for tenant "a" from another CA (same trust domain, same name).
@@ -259,7 +259,7 @@ async fn bad_certificates_and_tokens_are_unauthenticated() {
 
 #[tokio::test]
 async fn a_delegated_token_never_does_more_than_its_parent() {
-    let s = start_two_tenants();
+    let s = start_two_tenants("ten-delegate");
     let parent = s.client("a").await;
     parent.mkdir("/data", false).await.unwrap();
     let region = parent.register_region(1 << 16, RegionAccess::ReadWrite).await.unwrap();
@@ -309,7 +309,7 @@ async fn a_delegated_token_never_does_more_than_its_parent() {
 
 #[tokio::test]
 async fn removing_a_tenant_detaches_its_sessions_and_keeps_its_data() {
-    let s = start_two_tenants();
+    let s = start_two_tenants("ten-remove");
     let b = s.client("b").await;
     b.create("/kept", true).await.unwrap().close().await.unwrap();
     let a = s.client("a").await;
@@ -319,17 +319,17 @@ async fn removing_a_tenant_detaches_its_sessions_and_keeps_its_data() {
     assert_eq!(e.code(), Some(Code::Unauthenticated), "{e}");
     let e = Client::connect(s.options("b")).await.err().unwrap_or_else(|| panic!("B attaching after removal"));
     assert_eq!(e.code(), Some(Code::Unauthenticated), "{e}");
-    assert!(s.agent.data_dir.join("containers/b/kept").exists(), "B's data stays on disk");
+    assert!(s.storage.snapshot("b").contains_key("kept"), "B's data stays in its container");
     a.stat("/").await.expect("A is unaffected");
 
     // Added back at run time, B sees its data again.
-    ok_stdout(&s.agent.dpuctl(&["tenant", "add", "b", "--container", "b"]));
+    ok_stdout(&s.agent.dpuctl(&["tenant", "add", "b", "--container", &s.storage.container("b")]));
     let b = s.client("b").await;
     b.stat("/kept").await.unwrap();
     let sessions = ok_stdout(&s.agent.dpuctl(&["sessions", "--tenant", "b"]));
     assert_eq!(sessions.lines().count(), 2, "{sessions}");
     // Bad admin requests get clear errors.
-    let out = s.agent.dpuctl(&["tenant", "add", "c", "--container", "a"]);
+    let out = s.agent.dpuctl(&["tenant", "add", "c", "--container", &s.storage.container("a")]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("belongs to tenant \"a\""));
     let out = s.agent.dpuctl(&["tenant", "add", "bad name"]);
