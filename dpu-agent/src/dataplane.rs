@@ -382,8 +382,11 @@ struct Queued {
 
 /// Chunk jobs queued for the I/O workers at most; the engine waits when it is full.
 const IO_QUEUE: usize = 1024;
-/// Mapped requests are split into pieces of this size so the I/O workers share one
-/// large request (a chunk boundary of the backend is always a piece boundary).
+/// With blocking backend calls, mapped requests are split into pieces of this size so
+/// the I/O workers share one large request (a chunk boundary of the backend is always a
+/// piece boundary). Queues that overlap I/O split at the backend's chunk size instead:
+/// their pieces run concurrently anyway, and a smaller piece only adds a storage call
+/// (over DAOS, an RPC) per piece.
 const SPLIT_BYTES: u64 = 256 * 1024;
 /// How long the engine keeps polling after its last piece of work before it sleeps:
 /// a doorbell arriving meanwhile costs no wake-up (on a DPU the agent owns its cores).
@@ -898,7 +901,7 @@ impl Engine {
         region.mapped.as_ref()?;
         ring.region.mapped.as_ref()?;
         let handle = session.handle(sub.handle).ok()?;
-        let split = SPLIT_BYTES.min(self.chunk_bytes as u64);
+        let split = if self.io_overlaps { self.chunk_bytes as u64 } else { SPLIT_BYTES.min(self.chunk_bytes as u64) };
         let pieces: Vec<engine::Chunk> =
             engine::chunks(sub.file_offset, sub.region_offset, sub.length, split).collect();
         // With blocking backend calls one piece is cheaper inline than a hand-off to a
