@@ -6,23 +6,21 @@
 //! has no runtime skip, so look for that line (`--nocapture`) rather than trusting
 //! an `ok`.
 //!
-//! Region layout of the host role: the u64 completion word at offset 0, the payload
-//! from `PAYLOAD_OFFSET` on.
+//! The host role, the line protocol and the region layout are in `common`, shared
+//! with `two_process.rs`.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Child, check_pattern, child_role, commands, fill_pattern, hex, proc_stat, publish, self_cpu_us, unhex};
+use common::{
+    COMPLETION, COMPLETION_OFFSET, FLUSH_TIMEOUT, Host, MIB, PAYLOAD_OFFSET, arg, assert_ranges_refused, attach,
+    check_pattern, child_env, child_role, fill_pattern, get_flush, hex, no_extra, proc_stat, publish, put_flush,
+    ring_doorbell, self_cpu_us, serve_host,
+};
 use fabric::ofi::{Completion, OfiConfig, Worker};
 use fabric::transport::Endpoint as _;
-use fabric::{Error, ProgressThread, Transport};
-
-const MIB: usize = 1 << 20;
-const PAYLOAD_OFFSET: usize = 4096;
-const COMPLETION_OFFSET: usize = 0;
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
-const COMPLETION: u64 = 0xC0_4D1E7E_u64;
+use fabric::{Error, Transport};
 
 fn config(provider: &str) -> OfiConfig {
     let mut cfg = OfiConfig::provider(provider);
@@ -45,41 +43,15 @@ fn open_or_skip(test: &str, provider: &str) -> Option<Worker> {
     }
 }
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
-}
-
 // ---------------------------------------------------------------- host (child) role
 
+/// The host side over libfabric: the provider comes from the parent, and two
+/// commands join the shared ones.
 fn host_role() {
-    let worker = Worker::open(&config(&env("FABRIC_TEST_PROVIDER"))).expect("host: open libfabric");
-    let len: usize = env("FABRIC_TEST_REGION_BYTES").parse().unwrap();
-    let region = worker.alloc_region(len).expect("host: allocate region");
-    publish(
-        "info",
-        format!(
-            "{} {} {} {} {}",
-            hex(&worker.address().unwrap()),
-            region.addr(),
-            region.len(),
-            hex(&region.packed_key().unwrap()),
-            std::process::id()
-        ),
-    );
-    let progress = (env("FABRIC_TEST_PROGRESS") == "thread")
-        .then(|| ProgressThread::spawn(worker.clone(), "host-progress").unwrap());
-    let mut ep = None;
-    for cmd in commands() {
-        let arg = |i: usize| -> u64 { cmd[i].parse().unwrap() };
+    let worker = Worker::open(&config(&child_env("FABRIC_TEST_PROVIDER"))).expect("host: open libfabric");
+    serve_host(worker, |cmd, worker, region| {
+        let arg = |i: usize| arg(cmd, i);
         match cmd[0].as_str() {
-            "check" => {
-                let (seed, off, n) = (arg(1), arg(2) as usize, arg(3) as usize);
-                match check_pattern(&region.as_slice()[off..off + n], seed) {
-                    None => publish("check", "ok"),
-                    Some(at) => publish("check", format!("mismatch at byte {at}")),
-                }
-            }
-            "word" => publish("word", region.load_u64_acquire(arg(1) as usize)),
             // Spin on the completion word, then check the payload at once: the
             // "payload, then completion" order as the host sees it.
             "await" => {
@@ -95,7 +67,6 @@ fn host_role() {
                     Some(at) => publish("await", format!("completion before payload: mismatch at byte {at}")),
                 }
             }
-            "cpu" => publish("cpu", self_cpu_us()),
             "progress" => {
                 let cpu0 = self_cpu_us();
                 let mut n = 0;
@@ -104,82 +75,17 @@ fn host_role() {
                 }
                 publish("progress", format!("{n} {}", self_cpu_us() - cpu0));
             }
-            "connect" => ep = Some(worker.connect(&unhex(&cmd[1])).expect("host: connect to agent")),
-            "doorbell" => {
-                let ep = ep.as_ref().expect("connect first");
-                ep.send_doorbell(&unhex(&cmd[1])).expect("host: send doorbell");
-                ep.flush(FLUSH_TIMEOUT).expect("host: flush doorbell");
-                publish("doorbell", "sent");
-            }
-            other => panic!("host: unknown command {other}"),
+            _ => return false,
         }
-    }
-    drop(ep);
-    if let Some(p) = progress {
-        let r = p.stop();
-        publish("progress", format!("{} {} {}", r.cpu_time.as_micros(), r.wakeups, r.events));
-    }
+        true
+    });
 }
 
 // ---------------------------------------------------------------- agent (parent) side
 
-struct Host {
-    child: Child,
-    address: Vec<u8>,
-    region_addr: u64,
-    region_len: u64,
-    key: Vec<u8>,
-}
-
 fn spawn_host(test: &str, provider: &str, region_len: usize, progress: bool) -> Host {
-    let env = vec![
-        ("FABRIC_TEST_PROVIDER", provider.to_owned()),
-        ("FABRIC_TEST_REGION_BYTES", region_len.to_string()),
-        ("FABRIC_TEST_PROGRESS", if progress { "thread" } else { "none" }.to_owned()),
-    ];
-    let mut child = Child::spawn(test, "host", &env);
-    let info = child.recv("info");
-    let f: Vec<&str> = info.split(' ').collect();
-    Host {
-        address: unhex(f[0]),
-        region_addr: f[1].parse().unwrap(),
-        region_len: f[2].parse().unwrap(),
-        key: unhex(f[3]),
-        child,
-    }
+    Host::spawn(test, "host", region_len, progress, &[("FABRIC_TEST_PROVIDER", provider.to_owned())])
 }
-
-impl Host {
-    fn check(&mut self, seed: u64, off: usize, len: usize) -> String {
-        self.child.send(&format!("check {seed} {off} {len}"));
-        self.child.recv("check")
-    }
-
-    fn cpu_us(&mut self) -> u64 {
-        self.child.send("cpu");
-        self.child.recv("cpu").parse().unwrap()
-    }
-
-    fn word(&mut self, off: usize) -> u64 {
-        self.child.send(&format!("word {off}"));
-        self.child.recv("word").parse().unwrap()
-    }
-
-    /// Ends the child while progressing the agent (rxm closes need the agent).
-    fn finish<T: Transport>(mut self, agent: &T) -> Option<String> {
-        self.child.send("exit");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.child.exited() {
-            assert!(Instant::now() < deadline, "host did not exit");
-            agent.progress();
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        self.child.wait_success();
-        self.child.recv_optional("progress")
-    }
-}
-
-type Key<T> = <<T as Transport>::Endpoint as fabric::transport::Endpoint>::RemoteKey;
 
 /// The host speaks first: it connects to the agent and rings a doorbell, which the
 /// agent receives. On shm this is what makes the pair known to each other (the
@@ -204,18 +110,25 @@ fn hello(agent: &Worker, host: &mut Host) {
     assert_eq!(got[0].as_bytes(), b"hello");
 }
 
-fn attach<T: Transport>(t: &T, host: &Host) -> (T::Endpoint, Key<T>) {
-    let ep = t.connect(&host.address).expect("agent: connect to host");
-    let key = ep.unpack_key(&host.key, host.region_addr, host.region_len).expect("agent: unpack host key");
-    (ep, key)
+/// Starts the host and has it say hello to `agent`.
+fn spawn_hello(agent: &Worker, test: &str, provider: &str, region_len: usize, host_progress: bool) -> Host {
+    let mut host = spawn_host(test, provider, region_len, host_progress);
+    hello(agent, &mut host);
+    host
+}
+
+/// Opens the agent's worker (or skips the test), starts the host and has it say
+/// hello.
+fn connected(test: &str, provider: &str, region_len: usize, host_progress: bool) -> Option<(Worker, Host)> {
+    let agent = open_or_skip(test, provider)?;
+    let host = spawn_hello(&agent, test, provider, region_len, host_progress);
+    Some((agent, host))
 }
 
 // ---------------------------------------------------------------- put / get
 
 fn put_get_roundtrip(test: &str, provider: &str, len: usize, host_progress: bool) {
-    let Some(agent) = open_or_skip(test, provider) else { return };
-    let mut host = spawn_host(test, provider, PAYLOAD_OFFSET + len, host_progress);
-    hello(&agent, &mut host);
+    let Some((agent, mut host)) = connected(test, provider, PAYLOAD_OFFSET + len, host_progress) else { return };
     let (ep, key) = attach(&agent, &host);
     eprintln!("[{test}] endpoint: {}", ep.describe());
 
@@ -224,24 +137,16 @@ fn put_get_roundtrip(test: &str, provider: &str, len: usize, host_progress: bool
     fill_pattern(staging.as_mut_slice(), seed);
     let remote = host.region_addr + PAYLOAD_OFFSET as u64;
 
-    let t0 = Instant::now();
-    ep.put(&staging, 0, len, remote, &key).unwrap();
-    ep.flush(FLUSH_TIMEOUT).unwrap();
-    let put_time = t0.elapsed();
+    let put_time = put_flush::<Worker>(&ep, &staging, len, remote, &key);
 
     let readback = agent.alloc_region(len).unwrap();
-    let t0 = Instant::now();
-    ep.get(&readback, 0, len, remote, &key).unwrap();
-    ep.flush(FLUSH_TIMEOUT).unwrap();
-    let get_time = t0.elapsed();
+    let get_time = get_flush::<Worker>(&ep, &readback, len, remote, &key);
     assert_eq!(check_pattern(readback.as_slice(), seed), None, "get returned other bytes");
     assert_eq!(host.check(seed, PAYLOAD_OFFSET, len), "ok");
     eprintln!("[{test}] {} MiB: put+flush {put_time:?}, get+flush {get_time:?}", len / MIB);
 
     drop((key, ep));
-    if let Some(p) = host.finish(&agent) {
-        eprintln!("[{test}] host progress thread: cpu_us wakeups events = {p}");
-    }
+    host.finish_reporting(test, &agent);
 }
 
 #[test]
@@ -280,16 +185,14 @@ fn ofi_stopped_host_receives_payload_shm() {
     if child_role().is_some() {
         return host_role();
     }
-    let Some(agent) = open_or_skip(TEST, "shm") else { return };
     let len = 64 * MIB;
-    let mut host = spawn_host(TEST, "shm", PAYLOAD_OFFSET + len, false);
+    let Some((agent, mut host)) = connected(TEST, "shm", PAYLOAD_OFFSET + len, false) else { return };
     let seed = 0x5eed_0012;
     let mut staging = agent.alloc_region(len).unwrap();
     fill_pattern(staging.as_mut_slice(), seed);
     let base = host.region_addr;
     let pid = host.child.pid();
 
-    hello(&agent, &mut host);
     let cpu_before = host.cpu_us();
     host.child.stop();
     let ticks_before = proc_stat(pid).1;
@@ -324,17 +227,14 @@ fn ofi_host_progress_keeps_payload_shm() {
     if child_role().is_some() {
         return host_role();
     }
-    let Some(agent) = open_or_skip(TEST, "shm") else { return };
     let len = 4 * MIB;
-    let mut host = spawn_host(TEST, "shm", PAYLOAD_OFFSET + len, false);
-    hello(&agent, &mut host);
+    let Some((agent, mut host)) = connected(TEST, "shm", PAYLOAD_OFFSET + len, false) else { return };
     let (ep, key) = attach(&agent, &host);
     let mut staging = agent.alloc_region(len).unwrap();
     let (seed_a, seed_b) = (0x5eed_000a, 0x5eed_000b);
     fill_pattern(staging.as_mut_slice(), seed_a);
     for _ in 0..4 {
-        ep.put(&staging, 0, len, host.region_addr + PAYLOAD_OFFSET as u64, &key).unwrap();
-        ep.flush(FLUSH_TIMEOUT).unwrap();
+        put_flush::<Worker>(&ep, &staging, len, host.region_addr + PAYLOAD_OFFSET as u64, &key);
     }
     assert_eq!(host.check(seed_a, PAYLOAD_OFFSET, len), "ok");
     // The agent reuses its staging region; the host then progresses its queue.
@@ -365,8 +265,7 @@ fn ofi_stopped_host_queue_limit_shm() {
     cfg.connect_timeout_ms = 300; // how long a post retries FI_EAGAIN
     let agent = Worker::open(&cfg).unwrap();
     // The host's progress thread is stopped with it; it drains the queue afterwards.
-    let mut host = spawn_host(TEST, "shm", 8192, true);
-    hello(&agent, &mut host);
+    let mut host = spawn_hello(&agent, TEST, "shm", 8192, true);
     host.child.stop();
     let (ep, key) = attach(&agent, &host); // the probe: one operation
     let mut accepted = 1;
@@ -403,9 +302,7 @@ fn ofi_stopped_host_stalls_flush_tcp() {
     if child_role().is_some() {
         return host_role();
     }
-    let Some(agent) = open_or_skip(TEST, "tcp;ofi_rxm") else { return };
-    let mut host = spawn_host(TEST, "tcp;ofi_rxm", PAYLOAD_OFFSET + MIB, true);
-    hello(&agent, &mut host);
+    let Some((agent, mut host)) = connected(TEST, "tcp;ofi_rxm", PAYLOAD_OFFSET + MIB, true) else { return };
     let (ep, key) = attach(&agent, &host);
     let seed = 0x5eed_0013;
     let mut staging = agent.alloc_region(MIB).unwrap();
@@ -427,10 +324,8 @@ fn ofi_stopped_host_stalls_flush_tcp() {
 /// the whole payload when it sees the word. Several rounds, with the host checking
 /// in its own memory while its progress thread (tcp) receives the data.
 fn payload_then_completion(test: &str, provider: &str, host_progress: bool) {
-    let Some(agent) = open_or_skip(test, provider) else { return };
     let len = 8 * MIB;
-    let mut host = spawn_host(test, provider, PAYLOAD_OFFSET + len, host_progress);
-    hello(&agent, &mut host);
+    let Some((agent, mut host)) = connected(test, provider, PAYLOAD_OFFSET + len, host_progress) else { return };
     let (ep, key) = attach(&agent, &host);
     let outcomes = ordering_rounds(&agent, &mut host, (&ep, &key), 5, len);
     drop((key, ep));
@@ -438,9 +333,7 @@ fn payload_then_completion(test: &str, provider: &str, host_progress: bool) {
         assert_eq!(outcome, "ok", "round {}", round + 1);
     }
     eprintln!("[{test}] 5 rounds of 8 MiB payload then completion, in order ({})", agent.describe());
-    if let Some(p) = host.finish(&agent) {
-        eprintln!("[{test}] host progress thread: cpu_us wakeups events = {p}");
-    }
+    host.finish_reporting(test, &agent);
 }
 
 /// Rounds of "payload, flush, completion word, flush" while the host spins on the
@@ -460,8 +353,7 @@ fn ordering_rounds(
         fill_pattern(staging.as_mut_slice(), seed);
         host.child.send(&format!("await {round} {seed} {PAYLOAD_OFFSET} {len}"));
         assert_eq!(host.child.recv("awaiting"), round.to_string());
-        ep.put(&staging, 0, len, base + PAYLOAD_OFFSET as u64, key).unwrap();
-        ep.flush(FLUSH_TIMEOUT).unwrap();
+        put_flush::<Worker>(ep, &staging, len, base + PAYLOAD_OFFSET as u64, key);
         ep.put_bytes(&round.to_le_bytes(), base + COMPLETION_OFFSET as u64, key).unwrap();
         ep.flush(FLUSH_TIMEOUT).unwrap();
         outcomes.push(host.child.recv("await"));
@@ -488,8 +380,7 @@ fn explore_tcp_transmit_completion() {
         cfg.completion = completion;
         let agent = Worker::open(&cfg).unwrap();
         let len = 8 * MIB;
-        let mut host = spawn_host(TEST, "tcp;ofi_rxm", PAYLOAD_OFFSET + len, true);
-        hello(&agent, &mut host);
+        let mut host = spawn_hello(&agent, TEST, "tcp;ofi_rxm", PAYLOAD_OFFSET + len, true);
         let (ep, key) = attach(&agent, &host);
         let t0 = Instant::now();
         let outcomes = ordering_rounds(&agent, &mut host, (&ep, &key), 20, len);
@@ -535,36 +426,9 @@ fn ofi_payload_then_completion_shm() {
 fn doorbell_roundtrip(test: &str, provider: &str) {
     let Some(agent) = open_or_skip(test, provider) else { return };
     let mut host = spawn_host(test, provider, 4096, true);
-    host.child.send(&format!("connect {}", hex(&agent.address().unwrap())));
-
-    while !agent.arm().unwrap() {
-        agent.progress();
-    }
-    let ring = b"session 7 ring 3";
-    host.child.send(&format!("doorbell {}", hex(ring)));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut got = Vec::new();
-    let (mut woken, mut timeouts) = (0, 0);
-    while got.is_empty() {
-        assert!(Instant::now() < deadline, "no doorbell");
-        if agent.wait(Duration::from_millis(500)).unwrap() {
-            woken += 1;
-        } else {
-            timeouts += 1;
-        }
-        while agent.progress() > 0 {}
-        assert_eq!(agent.take_doorbells(&mut got), 0, "nothing overflowed");
-    }
-    assert_eq!(
-        host.child.recv_progressing("doorbell", || {
-            agent.progress();
-        }),
-        "sent"
-    );
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].as_bytes(), ring);
+    let rung = ring_doorbell(&agent, &mut host, Duration::from_millis(500));
     assert_eq!(agent.malformed_doorbells(), 0);
-    eprintln!("[{test}] doorbell {:?}: {woken} event-fd wakeups, {timeouts} wait timeouts", got[0]);
+    eprintln!("[{test}] doorbell {:?}: {} event-fd wakeups, {} wait timeouts", rung.got[0], rung.woken, rung.timeouts);
     host.finish(&agent);
 }
 
@@ -593,23 +457,12 @@ fn ofi_ranges_keys_and_missing_providers() {
         return host_role();
     }
     assert!(matches!(Worker::open(&OfiConfig::provider("no-such-provider")), Err(Error::ProviderUnavailable { .. })));
-    let Some(agent) = open_or_skip(TEST, "shm") else { return };
-    let mut host = spawn_host(TEST, "shm", 8192, false);
-    hello(&agent, &mut host);
+    let Some((agent, host)) = connected(TEST, "shm", 8192, false) else { return };
     let ep = agent.connect(&host.address).unwrap();
     assert!(matches!(ep.unpack_key(b"not a key", host.region_addr, 8192), Err(Error::Config(_))));
     let key = ep.unpack_key(&host.key, host.region_addr, host.region_len).unwrap();
     assert!(key.map(host.region_addr, 8).unwrap().is_none(), "ofi does not map peer memory");
-    let staging = agent.alloc_region(16).unwrap();
-    let end = host.region_addr + host.region_len;
-    assert!(matches!(ep.put(&staging, 0, 16, end - 8, &key), Err(Error::OutOfRange { .. })));
-    assert!(matches!(ep.get(&staging, 0, 16, host.region_addr - 1, &key), Err(Error::OutOfRange { .. })));
-    assert!(matches!(ep.put(&staging, 8, 16, host.region_addr, &key), Err(Error::OutOfRange { .. })));
-    assert!(matches!(ep.put_bytes(&[0; 9], end - 8, &key), Err(Error::OutOfRange { .. })));
-    assert!(matches!(ep.send_doorbell(&[0; 65]), Err(Error::DoorbellTooLong { .. })));
-    let other = Worker::open(&config("shm")).unwrap();
-    let foreign = other.alloc_region(16).unwrap();
-    assert!(matches!(ep.put(&foreign, 0, 16, host.region_addr, &key), Err(Error::ForeignRegion)));
+    assert_ranges_refused(&agent, &ep, &key, &host, || Worker::open(&config("shm")).unwrap());
     drop((key, ep));
     host.finish(&agent);
 }
@@ -635,8 +488,7 @@ fn bench_put_1mib_ofi_vs_ucx_shm() {
     if let Some(agent) = ofi {
         // shm's CMA writes each take a slot of the host's command queue (1024) that
         // only the host's progress returns: see ofi_stopped_host_queue_limit_shm.
-        let mut host = spawn_host(TEST, "shm", region, true);
-        hello(&agent, &mut host);
+        let host = spawn_hello(&agent, TEST, "shm", region, true);
         let r = bench_puts(&agent, &host, len, ROUNDS, depth);
         eprintln!("BENCH ofi shm : {r}");
         if let Some(p) = host.finish(&agent) {
@@ -645,38 +497,16 @@ fn bench_put_1mib_ofi_vs_ucx_shm() {
     }
 
     let ucx = fabric::ucx::Worker::open(&fabric::FabricConfig::shm()).expect("open UCX shm");
-    let env = vec![("FABRIC_TEST_REGION_BYTES", region.to_string())];
-    let mut child = Child::spawn(TEST, "ucx-host", &env);
-    let info = child.recv("info");
-    let f: Vec<&str> = info.split(' ').collect();
-    let host = Host {
-        address: unhex(f[0]),
-        region_addr: f[1].parse().unwrap(),
-        region_len: f[2].parse().unwrap(),
-        key: unhex(f[3]),
-        child,
-    };
+    let host = Host::spawn(TEST, "ucx-host", region, false, &[]);
     let r = bench_puts(&ucx, &host, len, ROUNDS, depth);
     eprintln!("BENCH ucx shm : {r}");
     host.finish(&ucx);
 }
 
+/// The host side of the bench's UCX half: shared memory, no progress thread.
 fn ucx_host_role() {
     let worker = fabric::ucx::Worker::open(&fabric::FabricConfig::shm()).expect("host: open UCX");
-    let len: usize = env("FABRIC_TEST_REGION_BYTES").parse().unwrap();
-    let region = worker.alloc_region(len).expect("host: allocate region");
-    publish(
-        "info",
-        format!(
-            "{} {} {} {} {}",
-            hex(&worker.address().unwrap()),
-            region.addr(),
-            region.len(),
-            hex(&region.packed_key().unwrap()),
-            std::process::id()
-        ),
-    );
-    for _ in commands() {}
+    serve_host(worker, no_extra);
 }
 
 fn bench_puts<T: Transport>(agent: &T, host: &Host, len: usize, rounds: usize, depth: usize) -> String {

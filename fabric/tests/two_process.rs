@@ -3,22 +3,22 @@
 //! progress thread) while the test body plays the agent through the `Transport`
 //! trait.
 //!
-//! Region layout used by the host role: the u64 "completion word" at offset 0, the
-//! payload from `PAYLOAD_OFFSET` on.
+//! The host role, the line protocol and the region layout are in `common`, shared
+//! with `ofi_two_process.rs`.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Child, check_pattern, child_role, commands, fill_pattern, hex, proc_stat, publish, self_cpu_us, unhex};
-use fabric::transport::{Endpoint as _, Region as _};
+use common::{
+    COMPLETION, COMPLETION_OFFSET, FLUSH_TIMEOUT, Host, MIB, PAYLOAD_OFFSET, assert_ranges_refused, attach,
+    check_pattern, child_env, child_role, fill_pattern, get_flush, no_extra, proc_stat, put_flush, ring_doorbell,
+    serve_host,
+};
+use fabric::transport::Endpoint as _;
 use fabric::ucx::Worker;
-use fabric::{Error, FabricConfig, ProgressThread, Transport};
+use fabric::{Error, FabricConfig, Transport};
 
-const MIB: usize = 1 << 20;
-const PAYLOAD_OFFSET: usize = 4096;
-const COMPLETION_OFFSET: usize = 0;
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 const SHM: &str = fabric::SHM_TRANSPORTS;
 const TCP: &str = fabric::TCP_TRANSPORTS;
 
@@ -28,127 +28,18 @@ fn config(tls: &str) -> FabricConfig {
     FabricConfig::with_transports(tls)
 }
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
-}
-
-/// The host side: allocate, publish, then serve the parent's commands.
+/// The host side over UCX: the transport set comes from the parent.
 fn host_role() {
-    let worker = Worker::open(&config(&env("FABRIC_TEST_TLS"))).expect("host: open UCX");
-    let len: usize = env("FABRIC_TEST_REGION_BYTES").parse().unwrap();
-    host_main(worker, len, env("FABRIC_TEST_PROGRESS") == "thread");
-}
-
-fn host_main<T: Transport + Clone + 'static>(t: T, len: usize, progress_thread: bool) {
-    let region = t.alloc_region(len).expect("host: allocate region");
-    publish(
-        "info",
-        format!(
-            "{} {} {} {} {}",
-            hex(&t.address().unwrap()),
-            region.addr(),
-            region.len(),
-            hex(&region.packed_key().unwrap()),
-            std::process::id()
-        ),
-    );
-    let progress = progress_thread.then(|| ProgressThread::spawn(t.clone(), "host-progress").unwrap());
-    let mut ep = None;
-    for cmd in commands() {
-        let arg = |i: usize| -> usize { cmd[i].parse().unwrap() };
-        match cmd[0].as_str() {
-            "check" => {
-                let (seed, off, n) = (arg(1) as u64, arg(2), arg(3));
-                match check_pattern(&region.as_slice()[off..off + n], seed) {
-                    None => publish("check", "ok"),
-                    Some(at) => publish("check", format!("mismatch at byte {at}")),
-                }
-            }
-            "word" => publish("word", region.load_u64_acquire(arg(1))),
-            "cpu" => publish("cpu", self_cpu_us()),
-            "connect" => ep = Some(t.connect(&unhex(&cmd[1])).expect("host: connect to agent")),
-            "doorbell" => {
-                let ep = ep.as_ref().expect("connect first");
-                ep.send_doorbell(&unhex(&cmd[1])).expect("host: send doorbell");
-                ep.flush(FLUSH_TIMEOUT).expect("host: flush doorbell");
-                publish("doorbell", "sent");
-            }
-            other => panic!("host: unknown command {other}"),
-        }
-    }
-    drop(ep);
-    if let Some(p) = progress {
-        let r = p.stop();
-        publish("progress", format!("{} {} {}", r.cpu_time.as_micros(), r.wakeups, r.events));
-    }
+    let worker = Worker::open(&config(&child_env("FABRIC_TEST_TLS"))).expect("host: open UCX");
+    serve_host(worker, no_extra);
 }
 
 // ---------------------------------------------------------------- agent (parent) side
 
-struct Host {
-    child: Child,
-    address: Vec<u8>,
-    region_addr: u64,
-    region_len: u64,
-    key: Vec<u8>,
-}
-
 fn spawn_host(test: &str, tls: &str, region_len: usize, progress: bool, extra: &[(&str, String)]) -> Host {
-    let mut env = vec![
-        ("FABRIC_TEST_TLS", tls.to_owned()),
-        ("FABRIC_TEST_REGION_BYTES", region_len.to_string()),
-        ("FABRIC_TEST_PROGRESS", if progress { "thread" } else { "none" }.to_owned()),
-    ];
+    let mut env = vec![("FABRIC_TEST_TLS", tls.to_owned())];
     env.extend(extra.iter().cloned());
-    let mut child = Child::spawn(test, "host", &env);
-    let info = child.recv("info");
-    let f: Vec<&str> = info.split(' ').collect();
-    Host {
-        address: unhex(f[0]),
-        region_addr: f[1].parse().unwrap(),
-        region_len: f[2].parse().unwrap(),
-        key: unhex(f[3]),
-        child,
-    }
-}
-
-impl Host {
-    fn check(&mut self, seed: u64, off: usize, len: usize) -> String {
-        self.child.send(&format!("check {seed} {off} {len}"));
-        self.child.recv("check")
-    }
-
-    fn cpu_us(&mut self) -> u64 {
-        self.child.send("cpu");
-        self.child.recv("cpu").parse().unwrap()
-    }
-
-    fn word(&mut self, off: usize) -> u64 {
-        self.child.send(&format!("word {off}"));
-        self.child.recv("word").parse().unwrap()
-    }
-
-    /// Ends the child while progressing the agent's worker, so that endpoint closes
-    /// that need the agent's answer (TCP) complete.
-    fn finish<T: Transport>(mut self, agent: &T) -> Option<String> {
-        self.child.send("exit");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.child.exited() {
-            assert!(Instant::now() < deadline, "host did not exit");
-            agent.progress();
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        self.child.wait_success();
-        self.child.recv_optional("progress")
-    }
-}
-
-type Key<T> = <<T as Transport>::Endpoint as fabric::transport::Endpoint>::RemoteKey;
-
-fn attach<T: Transport>(t: &T, host: &Host) -> (T::Endpoint, Key<T>) {
-    let ep = t.connect(&host.address).expect("agent: connect to host");
-    let key = ep.unpack_key(&host.key, host.region_addr, host.region_len).expect("agent: unpack host key");
-    (ep, key)
+    Host::spawn(test, "host", region_len, progress, &env)
 }
 
 fn open(tls: &str) -> Worker {
@@ -172,30 +63,18 @@ fn agent_put_get<T: Transport>(agent: &T, mut host: Host, test: &str, len: usize
     fill_pattern(staging.as_mut_slice(), seed);
     let remote = host.region_addr + PAYLOAD_OFFSET as u64;
 
-    let t0 = Instant::now();
-    ep.put(&staging, 0, len, remote, &key).unwrap();
-    ep.flush(FLUSH_TIMEOUT).unwrap();
-    let put_time = t0.elapsed();
-
+    let put_time = put_flush::<T>(&ep, &staging, len, remote, &key);
     // Again, now that the pages of both mappings are populated.
-    let t0 = Instant::now();
-    ep.put(&staging, 0, len, remote, &key).unwrap();
-    ep.flush(FLUSH_TIMEOUT).unwrap();
-    let put_again_time = t0.elapsed();
+    let put_again_time = put_flush::<T>(&ep, &staging, len, remote, &key);
 
     let readback = agent.alloc_region(len).unwrap();
-    let t0 = Instant::now();
-    ep.get(&readback, 0, len, remote, &key).unwrap();
-    ep.flush(FLUSH_TIMEOUT).unwrap();
-    let get_time = t0.elapsed();
+    let get_time = get_flush::<T>(&ep, &readback, len, remote, &key);
     assert_eq!(check_pattern(readback.as_slice(), seed), None, "get returned other bytes");
     assert_eq!(host.check(seed, PAYLOAD_OFFSET, len), "ok");
     eprintln!("[{test}] {} MiB: put+flush {put_time:?} (again: {put_again_time:?}), get+flush {get_time:?}", len / MIB);
 
     drop((key, ep));
-    if let Some(p) = host.finish(agent) {
-        eprintln!("[{test}] host progress thread: cpu_us wakeups events = {p}");
-    }
+    host.finish_reporting(test, agent);
 }
 
 #[test]
@@ -227,8 +106,6 @@ struct StopOutcome {
     payload: String,
     completion_ok: bool,
 }
-
-const COMPLETION: u64 = 0xC0_4D1E7E_u64;
 
 /// Puts `len` bytes and then the completion word into a SIGSTOPped host, flushing
 /// with `stopped_timeout`; resumes the host and reports what arrived.
@@ -370,36 +247,9 @@ fn explore_stop_matrix() {
 fn doorbell_roundtrip(test: &str, tls: &str) {
     let mut host = spawn_host(test, tls, 4096, true, &[]);
     let agent = open(tls);
-    host.child.send(&format!("connect {}", hex(&agent.address().unwrap())));
-
-    // Sleep on the event fd before the host sends: the doorbell must wake us.
-    while !agent.arm().unwrap() {
-        agent.progress();
-    }
-    let ring = b"session 7 ring 3";
-    host.child.send(&format!("doorbell {}", hex(ring)));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut got = Vec::new();
-    let mut wakeups = 0;
-    while got.is_empty() {
-        assert!(Instant::now() < deadline, "no doorbell");
-        if agent.wait(Duration::from_secs(5)).unwrap() {
-            wakeups += 1;
-        }
-        while agent.progress() > 0 {}
-        assert_eq!(agent.take_doorbells(&mut got), 0, "nothing overflowed");
-    }
-    // The host's flush of its doorbell may need us to finish the TCP handshake.
-    assert_eq!(
-        host.child.recv_progressing("doorbell", || {
-            agent.progress();
-        }),
-        "sent"
-    );
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].as_bytes(), ring);
+    let rung = ring_doorbell(&agent, &mut host, Duration::from_secs(5));
     assert_eq!(agent.malformed_doorbells(), 0);
-    eprintln!("[{test}] doorbell {:?} after {wakeups} event-fd wakeups", got[0]);
+    eprintln!("[{test}] doorbell {:?} after {} event-fd wakeups", rung.got[0], rung.woken);
     host.finish(&agent);
 }
 
@@ -482,18 +332,7 @@ fn remote_ranges_are_checked_shm() {
     assert!(matches!(lie, Err(Error::RemoteRangeUnmapped { .. })), "{lie:?}");
 
     let key = ep.unpack_key(&host.key, host.region_addr, host.region_len).unwrap();
-    let staging = agent.alloc_region(16).unwrap();
-    let end = host.region_addr + host.region_len;
-    assert!(matches!(ep.put(&staging, 0, 16, end - 8, &key), Err(Error::OutOfRange { .. })));
-    assert!(matches!(ep.get(&staging, 0, 16, host.region_addr - 1, &key), Err(Error::OutOfRange { .. })));
-    assert!(matches!(ep.put(&staging, 8, 16, host.region_addr, &key), Err(Error::OutOfRange { .. })));
-    assert!(matches!(ep.put_bytes(&[0; 9], end - 8, &key), Err(Error::OutOfRange { .. })));
-    assert!(matches!(ep.send_doorbell(&[0; 65]), Err(Error::DoorbellTooLong { .. })));
-
-    // A region of another context is not usable as a local buffer here.
-    let other = open(SHM);
-    let foreign = other.alloc_region(16).unwrap();
-    assert!(matches!(ep.put(&foreign, 0, 16, host.region_addr, &key), Err(Error::ForeignRegion)));
+    assert_ranges_refused(&agent, &ep, &key, &host, || open(SHM));
     drop((key, ep));
     host.finish(&agent);
 }
