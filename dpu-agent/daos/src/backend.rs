@@ -444,7 +444,8 @@ impl Container for DaosContainer {
 /// The [`IoQueue`] of one I/O thread: a DAOS event queue. Pieces on [`DaosObject`]s run
 /// as asynchronous `dfs_read`/`dfs_write` calls, [`IO_QUEUE_DEPTH`] at once; any other
 /// object (the inline encryption wrapper, which checks and decrypts inside its
-/// `read_at`) runs on the calling thread once those are launched.
+/// `read_at`) runs on the calling thread after them (the data plane ends a batch at the
+/// first such piece, so at most one waits for the others).
 struct DaosIoQueue {
     eq: EventQueue,
 }
@@ -464,7 +465,7 @@ impl IoQueue for DaosIoQueue {
 
     fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, Result<usize>)) {
         // Split the batch: DFS objects go to the event queue (remembering their batch
-        // index), the rest run here afterwards.
+        // index), the rest run here once the queue is drained.
         let mut ops = Vec::with_capacity(batch.len());
         let mut indices = Vec::with_capacity(batch.len());
         let mut objects = Vec::with_capacity(batch.len());
