@@ -28,6 +28,8 @@
 //! one is due, and a doorbell from another tenant wakes it at once.
 //!
 //! Thread model: one engine thread owns the staging region and does all ring work;
+//! `[data_plane] io_threads` I/O threads run the backend I/O of mapped requests, each on
+//! its backend's [`IoQueue`] (over DAOS an event queue keeping up to 32 pieces in flight);
 //! gRPC handlers register peers, regions and rings (UCX serialises the worker inside
 //! [`fabric`]). Nothing the host writes is trusted: a ring whose indices make no sense
 //! is stopped, an entry that fails a check gets an error completion, and a peer that
