@@ -134,14 +134,19 @@ impl Default for QosConfig {
     }
 }
 
-/// The data plane: UCX, with the transports UCX may use.
+/// The data plane: UCX and libfabric workers, with the transports they may use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataPlaneConfig {
     /// Off: control plane only (no Memory service, attaches with a transport refused).
     pub enabled: bool,
     /// `"auto"` (UCX chooses: rc/dc on RDMA hardware, shared memory and TCP here),
     /// `"shm"`, `"tcp"`, or a UCX_TLS-style list such as `"posix,sysv,cma,tcp,self"`.
+    /// For libfabric it picks the providers: shm for `"shm"`, tcp for `"tcp"`, both
+    /// (and verbs where present) for `"auto"`, by the names in a list.
     pub transports: String,
+    /// `["ucx"]`, `["ofi"]` or both. `None` (the default): UCX, plus libfabric where it
+    /// opens (a warning otherwise); named explicitly, each must open.
+    pub providers: Option<Vec<String>>,
     /// Threads that run backend I/O for requests whose host memory is mapped.
     pub io_threads: u32,
 }
@@ -149,18 +154,61 @@ pub struct DataPlaneConfig {
 impl Default for DataPlaneConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
-        DataPlaneConfig { enabled: true, transports: "auto".into(), io_threads: cores.clamp(1, 16) }
+        DataPlaneConfig { enabled: true, transports: "auto".into(), providers: None, io_threads: cores.clamp(1, 16) }
     }
 }
 
+/// The data-plane providers an agent may offer (`[data_plane] providers`).
+pub const PROVIDERS: &[&str] = &[fabric::any::UCX, fabric::any::OFI];
+
+/// One worker the agent opens, and whether failing to open it stops the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lane {
+    pub spec: fabric::any::Spec,
+    pub required: bool,
+}
+
 impl DataPlaneConfig {
-    /// The transport configuration this means.
+    /// The UCX configuration `transports` means.
     pub fn fabric(&self) -> fabric::FabricConfig {
         fabric::FabricConfig::preset(&self.transports).unwrap_or_else(|| {
             let mut c = fabric::FabricConfig::default();
             c.transports = Some(self.transports.clone());
             c
         })
+    }
+
+    /// The workers to open, UCX first.
+    pub fn lanes(&self) -> Vec<Lane> {
+        use fabric::ofi::{self, OfiConfig};
+        let named = |p: &str| self.providers.as_ref().is_some_and(|list| list.iter().any(|n| n == p));
+        let mut lanes = Vec::new();
+        if self.providers.is_none() || named(fabric::any::UCX) {
+            lanes.push(Lane { spec: fabric::any::Spec::Ucx(self.fabric()), required: true });
+        }
+        if self.providers.is_none() || named(fabric::any::OFI) {
+            let list: Vec<&str> = self.transports.split(',').map(str::trim).collect();
+            let has = |names: &[&str]| list.iter().any(|t| names.contains(t));
+            let auto = self.transports == "auto";
+            let mut wanted = Vec::new();
+            if auto || has(&["shm", "sm", "posix", "sysv", "cma"]) {
+                wanted.push((ofi::SHM_PROVIDER, true));
+            }
+            if auto || has(&["tcp"]) {
+                wanted.push((ofi::TCP_PROVIDER, true));
+            }
+            if auto || has(&["rc", "rc_x", "rc_v", "dc", "dc_x", "ud", "ud_x", "ud_v", "ib"]) {
+                // The RDMA path on real NICs: absent here, so never required by "auto".
+                wanted.push((ofi::VERBS_PROVIDER, !auto));
+            }
+            for (provider, required) in wanted {
+                lanes.push(Lane {
+                    spec: fabric::any::Spec::Ofi(OfiConfig::provider(provider)),
+                    required: required && self.providers.is_some(),
+                });
+            }
+        }
+        lanes
     }
 }
 
@@ -501,7 +549,30 @@ impl Checker {
         };
 
         if let Some(dp) = self.section(root, "data_plane") {
-            self.unknown_keys("data_plane", dp, &["enabled", "transports", "io_threads"]);
+            self.unknown_keys("data_plane", dp, &["enabled", "transports", "providers", "io_threads"]);
+            match dp.get("providers") {
+                None => {}
+                Some(toml::Value::Array(items)) => {
+                    let names: Vec<String> = items.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+                    let unknown: Vec<&String> = names.iter().filter(|n| !PROVIDERS.contains(&n.as_str())).collect();
+                    if names.len() != items.len() || names.is_empty() || !unknown.is_empty() {
+                        self.issue(
+                            "data_plane.providers",
+                            format!(
+                                "expected a non-empty list of {:?}, found {}",
+                                PROVIDERS,
+                                toml::Value::Array(items.clone())
+                            ),
+                        );
+                    } else {
+                        config.data_plane.providers = Some(names);
+                    }
+                }
+                Some(other) => self.issue(
+                    "data_plane.providers",
+                    format!("expected a list such as [\"ucx\", \"ofi\"], found {}", other.type_str()),
+                ),
+            }
             if let Some(n) = self.integer(dp, "data_plane", "io_threads", 1, 256) {
                 config.data_plane.io_threads = n as u32;
             }

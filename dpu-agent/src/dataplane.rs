@@ -43,9 +43,11 @@ use std::time::{Duration, Instant};
 
 use dpuio_backend::{IoOp, IoQueue, IoRequest, OneAtATime};
 use dpuio_proto::wire::{self, Completion, Opcode, Submission};
-use fabric::{FabricConfig, MappedRemote, Transport, ucx};
+use fabric::any;
+use fabric::transport::Endpoint as _;
+use fabric::{MappedRemote, Transport};
 
-use crate::config::QosConfig;
+use crate::config::{Lane, QosConfig};
 use crate::engine::{self, RegionAccess};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::state::{Agent, Session, lock};
@@ -54,6 +56,12 @@ use crate::state::{Agent, Session, lock};
 const SCRATCH_BYTES: usize = 64 * 1024;
 /// How long a flush may take before the peer is declared dead.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the engine sleeps at a time while a transport whose event fd does not
+/// report doorbells (libfabric shm) has peers: their doorbells are seen by polling.
+const NO_FD_SLICE: Duration = Duration::from_millis(1);
+/// How long the engine keeps polling after its last piece of work while such a
+/// transport has peers (a host at queue depth 1 submits again within this).
+const NO_FD_SPIN: Duration = Duration::from_micros(500);
 /// How long the engine sleeps with nothing to do before it scans every ring anyway
 /// (a safety net for a lost doorbell; doorbells wake it at once).
 const IDLE_SCAN: Duration = Duration::from_millis(200);
@@ -70,6 +78,9 @@ pub enum DataPlaneError {
     Fabric(#[from] fabric::Error),
     #[error("{0}")]
     Invalid(String),
+    /// The host asked for a provider this agent does not run.
+    #[error("{0}")]
+    NotOffered(String),
 }
 
 /// A host region the agent may access.
@@ -78,7 +89,7 @@ pub struct HostRegion {
     pub addr: u64,
     pub length: u64,
     pub access: RegionAccess,
-    key: ucx::RemoteKey,
+    key: any::RemoteKey,
     mapped: Option<MappedRemote>,
 }
 
@@ -99,9 +110,27 @@ pub struct HostRing {
 /// The data-plane side of one session: the endpoint to the host's worker, and what it
 /// registered.
 pub struct Peer {
-    pub endpoint: ucx::Endpoint,
+    pub endpoint: any::Endpoint,
+    /// Which of the data plane's workers the endpoint belongs to.
+    lane: usize,
+    /// Peers of that worker (this one included while it lives).
+    lane_peers: Arc<AtomicU64>,
     /// Set when a transfer to this host failed: its rings are not served again.
     failed: AtomicBool,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.lane_peers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One worker of the data plane (a provider and its transports), with its address.
+struct Worker {
+    worker: Arc<any::Worker>,
+    address: Vec<u8>,
+    /// Sessions attached through this worker.
+    peers: Arc<AtomicU64>,
 }
 
 impl HostRegion {
@@ -119,10 +148,10 @@ impl HostRing {
     }
 }
 
-/// The agent's data plane: one transport worker and the engine thread.
+/// The agent's data plane: one worker per provider and transport it offers (UCX, and
+/// libfabric's shm and tcp), and the engine thread that serves them all.
 pub struct DataPlane {
-    worker: Arc<ucx::Worker>,
-    address: Vec<u8>,
+    workers: Vec<Worker>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The I/O threads: joined at shutdown, so their backend queues (DAOS event queues,
@@ -134,13 +163,40 @@ pub struct DataPlane {
 }
 
 impl DataPlane {
-    /// Open the transport. The engine thread starts with [`DataPlane::start`].
-    pub fn open(config: &FabricConfig) -> Result<DataPlane, DataPlaneError> {
-        let worker = Arc::new(ucx::Worker::open(config)?);
-        let address = worker.address()?;
+    /// Open a worker per lane. One that is not `required` and does not open (libfabric
+    /// where the agent was not told to offer it) is left out with a warning. The engine
+    /// thread starts with [`DataPlane::start`].
+    pub fn open(lanes: &[Lane]) -> Result<DataPlane, DataPlaneError> {
+        let mut workers = Vec::new();
+        for lane in lanes {
+            let opened = any::Worker::open(&lane.spec).and_then(|w| Ok((w.address()?, w)));
+            match opened {
+                Ok((address, worker)) => {
+                    workers.push(Worker { worker: Arc::new(worker), address, peers: Arc::new(AtomicU64::new(0)) })
+                }
+                // Absent here (verbs without an RDMA NIC): worth a line, not a warning.
+                Err(e @ fabric::Error::ProviderUnavailable { .. }) if !lane.required => tracing::info!(
+                    provider = lane.spec.provider(), fabric = lane.spec.fabric_provider(), error = %e,
+                    "data-plane provider not offered here"
+                ),
+                Err(e) if !lane.required => tracing::warn!(
+                    provider = lane.spec.provider(), fabric = lane.spec.fabric_provider(), error = %e,
+                    "data-plane provider not offered: it did not open (name it in [data_plane] providers to make this fatal)"
+                ),
+                Err(e) => {
+                    return Err(DataPlaneError::Invalid(format!(
+                        "{} {}: {e}",
+                        lane.spec.provider(),
+                        lane.spec.fabric_provider()
+                    )));
+                }
+            }
+        }
+        if workers.is_empty() {
+            return Err(DataPlaneError::Invalid("no data-plane provider opened".into()));
+        }
         Ok(DataPlane {
-            worker,
-            address,
+            workers,
             stop: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(None),
             io_threads: Mutex::new(Vec::new()),
@@ -152,17 +208,26 @@ impl DataPlane {
     /// the engine so requests waiting under the old limits are looked at again.
     pub(crate) fn set_qos(&self, tenant: &str, qos: &QosConfig) {
         lock(&self.qos).reconfigure(tenant, qos, Instant::now());
-        let _ = self.worker.wake();
+        self.wake_engine();
     }
 
-    /// This agent's worker address, for `AttachResponse.agent_transport`.
-    pub fn address(&self) -> &[u8] {
-        &self.address
+    /// The engine sleeps on every worker's event fd: waking the first wakes it.
+    fn wake_engine(&self) {
+        let _ = self.workers[0].worker.wake();
     }
 
-    /// What the transport is (for logs and status).
+    /// What the workers are (for logs and status).
     pub fn describe(&self) -> String {
-        self.worker.context().describe()
+        self.workers
+            .iter()
+            .map(|w| format!("{} [{}]", w.worker.provider(), w.worker.describe()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// What this agent offers, as `provider` or `provider (libfabric provider)`.
+    pub fn offers(&self) -> String {
+        self.workers.iter().map(|w| offer_name(&w.worker)).collect::<Vec<_>>().join(", ")
     }
 
     /// Start the engine thread serving `agent`'s sessions.
@@ -172,7 +237,11 @@ impl DataPlane {
         chunk_bytes: usize,
         io_threads: usize,
     ) -> Result<(), DataPlaneError> {
-        let staging = self.worker.alloc_region(SCRATCH_BYTES + 2 * chunk_bytes)?;
+        let mut lanes = Vec::new();
+        for w in &self.workers {
+            let staging = w.worker.alloc_region(SCRATCH_BYTES + 2 * chunk_bytes)?;
+            lanes.push(EngineLane { worker: w.worker.clone(), staging, peers: w.peers.clone() });
+        }
         let (jobs, queue) = crossbeam_channel::bounded::<Job>(IO_QUEUE);
         let mut io_overlaps = false;
         for i in 0..io_threads.max(1) {
@@ -188,16 +257,8 @@ impl DataPlane {
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot start an I/O thread: {e}")))?;
             self.io_threads.lock().unwrap_or_else(|p| p.into_inner()).push(thread);
         }
-        let mut engine = Engine {
-            agent,
-            worker: self.worker.clone(),
-            staging,
-            chunk_bytes,
-            stop: self.stop.clone(),
-            jobs,
-            io_overlaps,
-            qos: self.qos.clone(),
-        };
+        let mut engine =
+            Engine { agent, lanes, chunk_bytes, stop: self.stop.clone(), jobs, io_overlaps, qos: self.qos.clone() };
         let thread = std::thread::Builder::new()
             .name("dpuio-engine".into())
             .spawn(move || engine.run())
@@ -210,7 +271,7 @@ impl DataPlane {
     /// once the engine, which holds their queue's only sender, is gone).
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _ = self.worker.wake();
+        self.wake_engine();
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
@@ -219,16 +280,43 @@ impl DataPlane {
         }
     }
 
-    /// Make an endpoint to a host worker (Attach).
-    pub fn connect(&self, host_address: &[u8]) -> Result<Arc<Peer>, DataPlaneError> {
+    /// Make an endpoint to a host worker (Attach) on the worker of `provider` (and,
+    /// for libfabric, `fabric_provider`). Returns the peer and this agent's address on
+    /// that worker, with what it is, for `AttachResponse.agent_transport`.
+    pub fn connect(
+        &self,
+        provider: &str,
+        fabric_provider: &str,
+        host_address: &[u8],
+    ) -> Result<(Arc<Peer>, Vec<u8>, String), DataPlaneError> {
+        let Some(lane) = self
+            .workers
+            .iter()
+            .position(|w| w.worker.provider() == provider && w.worker.fabric_provider() == fabric_provider)
+        else {
+            let asked = if fabric_provider.is_empty() {
+                format!("{provider:?}")
+            } else {
+                format!("{provider:?} ({fabric_provider})")
+            };
+            return Err(DataPlaneError::NotOffered(format!(
+                "{asked} is not offered by this agent; it offers {} (see [data_plane] providers and transports)",
+                self.offers()
+            )));
+        };
         if host_address.is_empty() || host_address.len() > 64 * 1024 {
             return Err(DataPlaneError::Invalid(format!(
-                "worker_address of {} bytes: expected a UCX worker address (1 byte to 64 KiB)",
+                "worker_address of {} bytes: expected a {provider} worker address (1 byte to 64 KiB)",
                 host_address.len()
             )));
         }
-        let endpoint = self.worker.connect(host_address)?;
-        Ok(Arc::new(Peer { endpoint, failed: AtomicBool::new(false) }))
+        let w = &self.workers[lane];
+        let endpoint = w.worker.connect(host_address)?;
+        w.peers.fetch_add(1, Ordering::Relaxed);
+        let peer = Arc::new(Peer { endpoint, lane, lane_peers: w.peers.clone(), failed: AtomicBool::new(false) });
+        // A doorbell-less worker now has someone to poll for.
+        self.wake_engine();
+        Ok((peer, w.address.clone(), w.worker.describe()))
     }
 
     /// Unpack and, where the transport allows, map a host region (Memory.RegisterRegion).
@@ -281,7 +369,7 @@ impl DataPlane {
         }
         // The header the host wrote must say the same thing as the request.
         let mut found = [0u8; wire::HEADER_BYTES];
-        read_host_blocking(&self.worker, peer, &region, offset, &mut found)?;
+        read_host_blocking(&self.workers[peer.lane].worker, peer, &region, offset, &mut found)?;
         let decoded = wire::RingHeader::decode(&found)
             .map_err(|e| DataPlaneError::Invalid(format!("ring header at offset {offset}: {e}")))?;
         if found != header || decoded.entries != entries {
@@ -315,7 +403,7 @@ impl Drop for DataPlane {
 /// Read host memory outside the engine (ring registration): mapped, or a get through a
 /// small temporary region.
 fn read_host_blocking(
-    worker: &ucx::Worker,
+    worker: &any::Worker,
     peer: &Peer,
     region: &HostRegion,
     offset: u64,
@@ -350,10 +438,25 @@ fn parse_doorbell(b: &[u8]) -> Option<(u64, u32)> {
     Some((u64::from_le_bytes(b[..8].try_into().ok()?), u32::from_le_bytes(b[8..12].try_into().ok()?)))
 }
 
+/// `provider`, or `provider (libfabric provider)`: how errors and logs name a worker.
+fn offer_name(w: &any::Worker) -> String {
+    match w.fabric_provider() {
+        "" => w.provider().to_owned(),
+        f => format!("{} ({f})", w.provider()),
+    }
+}
+
+/// The engine's view of one worker: its staging region for put/get, and whether any
+/// session uses it.
+struct EngineLane {
+    worker: Arc<any::Worker>,
+    staging: any::Region,
+    peers: Arc<AtomicU64>,
+}
+
 struct Engine {
     agent: Arc<Agent>,
-    worker: Arc<ucx::Worker>,
-    staging: ucx::Region,
+    lanes: Vec<EngineLane>,
     chunk_bytes: usize,
     stop: Arc<AtomicBool>,
     /// Chunks of mapped requests, for the I/O workers (bounded: in-flight work is).
@@ -411,7 +514,7 @@ struct InFlight {
     /// Counts this request in flight until its completion is posted.
     tenant: Arc<TenantSlot>,
     /// Woken when finishing this request makes room for a parked tenant.
-    engine: Arc<ucx::Worker>,
+    engine: Arc<any::Worker>,
 }
 
 struct Job {
@@ -564,10 +667,12 @@ impl Engine {
         let mut last_work = Instant::now();
         let mut spins = 0u32;
         while !self.stop.load(Ordering::SeqCst) {
-            while self.worker.progress() > 0 {}
             bells.clear();
-            if self.worker.take_doorbells(&mut bells) > 0 {
-                scan_all = true; // some doorbells were lost: look at every ring
+            for lane in &self.lanes {
+                while lane.worker.progress() > 0 {}
+                if lane.worker.take_doorbells(&mut bells) > 0 {
+                    scan_all = true; // some doorbells were lost: look at every ring
+                }
             }
             for bell in &bells {
                 match parse_doorbell(bell.as_bytes()) {
@@ -601,7 +706,8 @@ impl Engine {
             let queued_wait = self.queued_wait();
             if pending.is_empty() && queued_wait != Some(Duration::ZERO) {
                 spins += 1;
-                if !spins.is_multiple_of(64) || last_work.elapsed() < ENGINE_SPIN {
+                let spin = if self.polls_for_doorbells() { NO_FD_SPIN } else { ENGINE_SPIN };
+                if !spins.is_multiple_of(64) || last_work.elapsed() < spin {
                     std::hint::spin_loop();
                     continue;
                 }
@@ -624,7 +730,7 @@ impl Engine {
                 if let Some(wait) = queued_wait {
                     timeout = timeout.min(Duration::from_millis(wait.as_nanos().div_ceil(1_000_000) as u64));
                 }
-                if let Err(e) = self.worker.wait(timeout) {
+                if let Err(e) = self.wait(timeout) {
                     tracing::error!(error = %e, "engine cannot wait on the transport; polling");
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -673,6 +779,22 @@ impl Engine {
         for (_, ring) in &hot {
             set_polling(ring, false);
         }
+    }
+
+    /// Whether a worker with peers does not wake the engine on their doorbells
+    /// (libfabric shm): the engine then polls for them.
+    fn polls_for_doorbells(&self) -> bool {
+        self.lanes.iter().any(|l| !l.worker.wakes_on_receive() && l.peers.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Sleep until a worker has work or is woken, or `timeout` passes (at most
+    /// [`NO_FD_SLICE`] while [`Engine::polls_for_doorbells`]).
+    fn wait(&self, mut timeout: Duration) -> Result<bool, fabric::Error> {
+        if self.polls_for_doorbells() {
+            timeout = timeout.min(NO_FD_SLICE);
+        }
+        let workers: Vec<&any::Worker> = self.lanes.iter().map(|l| &*l.worker).collect();
+        fabric::wait_any(&workers, timeout)
     }
 
     /// The rings behind `keys` that still exist and are served, with their tenants.
@@ -924,7 +1046,7 @@ impl Engine {
             failed: AtomicBool::new(false),
             integrity: AtomicBool::new(false),
             tenant: tenant.clone(),
-            engine: self.worker.clone(),
+            engine: self.lanes[0].worker.clone(),
         });
         // Blocking backend calls: the engine takes the first piece itself rather than
         // idling while workers wake.
@@ -957,6 +1079,8 @@ impl Engine {
         };
         let object = &handle.object;
         let chunk_bytes = self.chunk_bytes as u64;
+        let half_bytes = self.chunk_bytes;
+        let staging = &mut self.lanes[peer.lane].staging;
         let mut done = 0u64;
         match (&region.mapped, sub.opcode) {
             (Some(mapped), Opcode::Read) => {
@@ -985,18 +1109,17 @@ impl Engine {
             (None, Opcode::Read) => {
                 // Double buffer: read chunk k into half k%2 while chunk k-1 is in flight.
                 for (k, c) in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes).enumerate() {
-                    let half = SCRATCH_BYTES + (k % 2) * self.chunk_bytes;
+                    let half = SCRATCH_BYTES + (k % 2) * half_bytes;
                     if k >= 2 {
                         peer.endpoint.flush(FLUSH_TIMEOUT)?; // half k%2 is free again
                     }
-                    let n = match object
-                        .read_at(&mut self.staging.as_mut_slice()[half..][..c.length as usize], c.file_offset)
-                    {
-                        Ok(n) => n,
-                        Err(e) => return Ok(io_failed(session, sub, &e)),
-                    };
+                    let n =
+                        match object.read_at(&mut staging.as_mut_slice()[half..][..c.length as usize], c.file_offset) {
+                            Ok(n) => n,
+                            Err(e) => return Ok(io_failed(session, sub, &e)),
+                        };
                     if n > 0 {
-                        peer.endpoint.put(&self.staging, half, n, region.addr + c.region_offset, &region.key)?;
+                        peer.endpoint.put(staging, half, n, region.addr + c.region_offset, &region.key)?;
                     }
                     done += n as u64;
                     if (n as u64) < c.length {
@@ -1007,14 +1130,14 @@ impl Engine {
             (None, Opcode::Write) => {
                 for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
                     peer.endpoint.get(
-                        &self.staging,
+                        staging,
                         SCRATCH_BYTES,
                         c.length as usize,
                         region.addr + c.region_offset,
                         &region.key,
                     )?;
                     peer.endpoint.flush(FLUSH_TIMEOUT)?;
-                    let src = &self.staging.as_slice()[SCRATCH_BYTES..][..c.length as usize];
+                    let src = &staging.as_slice()[SCRATCH_BYTES..][..c.length as usize];
                     if let Err(e) = object.write_at(src, c.file_offset) {
                         return Ok(io_failed(session, sub, &e));
                     }
@@ -1068,9 +1191,10 @@ impl Engine {
         match &region.mapped {
             Some(m) => m.read_at(offset as usize, out),
             None => {
-                peer.endpoint.get(&self.staging, 0, out.len(), region.addr + offset, &region.key)?;
+                let staging = &self.lanes[peer.lane].staging;
+                peer.endpoint.get(staging, 0, out.len(), region.addr + offset, &region.key)?;
                 peer.endpoint.flush(FLUSH_TIMEOUT)?;
-                self.staging.read_at(0, out);
+                staging.read_at(0, out);
             }
         }
         Ok(())

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use dpuio_auth::token::Op;
 
+use crate::dataplane::DataPlaneError;
 use crate::error::{Error, Result};
 use crate::state::{Agent, Session};
 use crate::tls::Caller;
@@ -81,36 +82,38 @@ impl pb::session_server::Session for SessionService {
                     )
                     .into());
                 };
-                if t.provider != "ucx" {
-                    return Err(Error::invalid(
-                        "transport.provider",
-                        format!("{:?} is not offered by this agent; it offers \"ucx\"", t.provider),
-                    )
-                    .into());
-                }
-                Some((dp, t.worker_address.clone()))
+                // libfabric workers of different providers (shm, tcp) cannot talk: the
+                // host names its provider as the first of its transports.
+                let provider = if t.provider == "libfabric" { fabric::any::OFI } else { t.provider.as_str() };
+                let fabric_provider = match provider {
+                    fabric::any::OFI => t.transports.first().cloned().unwrap_or_default(),
+                    _ => String::new(),
+                };
+                Some((dp, provider.to_owned(), fabric_provider, t.worker_address.clone()))
             }
         };
         let session = self.agent.attach(&tenant, &req.client_name, rights)?;
         let mut agent_transport = None;
-        if let Some((dp, host_address)) = dataplane {
-            let connecting = dp.clone();
-            match blocking(move || {
-                connecting.connect(&host_address).map_err(|e| Error::invalid("transport.worker_address", e.to_string()))
+        if let Some((dp, provider, fabric_provider, host_address)) = dataplane {
+            let connected = blocking(move || {
+                dp.connect(&provider, &fabric_provider, &host_address)
+                    .map(|(peer, address, describe)| (peer, provider, address, describe))
+                    .map_err(|e| match e {
+                        DataPlaneError::NotOffered(_) => Error::invalid("transport.provider", e.to_string()),
+                        e => Error::invalid("transport.worker_address", e.to_string()),
+                    })
             })
-            .await
-            {
-                Ok(peer) => session.set_peer(peer),
+            .await;
+            match connected {
+                Ok((peer, provider, worker_address, describe)) => {
+                    session.set_peer(peer);
+                    agent_transport = Some(pb::TransportInfo { provider, worker_address, transports: vec![describe] });
+                }
                 Err(e) => {
                     let _ = self.agent.detach(session.id);
                     return Err(e.into());
                 }
             }
-            agent_transport = Some(pb::TransportInfo {
-                provider: "ucx".into(),
-                worker_address: dp.address().to_vec(),
-                transports: vec![dp.describe()],
-            });
         }
         tracing::info!(session = format!("{:#018x}", session.id), tenant = %session.tenant, client = %session.client_name,
             data_plane = agent_transport.is_some(), "attached");

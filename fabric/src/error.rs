@@ -90,6 +90,10 @@ pub enum Error {
     #[error("the local region belongs to another transport context")]
     ForeignRegion,
 
+    /// A handle of one provider was used with another's (UCX region, libfabric endpoint).
+    #[error("{what} belongs to another provider than the endpoint (UCX and libfabric handles do not mix)")]
+    MixedProviders { what: &'static str },
+
     /// A doorbell longer than [`crate::MAX_DOORBELL_BYTES`].
     #[error("doorbell of {len} bytes exceeds the limit of {max} bytes")]
     DoorbellTooLong {

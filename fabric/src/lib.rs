@@ -167,6 +167,7 @@
 //! * A 64 MiB put into a fresh region takes ~85 ms (debug build; page faults on
 //!   first touch of the mapping), ~9 ms the second time.
 
+pub mod any;
 pub mod config;
 mod doorbell;
 mod error;
@@ -181,4 +182,4 @@ pub use doorbell::{Doorbell, MAX_DOORBELL_BYTES};
 pub use error::{Error, Result};
 pub use memory::{MappedRemote, SharedMemory};
 pub use progress::{ProgressReport, ProgressThread};
-pub use transport::Transport;
+pub use transport::{Transport, wait_any};

@@ -1,7 +1,10 @@
-//! A progress thread for transports whose peers need this process's help (TCP).
+//! A progress thread for transports whose peers need this process's help (TCP,
+//! libfabric shm).
 //!
-//! Over TCP, UCX carries a put as a message the *target's* worker must progress to
-//! write into memory; the host shim therefore runs one of these. It sleeps on the
+//! Over TCP, UCX and libfabric carry a put as a message the *target's* worker must
+//! progress to write into memory; libfabric's shm provider needs the target to hand
+//! back command-queue slots (see [`crate::ofi`]). The host shim therefore runs one of
+//! these. It sleeps on the
 //! event fd between events, and it measures its own CPU time so the cost is reported,
 //! not hidden (DESIGN.md, "Data plane").
 
@@ -15,6 +18,12 @@ use crate::transport::Transport;
 
 /// Longest sleep between checks of the stop flag, in case a wake-up is lost.
 const IDLE_WAKE: Duration = Duration::from_millis(200);
+/// Sleep between rounds on a transport whose event fd does not report peers' work
+/// ([`Transport::wakes_on_receive`] false: libfabric shm). Its peers' one-sided
+/// operations each hold a slot of this side's command queue (1024) until this side
+/// progresses, so 2 ms bounds them at about 500k operations per second, at 500
+/// wake-ups per second of this thread (its CPU is in the report).
+const NO_FD_SLICE: Duration = Duration::from_millis(2);
 
 /// What a progress thread cost and did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,7 +124,8 @@ fn run<T: Transport>(transport: &T, stop: &AtomicBool, stats: &Stats) {
         if stop.load(Ordering::Acquire) {
             break;
         }
-        match transport.wait(IDLE_WAKE) {
+        let slice = if transport.wakes_on_receive() { IDLE_WAKE } else { NO_FD_SLICE };
+        match transport.wait(slice) {
             Ok(true) => {
                 stats.wakeups.fetch_add(1, Ordering::Relaxed);
             }

@@ -78,24 +78,38 @@ pub trait Transport: Send + Sync {
 
     /// Arms and sleeps on the event fd up to `timeout`. Returns `Ok(true)` when woken
     /// (or work was already pending), `Ok(false)` on timeout. Call `progress` after.
-    fn wait(&self, timeout: Duration) -> Result<bool> {
-        if !self.arm()? {
+    fn wait(&self, timeout: Duration) -> Result<bool>
+    where
+        Self: Sized,
+    {
+        wait_any(&[self], timeout)
+    }
+}
+
+/// Arms every transport and sleeps on all their event fds at once, up to `timeout`:
+/// one thread serving several workers (UCX and libfabric) sleeps here. Returns
+/// `Ok(true)` when one was woken or had work pending, `Ok(false)` on timeout. Call
+/// `progress` on each after.
+pub fn wait_any<T: Transport>(transports: &[&T], timeout: Duration) -> Result<bool> {
+    let mut fds = Vec::with_capacity(transports.len());
+    for t in transports {
+        if !t.arm()? {
             return Ok(true);
         }
-        let mut pfd = libc::pollfd { fd: self.event_fd()?, events: libc::POLLIN, revents: 0 };
-        let timeout_ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: pfd is one valid pollfd on the stack and nfds is 1.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        match n {
-            n if n > 0 => Ok(true),
-            0 => Ok(false),
-            _ => {
-                let err = std::io::Error::last_os_error();
-                if err.kind() == std::io::ErrorKind::Interrupted {
-                    Ok(true)
-                } else {
-                    Err(Error::Io { op: "poll on the transport event fd", source: err })
-                }
+        fds.push(libc::pollfd { fd: t.event_fd()?, events: libc::POLLIN, revents: 0 });
+    }
+    let timeout_ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: fds is a live Vec of pollfds and nfds is its length.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    match n {
+        n if n > 0 => Ok(true),
+        0 => Ok(false),
+        _ => {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                Ok(true)
+            } else {
+                Err(Error::Io { op: "poll on the transport event fds", source: err })
             }
         }
     }

@@ -336,28 +336,41 @@ impl Client {
         let channel = connect_channel(&options.agent, &options.tls, options.connect_timeout).await?;
         let mut session = SessionClient::new(channel.clone());
         let mut namespace = NamespaceClient::new(channel.clone());
-        let prepared = match options.data_plane.clone() {
-            Some(dp) => Some(
-                tokio::task::spawn_blocking(move || dataplane::prepare(dp))
-                    .await
-                    .map_err(|e| Error::DataPlane { op: "open the transport".into(), reason: e.to_string() })??,
-            ),
-            None => None,
+        let candidates = match &options.data_plane {
+            Some(dp) => dp.candidates()?,
+            None => Vec::new(),
         };
-        let attached = session
-            .attach(pb::AttachRequest {
-                client_name: options.client_name.clone(),
-                tenant: options.tenant.clone(),
-                transport: prepared.as_ref().map(|p| pb::TransportInfo {
-                    provider: "ucx".into(),
-                    worker_address: p.address.clone(),
-                    transports: vec![],
-                }),
-                capability_token: options.capability_token.clone(),
-            })
-            .await
-            .map_err(|s| Error::from_status("attach", s))?
-            .into_inner();
+        let mut offered = candidates.into_iter().peekable();
+        let (prepared, attached) = loop {
+            let prepared = match (options.data_plane.clone(), offered.next()) {
+                (Some(dp), Some(spec)) => Some(
+                    tokio::task::spawn_blocking(move || dataplane::prepare(dp, &spec))
+                        .await
+                        .map_err(|e| Error::DataPlane { op: "open the transport".into(), reason: e.to_string() })??,
+                ),
+                _ => None,
+            };
+            let attached = session
+                .attach(pb::AttachRequest {
+                    client_name: options.client_name.clone(),
+                    tenant: options.tenant.clone(),
+                    transport: prepared.as_ref().map(|p| p.transport_info()),
+                    capability_token: options.capability_token.clone(),
+                })
+                .await;
+            match attached {
+                Ok(a) => break (prepared, a.into_inner()),
+                // "auto": the agent does not run this provider; offer the next.
+                Err(s)
+                    if s.code() == tonic::Code::InvalidArgument
+                        && s.message().contains("transport.provider")
+                        && offered.peek().is_some() =>
+                {
+                    continue;
+                }
+                Err(s) => return Err(Error::from_status("attach", s)),
+            }
+        };
         let session_id = attached.session_id;
         let mounted = namespace
             .mount(pb::MountRequest { session_id, container: attached.container.clone() })

@@ -8,8 +8,10 @@
 //! this process's memory; the shim finds it by polling its own memory (no syscall, no
 //! payload byte touched).
 //!
-//! Over TCP, UCX carries puts as messages this process must receive, so the shim runs
-//! a progress thread; its CPU time is reported by [`DataPlaneStats`], never hidden.
+//! Over TCP, UCX and libfabric carry puts as messages this process must receive, and
+//! libfabric's shm provider needs this process to hand back command-queue slots, so
+//! the shim runs a progress thread there; its CPU time is reported by
+//! [`DataPlaneStats`], never hidden. Which provider: [`DataPlaneOptions::transports`].
 //!
 //! Rings: one per thread doing I/O, up to [`DataPlaneOptions::rings`]; a call takes a
 //! free ring for the duration of its submit-and-wait, so threads never share a ring at
@@ -20,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use dpuio_proto::v1 as pb;
 use dpuio_proto::wire::{self, Completion, Opcode, Submission};
-use fabric::{FabricConfig, ProgressThread, ucx};
+use fabric::any::{self, Spec};
+use fabric::transport::{Endpoint as _, Region as _};
+use fabric::{FabricConfig, ProgressThread, Transport};
 use pb::memory_client::MemoryClient;
 use tonic::transport::Channel;
 
@@ -37,7 +41,9 @@ fn doorbell(session_id: u64, ring_id: u32) -> [u8; 16] {
 /// How the host side of the data plane is set up.
 #[derive(Debug, Clone)]
 pub struct DataPlaneOptions {
-    /// Transports: `"shm"`, `"tcp"`, `"auto"` or a UCX_TLS list.
+    /// The data plane: `"ucx-shm"`, `"ucx-tcp"`, `"ofi-shm"`, `"ofi-tcp"` (libfabric),
+    /// `"auto"` (UCX with the transports it picks, else libfabric shm, else tcp: the
+    /// first the agent offers), `"shm"` / `"tcp"` (UCX, as before), or a UCX_TLS list.
     pub transports: String,
     /// Rings (one per concurrently submitting thread).
     pub rings: usize,
@@ -59,19 +65,46 @@ impl Default for DataPlaneOptions {
 }
 
 impl DataPlaneOptions {
-    pub(crate) fn fabric(&self) -> Result<FabricConfig> {
-        let config =
-            FabricConfig::preset(&self.transports).unwrap_or_else(|| FabricConfig::with_transports(&self.transports));
-        config
-            .validate()
-            .map_err(|e| Error::DataPlane { op: "configure the transport".into(), reason: e.to_string() })?;
-        Ok(config)
+    /// What to offer the agent at Attach, in order: the first it accepts is used.
+    pub(crate) fn candidates(&self) -> Result<Vec<Spec>> {
+        let t = self.transports.trim();
+        let specs = match t {
+            "auto" => vec![
+                Spec::Ucx(FabricConfig::default()),
+                Spec::parse("ofi-shm").expect("a preset"),
+                Spec::parse("ofi-tcp").expect("a preset"),
+            ],
+            _ => match Spec::parse(t).or_else(|| FabricConfig::preset(t).map(Spec::Ucx)) {
+                Some(spec) => vec![spec],
+                None if t.is_empty() || t.starts_with("ofi") || t.starts_with("ucx-") => {
+                    return Err(Error::DataPlane {
+                        op: "configure the transport".into(),
+                        reason: format!(
+                            "transport {t:?}: expected one of {}, auto, or a UCX_TLS list such as \"posix,tcp\"",
+                            Spec::CHOICES.join(", ")
+                        ),
+                    });
+                }
+                None => vec![Spec::Ucx(FabricConfig::with_transports(t))],
+            },
+        };
+        for spec in &specs {
+            let checked = match spec {
+                Spec::Ucx(c) => c.validate(),
+                Spec::Ofi(c) => c.validate(),
+            };
+            checked.map_err(|e| Error::DataPlane { op: "configure the transport".into(), reason: e.to_string() })?;
+        }
+        Ok(specs)
     }
+}
 
-    /// Whether this process must progress the transport for the agent's puts to land:
-    /// everything but the one-sided shared-memory preset.
-    fn needs_progress_thread(&self) -> bool {
-        self.transports != "shm"
+/// Whether this process must progress the transport for the agent's operations to
+/// land: everything but UCX's one-sided shared-memory preset.
+fn needs_progress_thread(spec: &Spec) -> bool {
+    match spec {
+        Spec::Ucx(c) => c.transports.as_deref() != Some(fabric::SHM_TRANSPORTS),
+        Spec::Ofi(_) => true,
     }
 }
 
@@ -89,7 +122,7 @@ pub struct DataPlaneStats {
 
 /// A region of this process's memory registered with the agent.
 pub struct RegisteredRegion {
-    region: ucx::Region,
+    region: any::Region,
     id: u32,
 }
 
@@ -188,8 +221,8 @@ impl Ring {
 
 /// The data plane of one session.
 pub(crate) struct DataPlane {
-    worker: ucx::Worker,
-    endpoint: ucx::Endpoint,
+    worker: any::Worker,
+    endpoint: any::Endpoint,
     progress: Mutex<Option<ProgressThread>>,
     session_id: u64,
     memory: MemoryClient<Channel>,
@@ -200,21 +233,38 @@ pub(crate) struct DataPlane {
 
 /// The host's transport before Attach: its worker address goes into the request.
 pub(crate) struct Prepared {
-    worker: ucx::Worker,
+    worker: any::Worker,
     progress: Option<ProgressThread>,
     pub(crate) address: Vec<u8>,
     options: DataPlaneOptions,
 }
 
-pub(crate) fn prepare(options: DataPlaneOptions) -> Result<Prepared> {
+impl Prepared {
+    /// What goes into `AttachRequest.transport`: the provider, this worker's address,
+    /// and for libfabric its provider name (workers of different ones cannot talk).
+    pub(crate) fn transport_info(&self) -> pb::TransportInfo {
+        pb::TransportInfo {
+            provider: self.worker.provider().to_owned(),
+            worker_address: self.address.clone(),
+            transports: match self.worker.fabric_provider() {
+                "" => vec![],
+                f => vec![f.to_owned()],
+            },
+        }
+    }
+}
+
+/// Open the worker `spec` names (one of [`DataPlaneOptions::candidates`]).
+pub(crate) fn prepare(options: DataPlaneOptions, spec: &Spec) -> Result<Prepared> {
     let fabric_error = |op: &str| {
         let op = op.to_owned();
         move |e: fabric::Error| Error::DataPlane { op: op.clone(), reason: e.to_string() }
     };
-    let worker = ucx::Worker::open(&options.fabric()?).map_err(fabric_error("open the transport"))?;
+    let worker = any::Worker::open(spec).map_err(fabric_error("open the transport"))?;
     let address = worker.address().map_err(fabric_error("get the worker address"))?;
-    // Start progress before Attach: over TCP the agent's connect needs this side's answer.
-    let progress = if options.needs_progress_thread() {
+    // Start progress before Attach: over TCP (and libfabric shm's first exchange) the
+    // agent's connect needs this side's answer.
+    let progress = if needs_progress_thread(spec) {
         Some(
             ProgressThread::spawn(worker.clone(), "dpuio-progress")
                 .map_err(fabric_error("start the progress thread"))?,

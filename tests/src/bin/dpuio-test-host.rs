@@ -3,8 +3,8 @@
 //! test can stop it, or run two at once). Not a test double: it uses the real shim.
 //!
 //! ```text
-//! dpuio-test-host stopped-read AGENT PATH BYTES
-//!     read PATH into a fresh region; print "submitted", wait for a line on stdin
+//! dpuio-test-host stopped-read AGENT TRANSPORT PATH BYTES
+//!     over TRANSPORT (a one-sided one: ucx-shm, ofi-shm) read PATH into a fresh region; print "submitted", wait for a line on stdin
 //!     (the test stops and resumes this process meanwhile), then look for the
 //!     completion once, without waiting, and check the payload pattern.
 //! dpuio-test-host integrity AGENT TRANSPORT PATH FILE_BYTES IO_BYTES SEED
@@ -38,8 +38,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let result = match args.first().map(String::as_str) {
-        Some("stopped-read") if args.len() == 4 => {
-            runtime.block_on(stopped_read(&args[1], &args[2], args[3].parse().expect("BYTES")))
+        Some("stopped-read") if args.len() == 5 => {
+            runtime.block_on(stopped_read(&args[1], &args[2], &args[3], args[4].parse().expect("BYTES")))
         }
         Some("integrity") if args.len() == 7 => runtime.block_on(integrity(
             &args[1],
@@ -82,8 +82,8 @@ async fn connect(agent: &str, transports: &str) -> Result<Client, String> {
     .map_err(|e| e.to_string())
 }
 
-async fn stopped_read(agent: &str, path: &str, bytes: usize) -> Result<(), String> {
-    let client = connect(agent, "shm").await?;
+async fn stopped_read(agent: &str, transport: &str, path: &str, bytes: usize) -> Result<(), String> {
+    let client = connect(agent, transport).await?;
     let file = client.open(path, Access::ReadOnly).await.map_err(|e| e.to_string())?;
     let region = client.register_region(bytes, RegionAccess::WriteByAgent).await.map_err(|e| e.to_string())?;
     let mut batch = client.batch().map_err(|e| e.to_string())?;

@@ -50,7 +50,9 @@ struct Cli {
         global = true
     )]
     token: String,
-    /// Data-plane transports for put/get/cat: shm, tcp, auto, or a UCX_TLS list.
+    /// Data plane for put/get/cat: ucx-shm, ucx-tcp, ofi-shm, ofi-tcp (libfabric), auto
+    /// (the first of UCX, ofi-shm, ofi-tcp the agent offers), shm/tcp (UCX), or a
+    /// UCX_TLS list.
     #[arg(long, env = "DPUIO_TRANSPORT", default_value = "auto", global = true)]
     transport: String,
     #[command(subcommand)]
