@@ -1020,6 +1020,32 @@ mod tests {
     }
 
     #[test]
+    fn data_plane_providers_pick_the_workers() {
+        use fabric::any::Spec;
+        let names = |c: &Config| {
+            c.data_plane
+                .lanes()
+                .iter()
+                .map(|l| format!("{}:{}:{}", l.spec.provider(), l.spec.fabric_provider(), l.required))
+                .collect::<Vec<_>>()
+        };
+        // The default: UCX, plus libfabric where it opens (never fatal).
+        let config = Config::parse("").unwrap();
+        assert_eq!(names(&config), ["ucx::true", "ofi:shm:false", "ofi:tcp;ofi_rxm:false", "ofi:verbs;ofi_rxm:false"]);
+        // Named: each must open, and the transports pick libfabric's providers.
+        let config = Config::parse("[data_plane]\nproviders = [\"ofi\"]\ntransports = \"tcp\"\n").unwrap();
+        assert_eq!(names(&config), ["ofi:tcp;ofi_rxm:true"]);
+        let config = Config::parse("[data_plane]\nproviders = [\"ucx\", \"ofi\"]\ntransports = \"shm\"\n").unwrap();
+        assert_eq!(names(&config), ["ucx::true", "ofi:shm:true"]);
+        assert_eq!(config.data_plane.lanes()[0].spec, Spec::Ucx(fabric::FabricConfig::shm()));
+        for bad in ["providers = [\"verbs\"]", "providers = []", "providers = \"ucx\"", "providers = [1]"] {
+            let found = issues(&format!("[data_plane]\n{bad}\n"));
+            assert_eq!(found[0].key, "data_plane.providers", "{bad}");
+            assert!(found[0].reason.contains("ucx"), "{bad}: {found:?}");
+        }
+    }
+
+    #[test]
     fn health_listen_is_checked() {
         let config = Config::parse("[agent]\nlisten = \"0.0.0.0:7300\"\nhealth_listen = \"0.0.0.0:7301\"\n").unwrap();
         assert_eq!(config.health_listen, Some("0.0.0.0:7301".parse().unwrap()));

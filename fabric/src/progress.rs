@@ -21,9 +21,12 @@ const IDLE_WAKE: Duration = Duration::from_millis(200);
 /// Sleep between rounds on a transport whose event fd does not report peers' work
 /// ([`Transport::wakes_on_receive`] false: libfabric shm). Its peers' one-sided
 /// operations each hold a slot of this side's command queue (1024) until this side
-/// progresses, so 2 ms bounds them at about 500k operations per second, at 500
-/// wake-ups per second of this thread (its CPU is in the report).
-const NO_FD_SLICE: Duration = Duration::from_millis(2);
+/// progresses; the owner should progress where it knows a peer has just finished with
+/// its memory (the shim does when it reaps completions), and this thread is the
+/// safety net. Frequent progress costs more than wake-ups: shm's progress spins on a
+/// lock the peer holds while it writes into this process (measured: at 2 ms slices,
+/// half of the host's CPU of a sequential read was that spin).
+const NO_FD_SLICE: Duration = Duration::from_millis(50);
 
 /// What a progress thread cost and did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

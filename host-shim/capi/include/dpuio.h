@@ -223,9 +223,10 @@ typedef struct dpuio_attach_options {
    */
   const char *client_name;
   /**
-   * Data-plane transports: "shm", "tcp", "auto", a UCX_TLS list, or "none" for a
-   * control-only client (namespace calls only). Default: `$DPUIO_TRANSPORT`, else
-   * "auto".
+   * Data plane: "ucx-shm", "ucx-tcp", "ofi-shm", "ofi-tcp" (libfabric), "auto" (the
+   * first of UCX, ofi-shm, ofi-tcp the agent offers), "shm"/"tcp" (UCX), a UCX_TLS
+   * list, or "none" for a control-only client (namespace calls only). Default:
+   * `$DPUIO_TRANSPORT`, else "auto".
    */
   const char *transports;
   /**

@@ -158,9 +158,10 @@ pub struct dpuio_attach_options {
     pub tenant: *const c_char,
     /// Shown in the agent's logs. Default: the program name and pid.
     pub client_name: *const c_char,
-    /// Data-plane transports: "shm", "tcp", "auto", a UCX_TLS list, or "none" for a
-    /// control-only client (namespace calls only). Default: `$DPUIO_TRANSPORT`, else
-    /// "auto".
+    /// Data plane: "ucx-shm", "ucx-tcp", "ofi-shm", "ofi-tcp" (libfabric), "auto" (the
+    /// first of UCX, ofi-shm, ofi-tcp the agent offers), "shm"/"tcp" (UCX), a UCX_TLS
+    /// list, or "none" for a control-only client (namespace calls only). Default:
+    /// `$DPUIO_TRANSPORT`, else "auto".
     pub transports: *const c_char,
     /// Rings: how many threads can have requests in flight at once (each batch holds
     /// one ring while it lives). Default: the number of CPUs, 2..16.

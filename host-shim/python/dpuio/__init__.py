@@ -99,8 +99,10 @@ class Client:
         token: a capability token narrowing what this client may do (from a
             parent's ``Client.delegate``); default ``$DPUIO_TOKEN``.
         name: shown in the agent's logs.
-        transports: data-plane transports, ``"shm"``, ``"tcp"`` or ``"auto"``;
-            default ``$DPUIO_TRANSPORT``, else ``"auto"``.
+        transports: the data plane, ``"ucx-shm"``, ``"ucx-tcp"``, ``"ofi-shm"``,
+            ``"ofi-tcp"`` (libfabric) or ``"auto"`` (the first of UCX, ofi-shm,
+            ofi-tcp the agent offers); ``"shm"``/``"tcp"`` mean UCX; default
+            ``$DPUIO_TRANSPORT``, else ``"auto"``.
         rings: threads that can have requests in flight at once.
         ring_entries: queue depth of one ring (a power of two).
         timeout: seconds a data-plane wait may take.

@@ -138,7 +138,8 @@ pub struct BenchArgs {
     pub seconds: f64,
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Paths to compare: any of posix, shm, tcp.
+    /// Paths to compare: any of posix, shm (UCX shared memory), tcp (UCX TCP), ofi-shm,
+    /// ofi-tcp (libfabric's shm and tcp providers).
     #[arg(long, value_delimiter = ',', default_value = "posix,shm,tcp")]
     pub paths: Vec<String>,
     /// The container's directory on this machine (for the POSIX baseline on the same
@@ -302,14 +303,18 @@ pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<(
     let mut clients = Vec::new();
     for path in &args.paths {
         match path.as_str() {
-            "shm" => clients.push(("shim-ucx-sm".to_owned(), connect("shm").await?)),
-            "tcp" => clients.push(("shim-ucx-tcp".to_owned(), connect("tcp").await?)),
+            "shm" | "ucx-shm" => clients.push(("shim-ucx-sm".to_owned(), connect("ucx-shm").await?)),
+            "tcp" | "ucx-tcp" => clients.push(("shim-ucx-tcp".to_owned(), connect("ucx-tcp").await?)),
+            "ofi-shm" => clients.push(("shim-ofi-shm".to_owned(), connect("ofi-shm").await?)),
+            "ofi-tcp" => clients.push(("shim-ofi-tcp".to_owned(), connect("ofi-tcp").await?)),
             "posix" => {}
-            other => return Err(bench_error(format!("unknown path {other:?}; use posix, shm or tcp"))),
+            other => {
+                return Err(bench_error(format!("unknown path {other:?}; use posix, shm, tcp, ofi-shm or ofi-tcp")));
+            }
         }
     }
     if clients.is_empty() {
-        return Err(bench_error("name at least one of shm, tcp in --paths"));
+        return Err(bench_error("name at least one of shm, tcp, ofi-shm, ofi-tcp in --paths"));
     }
     let posix_root = match (&args.posix_root, args.paths.iter().any(|p| p == "posix")) {
         (Some(root), true) => Some(root.clone()),
@@ -1080,6 +1085,14 @@ fn targets(totals: &[Figures]) {
             let r = s.gib_per_s() / p.gib_per_s();
             println!("target: {w} shim >= 0.8x {base} (with fsync): {r:.2}x  {}", verdict(r >= 0.8));
         }
+    }
+    // libfabric's shm provider against UCX shared memory, measured in the same run.
+    let ofi = |w: &str| totals.iter().find(|t| t.path == "shim-ofi-shm" && t.workload == w);
+    if let (Some(o), Some(u)) = (ofi("seq-read"), sm("seq-read")) {
+        let thr = o.gib_per_s() / u.gib_per_s();
+        let cpu = o.host_cpu_s_per_gib() / u.host_cpu_s_per_gib();
+        println!("target: seq-read shim-ofi-shm throughput >= 0.8x shim-ucx-sm: {thr:.2}x  {}", verdict(thr >= 0.8));
+        println!("target: seq-read shim-ofi-shm host CPU/GiB <= 1.5x shim-ucx-sm: {cpu:.2}x  {}", verdict(cpu <= 1.5));
     }
 }
 

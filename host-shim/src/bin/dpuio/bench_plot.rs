@@ -19,6 +19,8 @@ fn colour(path: &str) -> RGBColor {
         "posix" => RGBColor(120, 120, 120),
         "shim-ucx-sm" => RGBColor(31, 119, 180),
         "shim-ucx-tcp" => RGBColor(255, 127, 14),
+        "shim-ofi-shm" => RGBColor(148, 103, 189),
+        "shim-ofi-tcp" => RGBColor(214, 39, 40),
         _ => RGBColor(44, 160, 44),
     }
 }
