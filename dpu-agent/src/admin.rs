@@ -18,8 +18,8 @@ use tonic::{Request, Response, Status};
 
 use crate::config::{QosConfig, TenantConfig, check_identifier};
 use crate::error::{Error, Result};
+use crate::runtime::blocking;
 use crate::server::ServeError;
-use crate::service::blocking;
 use crate::state::Agent;
 use crate::tls::ControlTls;
 

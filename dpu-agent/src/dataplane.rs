@@ -48,7 +48,8 @@ use fabric::{FabricConfig, MappedRemote, Transport, ucx};
 use crate::config::QosConfig;
 use crate::engine::{self, RegionAccess};
 use crate::qos::{Scheduler, TenantSlot};
-use crate::state::{Agent, Session, lock};
+use crate::runtime::lock;
+use crate::state::{Agent, Session};
 
 /// Bytes of the staging region used for ring entries and counters (1024 submissions).
 const SCRATCH_BYTES: usize = 64 * 1024;

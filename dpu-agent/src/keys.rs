@@ -15,7 +15,8 @@ use dpuio_crypto::RotatingKeySource;
 
 use crate::encryption::{EncryptedContainer, KeyStatus, RotateError, RotationReport};
 use crate::error::{Error, Result};
-use crate::state::{Agent, lock};
+use crate::runtime::lock;
+use crate::state::Agent;
 
 /// The tenant's encryption settings; key files are read and checked now, so a
 /// missing or loosely protected key stops the agent at start with the reason.

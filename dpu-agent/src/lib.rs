@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod keys;
 pub mod qos;
+mod runtime;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -27,7 +27,8 @@ use dpuio_auth::qos::{FairQueue, MAX_WEIGHT, TenantConfig as FairConfig};
 
 use crate::config::QosConfig;
 use crate::error::{Error, Result};
-use crate::state::{Agent, lock};
+use crate::runtime::lock;
+use crate::state::Agent;
 
 impl Agent {
     /// Change a tenant's QoS (rates, bursts, weight, in-flight limit) now: in the

@@ -15,20 +15,12 @@ use tonic::{Request, Response, Status};
 use dpuio_auth::token::Op;
 
 use crate::error::{Error, Result};
+use crate::runtime::blocking;
 use crate::state::{Agent, Session};
 use crate::tls::Caller;
 
 /// Entries per Readdir batch when the client does not say.
 const DEFAULT_READDIR_BATCH: u32 = 1024;
-
-/// Run a blocking backend call off the async runtime.
-pub(crate) async fn blocking<T, F>(f: F) -> Result<T>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
-}
 
 fn path(field: &'static str, raw: &str) -> Result<NsPath> {
     if raw.is_empty() {

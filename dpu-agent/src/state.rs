@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use dpuio_auth::token::{Op, OpMask, TokenAuthority};
@@ -17,6 +17,7 @@ use crate::engine::{HandleInfo, RegionInfo, SessionView};
 
 use crate::config::{Config, Limits, TenantConfig};
 use crate::error::{Error, Result};
+use crate::runtime::lock;
 
 /// The whole agent: what the services share.
 pub struct Agent {
@@ -105,12 +106,6 @@ pub struct Handle {
     pub readable: bool,
     /// Opened for writing and the session's rights allow writing it.
     pub writable: bool,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves plain data behind (maps of
-    // Arcs); going on with it is safer than taking the whole agent down.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Lifetime of a delegation from a session without a token, when none is asked for.

@@ -26,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::Status;
 
 use crate::config::Config;
+use crate::runtime::lock;
 use crate::server::ServeError;
 use crate::state::Agent;
 
@@ -245,7 +246,7 @@ impl Authenticator {
         })?;
         let leaf = chain[0].as_ref();
         let now = Instant::now();
-        let cached = crate::state::lock(&self.verified).get(leaf).filter(|(at, _)| now - *at < VERIFIED_FOR).cloned();
+        let cached = lock(&self.verified).get(leaf).filter(|(at, _)| now - *at < VERIFIED_FOR).cloned();
         let outcome = match cached {
             Some((_, outcome)) => outcome,
             None => {
@@ -257,7 +258,7 @@ impl Authenticator {
                         Identity::Tenant(name) => Ok(name),
                         Identity::Admin => Err("an admin certificate speaks for no tenant; the Admin service is on the agent's Unix socket (dpuctl)".to_owned()),
                     });
-                let mut verified = crate::state::lock(&self.verified);
+                let mut verified = lock(&self.verified);
                 if verified.len() >= CACHE_ENTRIES {
                     verified.clear();
                 }
