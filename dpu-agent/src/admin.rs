@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::config::{QosConfig, TenantConfig, check_identifier};
 use crate::error::{Error, Result};
 use crate::runtime::blocking;
-use crate::server::ServeError;
+use crate::serve_error::ServeError;
 use crate::state::Agent;
 use crate::tls::ControlTls;
 

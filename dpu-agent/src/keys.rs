@@ -24,8 +24,9 @@ pub fn encryption_settings(
     tenant: &str,
     container: &str,
     enc: &crate::config::EncryptionConfig,
-) -> std::result::Result<crate::encryption::EncryptionSettings, crate::server::ServeError> {
-    let fail = |e: dpuio_crypto::Error| crate::server::ServeError::Encryption { tenant: tenant.to_owned(), source: e };
+) -> std::result::Result<crate::encryption::EncryptionSettings, crate::serve_error::ServeError> {
+    let fail =
+        |e: dpuio_crypto::Error| crate::serve_error::ServeError::Encryption { tenant: tenant.to_owned(), source: e };
     let mut keys = dpuio_crypto::FileKeySource::new();
     for (version, file) in &enc.keys {
         keys.add_key_file(tenant, *version, file).map_err(fail)?;

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod caller;
 pub mod config;
 pub mod dataplane;
 pub mod deploy;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod keys;
 pub mod qos;
 mod runtime;
+pub mod serve_error;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -14,10 +14,10 @@ use tonic::{Request, Response, Status};
 
 use dpuio_auth::token::Op;
 
+use crate::caller::Caller;
 use crate::error::{Error, Result};
 use crate::runtime::blocking;
 use crate::state::{Agent, Session};
-use crate::tls::Caller;
 
 /// Entries per Readdir batch when the client does not say.
 const DEFAULT_READDIR_BATCH: u32 = 1024;

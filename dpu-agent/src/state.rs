@@ -15,6 +15,7 @@ use dpuio_backend::{Backend, Container, NsPath, Object};
 use crate::dataplane::{DataPlane, HostRegion, HostRing, Peer};
 use crate::engine::{HandleInfo, RegionInfo, SessionView};
 
+use crate::caller::Caller;
 use crate::config::{Config, Limits, TenantConfig};
 use crate::error::{Error, Result};
 use crate::runtime::lock;
@@ -240,7 +241,7 @@ impl Agent {
 
     /// The session `id` if it belongs to a tenant `caller` may act for. Another
     /// tenant's session is reported exactly like an unknown id.
-    pub fn session_for(&self, id: u64, caller: &crate::tls::Caller) -> Result<Arc<Session>> {
+    pub fn session_for(&self, id: u64, caller: &Caller) -> Result<Arc<Session>> {
         let session = self.session(id)?;
         if !caller.may_use(&session.tenant) {
             return Err(Error::NoSession { id });
@@ -304,12 +305,7 @@ impl Agent {
     /// certificate decides the tenant (a plaintext loopback listener takes the named
     /// one); a capability token narrows the rights and must be this agent's, for that
     /// tenant and its container, unexpired and unaltered.
-    pub fn authorize_attach(
-        &self,
-        caller: &crate::tls::Caller,
-        requested: &str,
-        token: &str,
-    ) -> Result<(String, SessionRights)> {
+    pub fn authorize_attach(&self, caller: &Caller, requested: &str, token: &str) -> Result<(String, SessionRights)> {
         let now = SystemTime::now();
         let verified = if token.is_empty() {
             None
@@ -317,7 +313,7 @@ impl Agent {
             Some(self.tokens.verify(token, now).map_err(|e| Error::Unauthenticated(format!("capability_token: {e}")))?)
         };
         let tenant = match caller {
-            crate::tls::Caller::Tenant(t) => {
+            Caller::Tenant(t) => {
                 if !requested.is_empty() && requested != t {
                     return Err(Error::PermissionDenied(format!(
                         "the client certificate is for tenant {t:?}; it cannot attach as tenant {requested:?}"
@@ -325,8 +321,8 @@ impl Agent {
                 }
                 t.clone()
             }
-            crate::tls::Caller::Unauthenticated if !requested.is_empty() => requested.to_owned(),
-            crate::tls::Caller::Unauthenticated => match &verified {
+            Caller::Unauthenticated if !requested.is_empty() => requested.to_owned(),
+            Caller::Unauthenticated => match &verified {
                 Some(rights) => rights.tenant().to_owned(),
                 None => self.default_tenant()?,
             },
