@@ -156,7 +156,7 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::config::Config;
+    use crate::config::{BackendConfig, Config};
 
     /// A fresh random key in a file of the given mode.
     fn key_file(dir: &Path, name: &str, mode: u32) -> PathBuf {
@@ -181,7 +181,22 @@ mod tests {
             keys.join(", ")
         );
         let config = Config::parse(&text).unwrap();
-        crate::server::build_agent(config).unwrap()
+        // What the server's start does for this config (a local backend, no data plane),
+        // without the server: keys sits below it.
+        let BackendConfig::Local { path } = &config.backend else { panic!("a local backend") };
+        let backend = Arc::new(dpuio_backend::local::LocalBackend::open(path.clone()).unwrap());
+        let tenants = config.tenants.clone();
+        let agent = Agent::new(config, backend);
+        for tenant in &tenants {
+            if let Some(enc) = &tenant.encryption {
+                agent.set_encryption(
+                    &tenant.container,
+                    encryption_settings(&tenant.name, &tenant.container, enc).unwrap(),
+                );
+            }
+        }
+        agent.prepare_containers().unwrap();
+        Arc::new(agent)
     }
 
     fn p(s: &str) -> NsPath {

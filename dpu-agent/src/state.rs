@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use dpuio_auth::qos::MAX_WEIGHT;
 use dpuio_auth::token::{Op, OpMask, TokenAuthority};
 use dpuio_backend::{Backend, Container, NsPath, Object};
 
@@ -16,7 +17,7 @@ use crate::dataplane::{DataPlane, HostRegion, HostRing, Peer};
 use crate::engine::{HandleInfo, RegionInfo, SessionView};
 
 use crate::caller::Caller;
-use crate::config::{Config, Limits, TenantConfig};
+use crate::config::{Config, Limits, QosConfig, TenantConfig};
 use crate::error::{Error, Result};
 use crate::runtime::lock;
 
@@ -169,6 +170,34 @@ impl Agent {
         t.max_sessions = max_sessions;
         t.max_handles_per_session = handles;
         t.max_regions_per_session = regions;
+        Ok(())
+    }
+
+    /// Change a tenant's QoS (rates, bursts, weight, in-flight limit) now: in the
+    /// agent's tenant table and in the data-plane engine's buckets and queue. Requests
+    /// already admitted are not recalled; queued ones wait under the new limits.
+    pub fn set_qos(&self, tenant: &str, qos: QosConfig) -> Result<()> {
+        if !(1..=MAX_WEIGHT).contains(&qos.weight) {
+            return Err(Error::invalid("weight", format!("{}: a weight is from 1 to {MAX_WEIGHT}", qos.weight)));
+        }
+        if qos.max_inflight == 0 {
+            return Err(Error::invalid("max_inflight", "0: a tenant needs at least one request in flight"));
+        }
+        {
+            let mut tenants = lock(&self.tenants);
+            let Some(config) = tenants.get_mut(tenant) else {
+                return Err(Error::invalid(
+                    "tenant",
+                    format!("tenant {tenant:?} is not configured on this agent; add it first (dpuctl tenant add)"),
+                ));
+            };
+            config.qos = qos;
+        }
+        // After the table: an engine that meets the tenant for the first time meanwhile
+        // reads the new settings; one that already knows it is told here.
+        if let Some(dp) = self.dataplane() {
+            dp.set_qos(tenant, &qos);
+        }
         Ok(())
     }
 
@@ -708,5 +737,40 @@ impl SessionView for Session {
     }
     fn region(&self, id: u32) -> Option<RegionInfo> {
         lock(&self.regions).get(&id).map(|r| r.info())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dpuio_auth::qos::QosLimits;
+
+    use super::*;
+
+    fn qos(bytes_per_s: u64, weight: u32, max_inflight: u32) -> QosConfig {
+        QosConfig {
+            limits: QosLimits { bytes_per_s, bytes_burst: bytes_per_s / 10, ops_per_s: 0, ops_burst: 0 },
+            weight,
+            max_inflight,
+        }
+    }
+
+    #[test]
+    fn set_qos_changes_the_table_and_refuses_unknown_tenants() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::config::Config {
+            tenants: vec![crate::config::TenantConfig::new("a", "a")],
+            ..crate::config::Config::default()
+        };
+        let backend = dpuio_backend::local::LocalBackend::open(dir.path().to_owned()).unwrap();
+        let agent = Agent::new(config, Arc::new(backend));
+        let new = qos(64 << 20, 5, 32);
+        agent.set_qos("a", new).unwrap();
+        assert_eq!(agent.tenant("a").unwrap().qos, new);
+        let e = agent.set_qos("b", new).unwrap_err();
+        assert!(e.to_string().contains("tenant \"b\" is not configured"), "{e}");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(agent.set_qos("a", QosConfig { weight: 0, ..new }).is_err());
+        assert!(agent.set_qos("a", QosConfig { max_inflight: 0, ..new }).is_err());
+        assert_eq!(agent.tenant("a").unwrap().qos, new, "a refused change leaves the table alone");
     }
 }
