@@ -255,7 +255,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
                 blocking(move || Ok(container.stat(&p)?)).await?
             }
             Some(pb::stat_request::Target::Handle(h)) => {
-                let handle = session.handle(h)?;
+                let handle = session.io.handle(h)?;
                 blocking(move || Ok(handle.object.stat()?)).await?
             }
             None => return Err(Error::invalid("target", "give a path or a handle").into()),
@@ -401,7 +401,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        blocking(move || session.close_handle(req.handle)).await?;
+        blocking(move || session.io.close_handle(req.handle)).await?;
         Ok(Response::new(pb::CloseResponse {}))
     }
 
@@ -450,7 +450,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
                 blocking(move || Ok(container.truncate(&p, size)?)).await?;
             }
             Some(pb::truncate_request::Target::Handle(h)) => {
-                let handle = session.handle(h)?;
+                let handle = session.io.handle(h)?;
                 if !handle.writable {
                     return Err(Error::PermissionDenied(format!(
                         "handle {h:#018x} ({}) was opened read-only; open it with ACCESS_READ_WRITE to truncate",
@@ -473,7 +473,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
             let container = session.container()?;
             blocking(move || Ok(container.sync()?)).await?;
         } else {
-            let handle = session.handle(req.handle)?;
+            let handle = session.io.handle(req.handle)?;
             blocking(move || Ok(handle.object.sync()?)).await?;
         }
         Ok(Response::new(pb::SyncResponse {}))
@@ -497,7 +497,7 @@ impl NamespaceService {
         }
         session.rights.check(if options.write { Op::Write } else { Op::Read }, &p)?;
         let limit = self.agent.session_limits(&session.tenant).0;
-        if session.handle_count() >= limit as usize {
+        if session.io.handle_count() >= limit as usize {
             return Err(Error::Limit { what: "open handles in this session", limit: limit.into() }.into());
         }
         let chunk_bytes =
@@ -550,7 +550,7 @@ impl pb::memory_server::Memory for MemoryService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.agent.session_for(req.session_id, &caller)?;
-        let peer = session.peer()?;
+        let peer = session.io.peer()?;
         let dp = self.dataplane()?;
         let access = region_access(req.access)?;
         if req.length == 0 || req.address.checked_add(req.length).is_none() {
@@ -568,15 +568,15 @@ impl pb::memory_server::Memory for MemoryService {
             .into());
         }
         let limit = self.agent.session_limits(&session.tenant).1;
-        if session.region_count() >= limit as usize {
+        if session.io.region_count() >= limit as usize {
             return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() }.into());
         }
-        let id = session.next_region_id();
+        let id = session.io.next_region_id();
         let region = blocking(move || {
             let region = dp
                 .register_region(&peer, id, req.address, req.length, &req.remote_key, access)
                 .map_err(|e| Error::invalid("remote_key", format!("cannot use the region: {e}")))?;
-            session.add_region(region, limit)
+            session.io.add_region(region, limit)
         })
         .await?;
         tracing::debug!(region = region.id, bytes = region.length, mapped = region.is_mapped(), "region registered");
@@ -589,7 +589,7 @@ impl pb::memory_server::Memory for MemoryService {
     ) -> std::result::Result<Response<pb::DeregisterRegionResponse>, Status> {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        self.agent.session_for(req.session_id, &caller)?.remove_region(req.region_id)?;
+        self.agent.session_for(req.session_id, &caller)?.io.remove_region(req.region_id)?;
         Ok(Response::new(pb::DeregisterRegionResponse {}))
     }
 
@@ -600,18 +600,18 @@ impl pb::memory_server::Memory for MemoryService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.agent.session_for(req.session_id, &caller)?;
-        let peer = session.peer()?;
+        let peer = session.io.peer()?;
         let dp = self.dataplane()?;
-        let region = session.host_region(req.region_id).ok_or_else(|| {
+        let region = session.io.host_region(req.region_id).ok_or_else(|| {
             Error::invalid("region_id", format!("region {} is not registered in this session", req.region_id))
         })?;
         let limit = self.agent.session_limits(&session.tenant).1;
-        let id = session.next_region_id();
+        let id = session.io.next_region_id();
         blocking(move || {
             let ring = dp
                 .register_ring(&peer, id, region, req.offset, req.entries)
                 .map_err(|e| Error::invalid("entries", e.to_string()))?;
-            session.add_ring(ring, limit)
+            session.io.add_ring(ring, limit)
         })
         .await?;
         Ok(Response::new(pb::RegisterRingResponse { ring_id: id }))
@@ -623,7 +623,7 @@ impl pb::memory_server::Memory for MemoryService {
     ) -> std::result::Result<Response<pb::DeregisterRingResponse>, Status> {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        self.agent.session_for(req.session_id, &caller)?.remove_ring(req.ring_id)?;
+        self.agent.session_for(req.session_id, &caller)?.io.remove_ring(req.ring_id)?;
         Ok(Response::new(pb::DeregisterRingResponse {}))
     }
 }

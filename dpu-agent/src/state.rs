@@ -1,8 +1,11 @@
-//! The agent's state: tenants, mounted containers, sessions and their handles.
+//! The agent's state: tenants, mounted containers and sessions, and the policy on them
+//! (who may attach as which tenant, with what rights, how many sessions).
 //!
 //! Everything here is plain data behind short-held locks; no lock is held across a
 //! backend call or an await. Every table has a limit (sessions per agent, handles per
-//! session) so that an untrusted host cannot grow the agent without bound.
+//! session) so that an untrusted host cannot grow the agent without bound. A session's
+//! handles, regions and rings are tables of the data plane
+//! ([`crate::dataplane::sessions`]), which the session holds as [`Session::io`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,11 +16,10 @@ use dpuio_auth::qos::MAX_WEIGHT;
 use dpuio_auth::token::{Op, OpMask, TokenAuthority};
 use dpuio_backend::{Backend, Container, NsPath, Object};
 
-use crate::dataplane::{DataPlane, HostRegion, HostRing, Peer};
-use crate::engine::{HandleInfo, RegionInfo, SessionView};
-
 use crate::caller::Caller;
 use crate::config::{Config, Limits, QosConfig, TenantConfig};
+use crate::dataplane::sessions::{self, AgentView, Handle};
+use crate::dataplane::{DataPlane, Peer};
 use crate::error::{Error, Result};
 use crate::runtime::lock;
 
@@ -92,38 +94,17 @@ pub struct Session {
     pub client_name: String,
     pub attached_at: SystemTime,
     pub rights: SessionRights,
+    /// What the data plane serves the session from: its open handles, its host's
+    /// endpoint, and the regions and rings the host registered.
+    pub io: Arc<sessions::Session>,
     container: Mutex<Option<Arc<dyn Container>>>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
     lease_deadline: Mutex<Instant>,
-    peer: Mutex<Option<Arc<Peer>>>,
-    regions: Mutex<HashMap<u32, Arc<HostRegion>>>,
-    rings: Mutex<HashMap<u32, Arc<HostRing>>>,
-    next_region_id: std::sync::atomic::AtomicU32,
-}
-
-/// An open file of a session.
-pub struct Handle {
-    pub object: Arc<dyn Object>,
-    /// Opened for reading and the session's rights allow reading it.
-    pub readable: bool,
-    /// Opened for writing and the session's rights allow writing it.
-    pub writable: bool,
 }
 
 /// Lifetime of a delegation from a session without a token, when none is asked for.
 const DEFAULT_DELEGATION: Duration = Duration::from_secs(3600);
 /// Longest delegation.
 const MAX_DELEGATION: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// A fresh id that is neither 0 (reserved for "none" on the wire) nor guessable.
-fn fresh_id() -> u64 {
-    loop {
-        let id: u64 = rand::random();
-        if id != 0 {
-            return id;
-        }
-    }
-}
 
 impl Agent {
     pub fn new(config: Config, backend: Arc<dyn Backend>) -> Agent {
@@ -493,20 +474,17 @@ impl Agent {
         {
             return Err(Error::Limit { what: "sessions of this tenant", limit: max.into() });
         }
+        let io = Arc::new(sessions::Session::new(tenant, rights.expires_at));
         let session = Arc::new(Session {
-            id: fresh_id(),
+            id: io.id,
             tenant: tenant.to_owned(),
             container_name,
             client_name: client_name.to_owned(),
             attached_at: SystemTime::now(),
             rights,
+            io,
             container: Mutex::new(None),
-            handles: Mutex::new(HashMap::new()),
             lease_deadline: Mutex::new(Instant::now() + self.lease()),
-            peer: Mutex::new(None),
-            regions: Mutex::new(HashMap::new()),
-            rings: Mutex::new(HashMap::new()),
-            next_region_id: std::sync::atomic::AtomicU32::new(1),
         });
         sessions.insert(session.id, session.clone());
         Ok(session)
@@ -542,7 +520,7 @@ impl Agent {
         let Some(session) = lock(&self.sessions).remove(&id) else {
             return Ok(false);
         };
-        session.close_all()?;
+        session.io.close_all()?;
         Ok(true)
     }
 
@@ -586,20 +564,6 @@ impl Agent {
         self.dataplane.get()
     }
 
-    /// Every ring of every session, for a full scan.
-    pub fn all_rings(&self) -> Vec<(u64, u32)> {
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        sessions.iter().flat_map(|s| lock(&s.rings).keys().map(|r| (s.id, *r)).collect::<Vec<_>>()).collect()
-    }
-
-    /// A ring with its session and peer, if all still exist.
-    pub fn ring(&self, session_id: u64, ring_id: u32) -> Option<(Arc<Session>, Arc<Peer>, Arc<HostRing>)> {
-        let session = lock(&self.sessions).get(&session_id).cloned()?;
-        let peer = lock(&session.peer).clone()?;
-        let ring = lock(&session.rings).get(&ring_id).cloned()?;
-        Some((session, peer, ring))
-    }
-
     /// Number of sessions attached now.
     pub fn session_count(&self) -> usize {
         lock(&self.sessions).len()
@@ -615,128 +579,37 @@ impl Session {
     /// Register an open object; fails past the per-session limit. What the data plane
     /// may do with it is fixed now: the open mode narrowed by the session's rights.
     pub fn add_handle(&self, object: Arc<dyn Object>, limit: u32) -> Result<u64> {
-        let mut handles = lock(&self.handles);
-        if handles.len() >= limit as usize {
-            return Err(Error::Limit { what: "open handles in this session", limit: limit.into() });
-        }
         let path = object.path().clone();
         let readable = self.rights.check(Op::Read, &path).is_ok();
         let writable = object.writable() && self.rights.check(Op::Write, &path).is_ok();
-        let id = fresh_id();
-        handles.insert(id, Arc::new(Handle { object, readable, writable }));
-        Ok(id)
-    }
-
-    /// The handle `id` of this session; handles of other sessions are not found.
-    pub fn handle(&self, id: u64) -> Result<Arc<Handle>> {
-        lock(&self.handles).get(&id).cloned().ok_or(Error::NoHandle { handle: id })
-    }
-
-    /// Forget a handle; a writable one is synced first so `Close` means durable.
-    pub fn close_handle(&self, id: u64) -> Result<()> {
-        let handle = lock(&self.handles).remove(&id).ok_or(Error::NoHandle { handle: id })?;
-        if handle.writable {
-            handle.object.sync()?;
-        }
-        Ok(())
+        self.io.add_handle(Handle { object, readable, writable }, limit)
     }
 
     /// Bind the session to its host's data-plane endpoint (Attach).
     pub fn set_peer(&self, peer: Arc<Peer>) {
-        *lock(&self.peer) = Some(peer);
-    }
-
-    /// The data-plane endpoint, or why there is none.
-    pub fn peer(&self) -> Result<Arc<Peer>> {
-        lock(&self.peer).clone().ok_or_else(|| {
-            Error::invalid(
-                "session_id",
-                "this session attached without a data-plane transport; attach with one to register memory",
-            )
-        })
-    }
-
-    /// A fresh region id (never 0, never reused within the session).
-    pub fn next_region_id(&self) -> u32 {
-        self.next_region_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Add a registered region; fails past the per-session limit.
-    pub fn add_region(&self, region: HostRegion, limit: u32) -> Result<Arc<HostRegion>> {
-        let mut regions = lock(&self.regions);
-        if regions.len() >= limit as usize {
-            return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() });
-        }
-        let region = Arc::new(region);
-        regions.insert(region.id, region.clone());
-        Ok(region)
-    }
-
-    /// A registered region of this session.
-    pub fn host_region(&self, id: u32) -> Option<Arc<HostRegion>> {
-        lock(&self.regions).get(&id).cloned()
-    }
-
-    /// Forget a region; refused while a ring lives in it.
-    pub fn remove_region(&self, id: u32) -> Result<()> {
-        if lock(&self.rings).values().any(|r| r.region_id() == id) {
-            return Err(Error::invalid("region_id", format!("region {id} holds a ring: deregister the ring first")));
-        }
-        lock(&self.regions)
-            .remove(&id)
-            .map(|_| ())
-            .ok_or_else(|| Error::invalid("region_id", format!("region {id} is not registered in this session")))
-    }
-
-    /// Add a ring; at most one per region offset, bounded by the region limit.
-    pub fn add_ring(&self, ring: HostRing, limit: u32) -> Result<()> {
-        let mut rings = lock(&self.rings);
-        if rings.len() >= limit as usize {
-            return Err(Error::Limit { what: "rings in this session", limit: limit.into() });
-        }
-        rings.insert(ring.id, Arc::new(ring));
-        Ok(())
-    }
-
-    /// Forget a ring.
-    pub fn remove_ring(&self, id: u32) -> Result<()> {
-        lock(&self.rings)
-            .remove(&id)
-            .map(|_| ())
-            .ok_or_else(|| Error::invalid("ring_id", format!("ring {id} is not registered in this session")))
-    }
-
-    pub fn region_count(&self) -> usize {
-        lock(&self.regions).len()
-    }
-
-    pub fn handle_count(&self) -> usize {
-        lock(&self.handles).len()
-    }
-
-    fn close_all(&self) -> Result<()> {
-        // Rings and regions first, so the engine stops touching this host's memory.
-        lock(&self.rings).clear();
-        lock(&self.regions).clear();
-        lock(&self.peer).take();
-        let handles: Vec<Arc<Handle>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
-        let mut first_error = None;
-        for h in handles.into_iter().filter(|h| h.writable) {
-            if let Err(e) = h.object.sync() {
-                first_error.get_or_insert(Error::from(e));
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        self.io.set_peer(peer);
     }
 }
 
-impl SessionView for Session {
-    fn handle(&self, id: u64) -> Option<HandleInfo> {
-        let live = !self.rights.expired(SystemTime::now());
-        lock(&self.handles).get(&id).map(|h| HandleInfo { readable: h.readable && live, writable: h.writable && live })
+/// The engine's view of the agent: the data-plane half of each session.
+impl AgentView for Agent {
+    fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
     }
-    fn region(&self, id: u32) -> Option<RegionInfo> {
-        lock(&self.regions).get(&id).map(|r| r.info())
+    fn limits(&self) -> &Limits {
+        Agent::limits(self)
+    }
+    fn tenant(&self, tenant: &str) -> Option<TenantConfig> {
+        Agent::tenant(self, tenant)
+    }
+    fn has_tenant(&self, tenant: &str) -> bool {
+        Agent::has_tenant(self, tenant)
+    }
+    fn sessions_io(&self) -> Vec<Arc<sessions::Session>> {
+        lock(&self.sessions).values().map(|s| s.io.clone()).collect()
+    }
+    fn session_io(&self, id: u64) -> Option<Arc<sessions::Session>> {
+        lock(&self.sessions).get(&id).map(|s| s.io.clone())
     }
 }
 
