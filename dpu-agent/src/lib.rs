@@ -19,6 +19,7 @@ pub mod encryption;
 pub mod engine;
 pub mod error;
 pub mod keys;
+pub mod namespace;
 pub mod qos;
 mod runtime;
 pub mod serve_error;
