@@ -18,8 +18,8 @@ use tonic::{Request, Response, Status};
 
 use crate::config::{QosConfig, TenantConfig, check_identifier};
 use crate::error::{Error, Result};
-use crate::server::ServeError;
-use crate::service::blocking;
+use crate::runtime::blocking;
+use crate::serve_error::ServeError;
 use crate::state::Agent;
 use crate::tls::ControlTls;
 
@@ -160,8 +160,8 @@ impl pb::admin_server::Admin for AdminService {
                 session_id: s.id,
                 tenant: s.tenant.clone(),
                 client_name: s.client_name.clone(),
-                open_handles: s.handle_count() as u32,
-                regions: s.region_count() as u32,
+                open_handles: s.io.handle_count() as u32,
+                regions: s.io.region_count() as u32,
                 attached_unix_s: s.attached_at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64),
             })
             .collect();

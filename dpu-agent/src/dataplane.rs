@@ -50,7 +50,10 @@ use fabric::{MappedRemote, Transport};
 use crate::config::{Lane, QosConfig};
 use crate::engine::{self, RegionAccess};
 use crate::qos::{Scheduler, TenantSlot};
-use crate::state::{Agent, Session, lock};
+use crate::runtime::lock;
+use sessions::{Agent, Handle, Session};
+
+pub mod sessions;
 
 /// Bytes of the staging region used for ring entries and counters (1024 submissions).
 const SCRATCH_BYTES: usize = 64 * 1024;
@@ -247,7 +250,7 @@ impl DataPlane {
         for i in 0..io_threads.max(1) {
             let queue = queue.clone();
             let io = agent
-                .backend
+                .backend()
                 .io_queue()
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot make the I/O queue of an I/O thread: {e}")))?;
             io_overlaps = io.depth() > 1;
@@ -502,7 +505,7 @@ struct InFlight {
     session_id: u64,
     ring: Arc<HostRing>,
     region: Arc<HostRegion>,
-    handle: Arc<crate::state::Handle>,
+    handle: Arc<Handle>,
     sub: Submission,
     cq_index: u64,
     pieces_left: std::sync::atomic::AtomicUsize,

@@ -15,7 +15,8 @@ use dpuio_crypto::RotatingKeySource;
 
 use crate::encryption::{EncryptedContainer, KeyStatus, RotateError, RotationReport};
 use crate::error::{Error, Result};
-use crate::state::{Agent, lock};
+use crate::runtime::lock;
+use crate::state::Agent;
 
 /// The tenant's encryption settings; key files are read and checked now, so a
 /// missing or loosely protected key stops the agent at start with the reason.
@@ -23,8 +24,9 @@ pub fn encryption_settings(
     tenant: &str,
     container: &str,
     enc: &crate::config::EncryptionConfig,
-) -> std::result::Result<crate::encryption::EncryptionSettings, crate::server::ServeError> {
-    let fail = |e: dpuio_crypto::Error| crate::server::ServeError::Encryption { tenant: tenant.to_owned(), source: e };
+) -> std::result::Result<crate::encryption::EncryptionSettings, crate::serve_error::ServeError> {
+    let fail =
+        |e: dpuio_crypto::Error| crate::serve_error::ServeError::Encryption { tenant: tenant.to_owned(), source: e };
     let mut keys = dpuio_crypto::FileKeySource::new();
     for (version, file) in &enc.keys {
         keys.add_key_file(tenant, *version, file).map_err(fail)?;
@@ -154,7 +156,7 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::config::Config;
+    use crate::config::{BackendConfig, Config};
 
     /// A fresh random key in a file of the given mode.
     fn key_file(dir: &Path, name: &str, mode: u32) -> PathBuf {
@@ -179,7 +181,22 @@ mod tests {
             keys.join(", ")
         );
         let config = Config::parse(&text).unwrap();
-        crate::server::build_agent(config).unwrap()
+        // What the server's start does for this config (a local backend, no data plane),
+        // without the server: keys sits below it.
+        let BackendConfig::Local { path } = &config.backend else { panic!("a local backend") };
+        let backend = Arc::new(dpuio_backend::local::LocalBackend::open(path.clone()).unwrap());
+        let tenants = config.tenants.clone();
+        let agent = Agent::new(config, backend);
+        for tenant in &tenants {
+            if let Some(enc) = &tenant.encryption {
+                agent.set_encryption(
+                    &tenant.container,
+                    encryption_settings(&tenant.name, &tenant.container, enc).unwrap(),
+                );
+            }
+        }
+        agent.prepare_containers().unwrap();
+        Arc::new(agent)
     }
 
     fn p(s: &str) -> NsPath {

@@ -1,16 +1,32 @@
 //! `dpu-agent`: the dpuio agent that runs on the DPU.
 //!
 //! It serves the `dpuio.v1` control plane (sessions and the namespace of each tenant's
-//! container) over gRPC and runs the storage backend. The modules split as
-//! configuration ([`config`]), state and policy ([`state`]), the gRPC adapters
-//! ([`service`]), errors and their one mapping to statuses ([`error`]), and process
-//! life ([`server`]).
+//! container) over gRPC and runs the storage backend. Its modules are rooms that import
+//! downwards only (`tests/rooms.rs` fails on a loop), from the bottom up:
+//!
+//! - leaves: configuration ([`config`]), errors and their one mapping to statuses
+//!   ([`error`]), the request engine's checks ([`engine`]), inline encryption
+//!   ([`encryption`]), who is calling ([`caller`]), and how the code waits (`runtime`:
+//!   the lock helper, blocking calls off the async runtime);
+//! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]), which owns
+//!   what it serves each session from (handles, peer, regions, rings:
+//!   [`dataplane::sessions`]) and sees the agent only through
+//!   [`dataplane::sessions::AgentView`];
+//! - state and policy: tenants, sessions and their rights ([`state`]); what starting
+//!   and stopping can fail with ([`serve_error`]);
+//! - on state: namespace policy ([`namespace`]), the tenants' keys ([`keys`]), TLS and
+//!   the check in front of every service ([`tls`]);
+//! - the gRPC adapters, which only translate protobuf ([`service`], [`admin`]);
+//! - process life ([`server`]).
+//!
+//! [`deploy`] (`dpuctl deploy`) stands apart, on the configuration only.
 //!
 //! What it deliberately does not do here: touch payload on the control plane (file
 //! data moves only on the data plane), or hold any `unsafe` code.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod caller;
 pub mod config;
 pub mod dataplane;
 pub mod deploy;
@@ -18,7 +34,10 @@ pub mod encryption;
 pub mod engine;
 pub mod error;
 pub mod keys;
+pub mod namespace;
 pub mod qos;
+mod runtime;
+pub mod serve_error;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -1,5 +1,4 @@
-//! Tenant QoS on the agent: the data-plane scheduler's bookkeeping and the run-time
-//! interface that changes a tenant's limits.
+//! Tenant QoS on the agent: the data-plane scheduler's bookkeeping.
 //!
 //! The fairness and rate logic itself is [`dpuio_auth::qos::FairQueue`] (start-time
 //! fair queueing over per-tenant token buckets). This module adds what the engine
@@ -14,50 +13,19 @@
 //!   agent's tenant table when a tenant's first entry arrives, so tenants added at run
 //!   time are served without telling the engine; removed ones are dropped by
 //!   [`Scheduler::retain_tenants`].
-//! - [`Agent::set_qos`]: the Admin service's entry point.
 //!
-//! Not here: the engine's loop, its sleeping and waking (`crate::dataplane`).
+//! Not here: the engine's loop, its sleeping and waking (`dataplane`); the Admin
+//! service's entry point, `Agent::set_qos` (`state`), which changes the tenant table and
+//! then the engine's buckets through [`Scheduler::reconfigure`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use dpuio_auth::qos::{FairQueue, MAX_WEIGHT, TenantConfig as FairConfig};
+use dpuio_auth::qos::{FairQueue, TenantConfig as FairConfig};
 
 use crate::config::QosConfig;
-use crate::error::{Error, Result};
-use crate::state::{Agent, lock};
-
-impl Agent {
-    /// Change a tenant's QoS (rates, bursts, weight, in-flight limit) now: in the
-    /// agent's tenant table and in the data-plane engine's buckets and queue. Requests
-    /// already admitted are not recalled; queued ones wait under the new limits.
-    pub fn set_qos(&self, tenant: &str, qos: QosConfig) -> Result<()> {
-        if !(1..=MAX_WEIGHT).contains(&qos.weight) {
-            return Err(Error::invalid("weight", format!("{}: a weight is from 1 to {MAX_WEIGHT}", qos.weight)));
-        }
-        if qos.max_inflight == 0 {
-            return Err(Error::invalid("max_inflight", "0: a tenant needs at least one request in flight"));
-        }
-        {
-            let mut tenants = lock(&self.tenants);
-            let Some(config) = tenants.get_mut(tenant) else {
-                return Err(Error::invalid(
-                    "tenant",
-                    format!("tenant {tenant:?} is not configured on this agent; add it first (dpuctl tenant add)"),
-                ));
-            };
-            config.qos = qos;
-        }
-        // After the table: an engine that meets the tenant for the first time meanwhile
-        // reads the new settings; one that already knows it is told here.
-        if let Some(dp) = self.dataplane() {
-            dp.set_qos(tenant, &qos);
-        }
-        Ok(())
-    }
-}
 
 /// One tenant's share of the engine: its in-flight count and whether it is limited.
 #[derive(Debug)]
@@ -354,25 +322,5 @@ mod tests {
         // A tenant added again starts afresh.
         let a2 = s.slot("a", now, || Some(qos(0, 1, 8))).unwrap();
         assert!(!Arc::ptr_eq(&a, &a2));
-    }
-
-    #[test]
-    fn set_qos_changes_the_table_and_refuses_unknown_tenants() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = crate::config::Config {
-            tenants: vec![crate::config::TenantConfig::new("a", "a")],
-            ..crate::config::Config::default()
-        };
-        let backend = dpuio_backend::local::LocalBackend::open(dir.path().to_owned()).unwrap();
-        let agent = Agent::new(config, Arc::new(backend));
-        let new = qos(64 << 20, 5, 32);
-        agent.set_qos("a", new).unwrap();
-        assert_eq!(agent.tenant("a").unwrap().qos, new);
-        let e = agent.set_qos("b", new).unwrap_err();
-        assert!(e.to_string().contains("tenant \"b\" is not configured"), "{e}");
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(agent.set_qos("a", QosConfig { weight: 0, ..new }).is_err());
-        assert!(agent.set_qos("a", QosConfig { max_inflight: 0, ..new }).is_err());
-        assert_eq!(agent.tenant("a").unwrap().qos, new, "a refused change leaves the table alone");
     }
 }

@@ -13,55 +13,9 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::config::{BackendConfig, Config, DaosConfig};
 use crate::dataplane::DataPlane;
+use crate::serve_error::ServeError;
 use crate::service::{MemoryService, NamespaceService, SessionService};
 use crate::state::Agent;
-
-/// Why the agent could not start or stop cleanly.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error("cannot open the local backend at {path}: {source}")]
-    Backend {
-        path: String,
-        #[source]
-        source: dpuio_backend::Error,
-    },
-    #[error("cannot open the DAOS backend: {0}")]
-    Daos(#[from] dpuio_daos::OpenError),
-    #[error("tenant {tenant}: encryption: {source}")]
-    Encryption {
-        tenant: String,
-        #[source]
-        source: dpuio_crypto::Error,
-    },
-    #[error("cannot prepare the tenants' containers: {0}")]
-    Containers(#[source] crate::error::Error),
-    #[error("cannot listen on {addr}: {source} (is another agent running there? pick another --listen address)")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("gRPC server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
-    #[error("cannot install a signal handler: {0}")]
-    Signal(#[source] std::io::Error),
-    #[error("reflection service: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
-    #[error(
-        "cannot start the data plane: {0} (set [data_plane] transports, or enabled = false for a control-plane-only agent)"
-    )]
-    DataPlane(#[source] crate::dataplane::DataPlaneError),
-    #[error("shutting down: {0}")]
-    Shutdown(#[source] crate::error::Error),
-    #[error("TLS: {0}")]
-    Tls(String),
-    #[error("admin socket {path}: {source}")]
-    AdminSocket {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
 
 /// The DAOS backend's options from its config section.
 pub fn daos_options(daos: &DaosConfig) -> DaosOptions {

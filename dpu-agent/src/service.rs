@@ -1,42 +1,27 @@
 //! The control-plane services: `dpuio.v1.Session` and `dpuio.v1.Namespace`.
 //!
-//! These are adapters: they decode a request, check it against the session, run the
-//! backend call on the blocking pool and encode the answer. Policy lives in
-//! [`crate::state`]; every error becomes a status in [`crate::error`].
+//! These are adapters: they decode a request, call the policy that checks it against the
+//! session and runs it ([`crate::namespace`], [`crate::state`]) on the blocking pool
+//! where it calls the backend, and encode the answer. Every error becomes a status in
+//! [`crate::error`].
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use dpuio_backend::{Attr, EntryKind, Layout, NsPath, OpenOptions};
+use dpuio_backend::{Attr, EntryKind, Layout, OpenOptions};
 use dpuio_proto::v1 as pb;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use dpuio_auth::token::Op;
-
+use crate::caller::Caller;
 use crate::dataplane::DataPlaneError;
 use crate::error::{Error, Result};
+use crate::namespace;
+use crate::runtime::blocking;
 use crate::state::{Agent, Session};
-use crate::tls::Caller;
 
 /// Entries per Readdir batch when the client does not say.
 const DEFAULT_READDIR_BATCH: u32 = 1024;
-
-/// Run a blocking backend call off the async runtime.
-pub(crate) async fn blocking<T, F>(f: F) -> Result<T>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
-}
-
-fn path(field: &'static str, raw: &str) -> Result<NsPath> {
-    if raw.is_empty() {
-        return Err(Error::invalid(field, "empty path; paths start at the container root, e.g. \"/data\""));
-    }
-    Ok(NsPath::parse(raw)?)
-}
 
 pub fn attr_to_proto(a: &Attr) -> pb::Attr {
     pb::Attr {
@@ -205,13 +190,12 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
         let agent = self.agent.clone();
-        let (name, chunk_bytes, root) = blocking(move || {
-            let c = agent.mount(&session, &req.container)?;
-            let root = c.stat(&NsPath::root())?;
-            Ok((c.name().to_owned(), c.chunk_bytes(), root))
-        })
-        .await?;
-        Ok(Response::new(pb::MountResponse { container: name, chunk_bytes, root: Some(attr_to_proto(&root)) }))
+        let (c, root) = blocking(move || namespace::mount(&agent, &session, &req.container)).await?;
+        Ok(Response::new(pb::MountResponse {
+            container: c.name().to_owned(),
+            chunk_bytes: c.chunk_bytes(),
+            root: Some(attr_to_proto(&root)),
+        }))
     }
 
     async fn lookup(
@@ -221,36 +205,23 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let container = session.container()?;
         let limit = self.agent.limits().max_lookup_paths;
-        if req.paths.len() > limit as usize {
-            return Err(Error::Limit { what: "paths in one Lookup", limit: limit.into() }.into());
-        }
-        let results = blocking(move || {
-            Ok(req
-                .paths
-                .into_iter()
-                .map(|raw| {
-                    let outcome = path("paths", &raw).and_then(|p| {
-                        session.rights.check(Op::Read, &p)?;
-                        Ok(container.stat(&p)?)
-                    });
-                    match outcome {
-                        Ok(attr) => pb::LookupResult {
-                            path: raw,
-                            result: Some(pb::lookup_result::Result::Attr(attr_to_proto(&attr))),
-                            code: 0,
-                        },
-                        Err(e) => pb::LookupResult {
-                            path: raw,
-                            code: e.code() as i32,
-                            result: Some(pb::lookup_result::Result::Error(e.to_string())),
-                        },
-                    }
-                })
-                .collect())
-        })
-        .await?;
+        let outcomes = blocking(move || namespace::lookup(&session, req.paths, limit)).await?;
+        let results = outcomes
+            .into_iter()
+            .map(|(path, outcome)| match outcome {
+                Ok(attr) => pb::LookupResult {
+                    path,
+                    result: Some(pb::lookup_result::Result::Attr(attr_to_proto(&attr))),
+                    code: 0,
+                },
+                Err(e) => pb::LookupResult {
+                    path,
+                    code: e.code() as i32,
+                    result: Some(pb::lookup_result::Result::Error(e.to_string())),
+                },
+            })
+            .collect();
         Ok(Response::new(pb::LookupResponse { results }))
     }
 
@@ -259,16 +230,8 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
         let attr = match req.target {
-            Some(pb::stat_request::Target::Path(raw)) => {
-                let p = path("path", &raw)?;
-                session.rights.check(Op::Read, &p)?;
-                let container = session.container()?;
-                blocking(move || Ok(container.stat(&p)?)).await?
-            }
-            Some(pb::stat_request::Target::Handle(h)) => {
-                let handle = session.handle(h)?;
-                blocking(move || Ok(handle.object.stat()?)).await?
-            }
+            Some(pb::stat_request::Target::Path(raw)) => blocking(move || namespace::stat(&session, &raw)).await?,
+            Some(pb::stat_request::Target::Handle(h)) => blocking(move || namespace::stat_handle(&session, h)).await?,
             None => return Err(Error::invalid("target", "give a path or a handle").into()),
         };
         Ok(Response::new(pb::StatResponse { attr: Some(attr_to_proto(&attr)) }))
@@ -281,42 +244,8 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let container = session.container()?;
-        let p = path("path", &req.path)?;
-        session.rights.check(Op::Create, &p)?;
         let mode = if req.mode == 0 { 0o755 } else { req.mode & 0o7777 };
-        let attr = blocking(move || {
-            if !req.parents {
-                return Ok(container.mkdir(&p, mode)?);
-            }
-            // mkdir -p: create each missing ancestor; an existing directory is fine.
-            let mut at = NsPath::root();
-            let mut attr = container.stat(&at)?;
-            for name in p.components() {
-                at = at.join(name)?;
-                if session.rights.check(Op::Create, &at).is_err() {
-                    // An ancestor above the capability's prefix: it must exist already.
-                    attr = container.stat(&at)?;
-                    if attr.kind != EntryKind::Directory {
-                        return Err(dpuio_backend::Error::NotADirectory { path: at.to_string() }.into());
-                    }
-                    continue;
-                }
-                attr = match container.mkdir(&at, mode) {
-                    Ok(a) => a,
-                    Err(dpuio_backend::Error::AlreadyExists { .. }) => {
-                        let a = container.stat(&at)?;
-                        if a.kind != EntryKind::Directory {
-                            return Err(dpuio_backend::Error::NotADirectory { path: at.to_string() }.into());
-                        }
-                        a
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-            }
-            Ok(attr)
-        })
-        .await?;
+        let attr = blocking(move || namespace::mkdir(&session, &req.path, mode, req.parents)).await?;
         Ok(Response::new(pb::MkdirResponse { attr: Some(attr_to_proto(&attr)) }))
     }
 
@@ -329,9 +258,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let container = session.container()?;
-        let p = path("path", &req.path)?;
-        session.rights.check(Op::Read, &p)?;
+        let (container, p) = namespace::readdir_target(&session, &req.path)?;
         // The anchor is the backend's own opaque token; the backend checks it (a name
         // for `local`, an authenticated DFS anchor for `daos`).
         let max = self.agent.limits().max_readdir_batch;
@@ -385,7 +312,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
             return Err(Error::invalid("truncate", "truncate on open needs ACCESS_READ_WRITE").into());
         }
         let options = OpenOptions { write, truncate: req.truncate, ..OpenOptions::default() };
-        self.open_with(req.session_id, &caller, &req.path, options, 0).await
+        self.open_with(req.session_id, &caller, req.path, options, 0).await
     }
 
     async fn create(
@@ -402,7 +329,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
             truncate: !req.exclusive,
             layout: Layout { chunk_bytes: req.chunk_bytes, object_class: req.object_class },
         };
-        self.open_with(req.session_id, &caller, &req.path, options, mode).await
+        self.open_with(req.session_id, &caller, req.path, options, mode).await
     }
 
     async fn close(
@@ -412,7 +339,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        blocking(move || session.close_handle(req.handle)).await?;
+        blocking(move || session.io.close_handle(req.handle)).await?;
         Ok(Response::new(pb::CloseResponse {}))
     }
 
@@ -423,10 +350,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let container = session.container()?;
-        let p = path("path", &req.path)?;
-        session.rights.check(Op::Delete, &p)?;
-        blocking(move || Ok(container.remove(&p, req.recursive)?)).await?;
+        blocking(move || namespace::remove(&session, &req.path, req.recursive)).await?;
         Ok(Response::new(pb::RemoveResponse {}))
     }
 
@@ -437,11 +361,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let container = session.container()?;
-        let (from, to) = (path("from", &req.from)?, path("to", &req.to)?);
-        session.rights.check(Op::Delete, &from)?;
-        session.rights.check(Op::Create, &to)?;
-        blocking(move || Ok(container.rename(&from, &to)?)).await?;
+        blocking(move || namespace::rename(&session, &req.from, &req.to)).await?;
         Ok(Response::new(pb::RenameResponse {}))
     }
 
@@ -455,21 +375,10 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let size = req.size;
         match req.target {
             Some(pb::truncate_request::Target::Path(raw)) => {
-                let p = path("path", &raw)?;
-                session.rights.check(Op::Write, &p)?;
-                let container = session.container()?;
-                blocking(move || Ok(container.truncate(&p, size)?)).await?;
+                blocking(move || namespace::truncate(&session, &raw, size)).await?;
             }
             Some(pb::truncate_request::Target::Handle(h)) => {
-                let handle = session.handle(h)?;
-                if !handle.writable {
-                    return Err(Error::PermissionDenied(format!(
-                        "handle {h:#018x} ({}) was opened read-only; open it with ACCESS_READ_WRITE to truncate",
-                        handle.object.path()
-                    ))
-                    .into());
-                }
-                blocking(move || Ok(handle.object.truncate(size)?)).await?;
+                blocking(move || namespace::truncate_handle(&session, h, size)).await?;
             }
             None => return Err(Error::invalid("target", "give a path or a handle").into()),
         }
@@ -480,13 +389,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        if req.handle == 0 {
-            let container = session.container()?;
-            blocking(move || Ok(container.sync()?)).await?;
-        } else {
-            let handle = session.handle(req.handle)?;
-            blocking(move || Ok(handle.object.sync()?)).await?;
-        }
+        blocking(move || namespace::sync(&session, req.handle)).await?;
         Ok(Response::new(pb::SyncResponse {}))
     }
 }
@@ -496,30 +399,14 @@ impl NamespaceService {
         &self,
         session_id: u64,
         caller: &Caller,
-        raw: &str,
+        raw: String,
         options: OpenOptions,
         mode: u32,
     ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
         let session = self.session(session_id, caller)?;
-        let container = session.container()?;
-        let p = path("path", raw)?;
-        if options.create {
-            session.rights.check(Op::Create, &p)?;
-        }
-        session.rights.check(if options.write { Op::Write } else { Op::Read }, &p)?;
         let limit = self.agent.session_limits(&session.tenant).0;
-        if session.handle_count() >= limit as usize {
-            return Err(Error::Limit { what: "open handles in this session", limit: limit.into() }.into());
-        }
-        let chunk_bytes =
-            if options.layout.chunk_bytes == 0 { container.chunk_bytes() } else { options.layout.chunk_bytes };
-        let (handle, attr) = blocking(move || {
-            let object = container.open(&p, options, mode)?;
-            let attr = object.stat()?;
-            let handle = session.add_handle(object, limit)?;
-            Ok((handle, attr))
-        })
-        .await?;
+        let (handle, attr, chunk_bytes) =
+            blocking(move || namespace::open(&session, &raw, options, mode, limit)).await?;
         Ok(Response::new(pb::OpenResponse { handle, attr: Some(attr_to_proto(&attr)), chunk_bytes }))
     }
 }
@@ -561,7 +448,7 @@ impl pb::memory_server::Memory for MemoryService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.agent.session_for(req.session_id, &caller)?;
-        let peer = session.peer()?;
+        let peer = session.io.peer()?;
         let dp = self.dataplane()?;
         let access = region_access(req.access)?;
         if req.length == 0 || req.address.checked_add(req.length).is_none() {
@@ -579,15 +466,15 @@ impl pb::memory_server::Memory for MemoryService {
             .into());
         }
         let limit = self.agent.session_limits(&session.tenant).1;
-        if session.region_count() >= limit as usize {
+        if session.io.region_count() >= limit as usize {
             return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() }.into());
         }
-        let id = session.next_region_id();
+        let id = session.io.next_region_id();
         let region = blocking(move || {
             let region = dp
                 .register_region(&peer, id, req.address, req.length, &req.remote_key, access)
                 .map_err(|e| Error::invalid("remote_key", format!("cannot use the region: {e}")))?;
-            session.add_region(region, limit)
+            session.io.add_region(region, limit)
         })
         .await?;
         tracing::debug!(region = region.id, bytes = region.length, mapped = region.is_mapped(), "region registered");
@@ -600,7 +487,7 @@ impl pb::memory_server::Memory for MemoryService {
     ) -> std::result::Result<Response<pb::DeregisterRegionResponse>, Status> {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        self.agent.session_for(req.session_id, &caller)?.remove_region(req.region_id)?;
+        self.agent.session_for(req.session_id, &caller)?.io.remove_region(req.region_id)?;
         Ok(Response::new(pb::DeregisterRegionResponse {}))
     }
 
@@ -611,18 +498,18 @@ impl pb::memory_server::Memory for MemoryService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.agent.session_for(req.session_id, &caller)?;
-        let peer = session.peer()?;
+        let peer = session.io.peer()?;
         let dp = self.dataplane()?;
-        let region = session.host_region(req.region_id).ok_or_else(|| {
+        let region = session.io.host_region(req.region_id).ok_or_else(|| {
             Error::invalid("region_id", format!("region {} is not registered in this session", req.region_id))
         })?;
         let limit = self.agent.session_limits(&session.tenant).1;
-        let id = session.next_region_id();
+        let id = session.io.next_region_id();
         blocking(move || {
             let ring = dp
                 .register_ring(&peer, id, region, req.offset, req.entries)
                 .map_err(|e| Error::invalid("entries", e.to_string()))?;
-            session.add_ring(ring, limit)
+            session.io.add_ring(ring, limit)
         })
         .await?;
         Ok(Response::new(pb::RegisterRingResponse { ring_id: id }))
@@ -634,7 +521,7 @@ impl pb::memory_server::Memory for MemoryService {
     ) -> std::result::Result<Response<pb::DeregisterRingResponse>, Status> {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        self.agent.session_for(req.session_id, &caller)?.remove_ring(req.ring_id)?;
+        self.agent.session_for(req.session_id, &caller)?.io.remove_ring(req.ring_id)?;
         Ok(Response::new(pb::DeregisterRingResponse {}))
     }
 }

@@ -1,22 +1,27 @@
-//! The agent's state: tenants, mounted containers, sessions and their handles.
+//! The agent's state: tenants, mounted containers and sessions, and the policy on them
+//! (who may attach as which tenant, with what rights, how many sessions).
 //!
 //! Everything here is plain data behind short-held locks; no lock is held across a
 //! backend call or an await. Every table has a limit (sessions per agent, handles per
-//! session) so that an untrusted host cannot grow the agent without bound.
+//! session) so that an untrusted host cannot grow the agent without bound. A session's
+//! handles, regions and rings are tables of the data plane
+//! ([`crate::dataplane::sessions`]), which the session holds as [`Session::io`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use dpuio_auth::qos::MAX_WEIGHT;
 use dpuio_auth::token::{Op, OpMask, TokenAuthority};
 use dpuio_backend::{Backend, Container, NsPath, Object};
 
-use crate::dataplane::{DataPlane, HostRegion, HostRing, Peer};
-use crate::engine::{HandleInfo, RegionInfo, SessionView};
-
-use crate::config::{Config, Limits, TenantConfig};
+use crate::caller::Caller;
+use crate::config::{Config, Limits, QosConfig, TenantConfig};
+use crate::dataplane::sessions::{self, AgentView, Handle};
+use crate::dataplane::{DataPlane, Peer};
 use crate::error::{Error, Result};
+use crate::runtime::lock;
 
 /// The whole agent: what the services share.
 pub struct Agent {
@@ -36,7 +41,7 @@ pub struct Agent {
 
 /// What a session may do: all of its tenant's container, or what its capability
 /// token grants. Checked on every namespace call; compiled into each handle's
-/// [`HandleInfo`] for the data plane.
+/// [`HandleInfo`](crate::engine::HandleInfo) for the data plane.
 #[derive(Clone, Debug)]
 pub struct SessionRights {
     pub ops: OpMask,
@@ -89,44 +94,17 @@ pub struct Session {
     pub client_name: String,
     pub attached_at: SystemTime,
     pub rights: SessionRights,
+    /// What the data plane serves the session from: its open handles, its host's
+    /// endpoint, and the regions and rings the host registered.
+    pub io: Arc<sessions::Session>,
     container: Mutex<Option<Arc<dyn Container>>>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
     lease_deadline: Mutex<Instant>,
-    peer: Mutex<Option<Arc<Peer>>>,
-    regions: Mutex<HashMap<u32, Arc<HostRegion>>>,
-    rings: Mutex<HashMap<u32, Arc<HostRing>>>,
-    next_region_id: std::sync::atomic::AtomicU32,
-}
-
-/// An open file of a session.
-pub struct Handle {
-    pub object: Arc<dyn Object>,
-    /// Opened for reading and the session's rights allow reading it.
-    pub readable: bool,
-    /// Opened for writing and the session's rights allow writing it.
-    pub writable: bool,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves plain data behind (maps of
-    // Arcs); going on with it is safer than taking the whole agent down.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Lifetime of a delegation from a session without a token, when none is asked for.
 const DEFAULT_DELEGATION: Duration = Duration::from_secs(3600);
 /// Longest delegation.
 const MAX_DELEGATION: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// A fresh id that is neither 0 (reserved for "none" on the wire) nor guessable.
-fn fresh_id() -> u64 {
-    loop {
-        let id: u64 = rand::random();
-        if id != 0 {
-            return id;
-        }
-    }
-}
 
 impl Agent {
     pub fn new(config: Config, backend: Arc<dyn Backend>) -> Agent {
@@ -173,6 +151,34 @@ impl Agent {
         t.max_sessions = max_sessions;
         t.max_handles_per_session = handles;
         t.max_regions_per_session = regions;
+        Ok(())
+    }
+
+    /// Change a tenant's QoS (rates, bursts, weight, in-flight limit) now: in the
+    /// agent's tenant table and in the data-plane engine's buckets and queue. Requests
+    /// already admitted are not recalled; queued ones wait under the new limits.
+    pub fn set_qos(&self, tenant: &str, qos: QosConfig) -> Result<()> {
+        if !(1..=MAX_WEIGHT).contains(&qos.weight) {
+            return Err(Error::invalid("weight", format!("{}: a weight is from 1 to {MAX_WEIGHT}", qos.weight)));
+        }
+        if qos.max_inflight == 0 {
+            return Err(Error::invalid("max_inflight", "0: a tenant needs at least one request in flight"));
+        }
+        {
+            let mut tenants = lock(&self.tenants);
+            let Some(config) = tenants.get_mut(tenant) else {
+                return Err(Error::invalid(
+                    "tenant",
+                    format!("tenant {tenant:?} is not configured on this agent; add it first (dpuctl tenant add)"),
+                ));
+            };
+            config.qos = qos;
+        }
+        // After the table: an engine that meets the tenant for the first time meanwhile
+        // reads the new settings; one that already knows it is told here.
+        if let Some(dp) = self.dataplane() {
+            dp.set_qos(tenant, &qos);
+        }
         Ok(())
     }
 
@@ -245,7 +251,7 @@ impl Agent {
 
     /// The session `id` if it belongs to a tenant `caller` may act for. Another
     /// tenant's session is reported exactly like an unknown id.
-    pub fn session_for(&self, id: u64, caller: &crate::tls::Caller) -> Result<Arc<Session>> {
+    pub fn session_for(&self, id: u64, caller: &Caller) -> Result<Arc<Session>> {
         let session = self.session(id)?;
         if !caller.may_use(&session.tenant) {
             return Err(Error::NoSession { id });
@@ -309,12 +315,7 @@ impl Agent {
     /// certificate decides the tenant (a plaintext loopback listener takes the named
     /// one); a capability token narrows the rights and must be this agent's, for that
     /// tenant and its container, unexpired and unaltered.
-    pub fn authorize_attach(
-        &self,
-        caller: &crate::tls::Caller,
-        requested: &str,
-        token: &str,
-    ) -> Result<(String, SessionRights)> {
+    pub fn authorize_attach(&self, caller: &Caller, requested: &str, token: &str) -> Result<(String, SessionRights)> {
         let now = SystemTime::now();
         let verified = if token.is_empty() {
             None
@@ -322,7 +323,7 @@ impl Agent {
             Some(self.tokens.verify(token, now).map_err(|e| Error::Unauthenticated(format!("capability_token: {e}")))?)
         };
         let tenant = match caller {
-            crate::tls::Caller::Tenant(t) => {
+            Caller::Tenant(t) => {
                 if !requested.is_empty() && requested != t {
                     return Err(Error::PermissionDenied(format!(
                         "the client certificate is for tenant {t:?}; it cannot attach as tenant {requested:?}"
@@ -330,8 +331,8 @@ impl Agent {
                 }
                 t.clone()
             }
-            crate::tls::Caller::Unauthenticated if !requested.is_empty() => requested.to_owned(),
-            crate::tls::Caller::Unauthenticated => match &verified {
+            Caller::Unauthenticated if !requested.is_empty() => requested.to_owned(),
+            Caller::Unauthenticated => match &verified {
                 Some(rights) => rights.tenant().to_owned(),
                 None => self.default_tenant()?,
             },
@@ -473,20 +474,17 @@ impl Agent {
         {
             return Err(Error::Limit { what: "sessions of this tenant", limit: max.into() });
         }
+        let io = Arc::new(sessions::Session::new(tenant, rights.expires_at));
         let session = Arc::new(Session {
-            id: fresh_id(),
+            id: io.id,
             tenant: tenant.to_owned(),
             container_name,
             client_name: client_name.to_owned(),
             attached_at: SystemTime::now(),
             rights,
+            io,
             container: Mutex::new(None),
-            handles: Mutex::new(HashMap::new()),
             lease_deadline: Mutex::new(Instant::now() + self.lease()),
-            peer: Mutex::new(None),
-            regions: Mutex::new(HashMap::new()),
-            rings: Mutex::new(HashMap::new()),
-            next_region_id: std::sync::atomic::AtomicU32::new(1),
         });
         sessions.insert(session.id, session.clone());
         Ok(session)
@@ -522,7 +520,7 @@ impl Agent {
         let Some(session) = lock(&self.sessions).remove(&id) else {
             return Ok(false);
         };
-        session.close_all()?;
+        session.io.close_all()?;
         Ok(true)
     }
 
@@ -566,20 +564,6 @@ impl Agent {
         self.dataplane.get()
     }
 
-    /// Every ring of every session, for a full scan.
-    pub fn all_rings(&self) -> Vec<(u64, u32)> {
-        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
-        sessions.iter().flat_map(|s| lock(&s.rings).keys().map(|r| (s.id, *r)).collect::<Vec<_>>()).collect()
-    }
-
-    /// A ring with its session and peer, if all still exist.
-    pub fn ring(&self, session_id: u64, ring_id: u32) -> Option<(Arc<Session>, Arc<Peer>, Arc<HostRing>)> {
-        let session = lock(&self.sessions).get(&session_id).cloned()?;
-        let peer = lock(&session.peer).clone()?;
-        let ring = lock(&session.rings).get(&ring_id).cloned()?;
-        Some((session, peer, ring))
-    }
-
     /// Number of sessions attached now.
     pub fn session_count(&self) -> usize {
         lock(&self.sessions).len()
@@ -595,127 +579,71 @@ impl Session {
     /// Register an open object; fails past the per-session limit. What the data plane
     /// may do with it is fixed now: the open mode narrowed by the session's rights.
     pub fn add_handle(&self, object: Arc<dyn Object>, limit: u32) -> Result<u64> {
-        let mut handles = lock(&self.handles);
-        if handles.len() >= limit as usize {
-            return Err(Error::Limit { what: "open handles in this session", limit: limit.into() });
-        }
         let path = object.path().clone();
         let readable = self.rights.check(Op::Read, &path).is_ok();
         let writable = object.writable() && self.rights.check(Op::Write, &path).is_ok();
-        let id = fresh_id();
-        handles.insert(id, Arc::new(Handle { object, readable, writable }));
-        Ok(id)
-    }
-
-    /// The handle `id` of this session; handles of other sessions are not found.
-    pub fn handle(&self, id: u64) -> Result<Arc<Handle>> {
-        lock(&self.handles).get(&id).cloned().ok_or(Error::NoHandle { handle: id })
-    }
-
-    /// Forget a handle; a writable one is synced first so `Close` means durable.
-    pub fn close_handle(&self, id: u64) -> Result<()> {
-        let handle = lock(&self.handles).remove(&id).ok_or(Error::NoHandle { handle: id })?;
-        if handle.writable {
-            handle.object.sync()?;
-        }
-        Ok(())
+        self.io.add_handle(Handle { object, readable, writable }, limit)
     }
 
     /// Bind the session to its host's data-plane endpoint (Attach).
     pub fn set_peer(&self, peer: Arc<Peer>) {
-        *lock(&self.peer) = Some(peer);
-    }
-
-    /// The data-plane endpoint, or why there is none.
-    pub fn peer(&self) -> Result<Arc<Peer>> {
-        lock(&self.peer).clone().ok_or_else(|| {
-            Error::invalid(
-                "session_id",
-                "this session attached without a data-plane transport; attach with one to register memory",
-            )
-        })
-    }
-
-    /// A fresh region id (never 0, never reused within the session).
-    pub fn next_region_id(&self) -> u32 {
-        self.next_region_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Add a registered region; fails past the per-session limit.
-    pub fn add_region(&self, region: HostRegion, limit: u32) -> Result<Arc<HostRegion>> {
-        let mut regions = lock(&self.regions);
-        if regions.len() >= limit as usize {
-            return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() });
-        }
-        let region = Arc::new(region);
-        regions.insert(region.id, region.clone());
-        Ok(region)
-    }
-
-    /// A registered region of this session.
-    pub fn host_region(&self, id: u32) -> Option<Arc<HostRegion>> {
-        lock(&self.regions).get(&id).cloned()
-    }
-
-    /// Forget a region; refused while a ring lives in it.
-    pub fn remove_region(&self, id: u32) -> Result<()> {
-        if lock(&self.rings).values().any(|r| r.region_id() == id) {
-            return Err(Error::invalid("region_id", format!("region {id} holds a ring: deregister the ring first")));
-        }
-        lock(&self.regions)
-            .remove(&id)
-            .map(|_| ())
-            .ok_or_else(|| Error::invalid("region_id", format!("region {id} is not registered in this session")))
-    }
-
-    /// Add a ring; at most one per region offset, bounded by the region limit.
-    pub fn add_ring(&self, ring: HostRing, limit: u32) -> Result<()> {
-        let mut rings = lock(&self.rings);
-        if rings.len() >= limit as usize {
-            return Err(Error::Limit { what: "rings in this session", limit: limit.into() });
-        }
-        rings.insert(ring.id, Arc::new(ring));
-        Ok(())
-    }
-
-    /// Forget a ring.
-    pub fn remove_ring(&self, id: u32) -> Result<()> {
-        lock(&self.rings)
-            .remove(&id)
-            .map(|_| ())
-            .ok_or_else(|| Error::invalid("ring_id", format!("ring {id} is not registered in this session")))
-    }
-
-    pub fn region_count(&self) -> usize {
-        lock(&self.regions).len()
-    }
-
-    pub fn handle_count(&self) -> usize {
-        lock(&self.handles).len()
-    }
-
-    fn close_all(&self) -> Result<()> {
-        // Rings and regions first, so the engine stops touching this host's memory.
-        lock(&self.rings).clear();
-        lock(&self.regions).clear();
-        lock(&self.peer).take();
-        let handles: Vec<Arc<Handle>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
-        let mut first_error = None;
-        for h in handles.into_iter().filter(|h| h.writable) {
-            if let Err(e) = h.object.sync() {
-                first_error.get_or_insert(Error::from(e));
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        self.io.set_peer(peer);
     }
 }
 
-impl SessionView for Session {
-    fn handle(&self, id: u64) -> Option<HandleInfo> {
-        let live = !self.rights.expired(SystemTime::now());
-        lock(&self.handles).get(&id).map(|h| HandleInfo { readable: h.readable && live, writable: h.writable && live })
+/// The engine's view of the agent: the data-plane half of each session.
+impl AgentView for Agent {
+    fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
     }
-    fn region(&self, id: u32) -> Option<RegionInfo> {
-        lock(&self.regions).get(&id).map(|r| r.info())
+    fn limits(&self) -> &Limits {
+        Agent::limits(self)
+    }
+    fn tenant(&self, tenant: &str) -> Option<TenantConfig> {
+        Agent::tenant(self, tenant)
+    }
+    fn has_tenant(&self, tenant: &str) -> bool {
+        Agent::has_tenant(self, tenant)
+    }
+    fn sessions_io(&self) -> Vec<Arc<sessions::Session>> {
+        lock(&self.sessions).values().map(|s| s.io.clone()).collect()
+    }
+    fn session_io(&self, id: u64) -> Option<Arc<sessions::Session>> {
+        lock(&self.sessions).get(&id).map(|s| s.io.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dpuio_auth::qos::QosLimits;
+
+    use super::*;
+
+    fn qos(bytes_per_s: u64, weight: u32, max_inflight: u32) -> QosConfig {
+        QosConfig {
+            limits: QosLimits { bytes_per_s, bytes_burst: bytes_per_s / 10, ops_per_s: 0, ops_burst: 0 },
+            weight,
+            max_inflight,
+        }
+    }
+
+    #[test]
+    fn set_qos_changes_the_table_and_refuses_unknown_tenants() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::config::Config {
+            tenants: vec![crate::config::TenantConfig::new("a", "a")],
+            ..crate::config::Config::default()
+        };
+        let backend = dpuio_backend::local::LocalBackend::open(dir.path().to_owned()).unwrap();
+        let agent = Agent::new(config, Arc::new(backend));
+        let new = qos(64 << 20, 5, 32);
+        agent.set_qos("a", new).unwrap();
+        assert_eq!(agent.tenant("a").unwrap().qos, new);
+        let e = agent.set_qos("b", new).unwrap_err();
+        assert!(e.to_string().contains("tenant \"b\" is not configured"), "{e}");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(agent.set_qos("a", QosConfig { weight: 0, ..new }).is_err());
+        assert!(agent.set_qos("a", QosConfig { max_inflight: 0, ..new }).is_err());
+        assert_eq!(agent.tenant("a").unwrap().qos, new, "a refused change leaves the table alone");
     }
 }

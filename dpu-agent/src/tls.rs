@@ -25,8 +25,10 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::Status;
 
+use crate::caller::Caller;
 use crate::config::Config;
-use crate::server::ServeError;
+use crate::runtime::lock;
+use crate::serve_error::ServeError;
 use crate::state::Agent;
 
 /// How long a client has to finish the TLS handshake.
@@ -37,34 +39,6 @@ const VERIFIED_FOR: Duration = Duration::from_secs(60);
 const CACHE_ENTRIES: usize = 1024;
 /// Days a development client certificate is valid.
 pub const DEV_CLIENT_VALIDITY_DAYS: u32 = 365;
-
-/// Who made a request, as the interceptor established it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Caller {
-    /// A tenant, from its client certificate.
-    Tenant(String),
-    /// A plaintext loopback listener (`[tls] mode = "off"`): the request names the tenant.
-    Unauthenticated,
-}
-
-impl Caller {
-    /// The caller of a request that passed the [`Authenticator`].
-    pub fn of<T>(request: &tonic::Request<T>) -> Result<Caller, Status> {
-        request
-            .extensions()
-            .get::<Caller>()
-            .cloned()
-            .ok_or_else(|| Status::internal("request reached a service without passing authentication"))
-    }
-
-    /// Whether this caller may use something that belongs to `tenant`.
-    pub fn may_use(&self, tenant: &str) -> bool {
-        match self {
-            Caller::Tenant(t) => t == tenant,
-            Caller::Unauthenticated => true,
-        }
-    }
-}
 
 /// The listener's TLS setup.
 pub struct ControlTls {
@@ -245,7 +219,7 @@ impl Authenticator {
         })?;
         let leaf = chain[0].as_ref();
         let now = Instant::now();
-        let cached = crate::state::lock(&self.verified).get(leaf).filter(|(at, _)| now - *at < VERIFIED_FOR).cloned();
+        let cached = lock(&self.verified).get(leaf).filter(|(at, _)| now - *at < VERIFIED_FOR).cloned();
         let outcome = match cached {
             Some((_, outcome)) => outcome,
             None => {
@@ -257,7 +231,7 @@ impl Authenticator {
                         Identity::Tenant(name) => Ok(name),
                         Identity::Admin => Err("an admin certificate speaks for no tenant; the Admin service is on the agent's Unix socket (dpuctl)".to_owned()),
                     });
-                let mut verified = crate::state::lock(&self.verified);
+                let mut verified = lock(&self.verified);
                 if verified.len() >= CACHE_ENTRIES {
                     verified.clear();
                 }

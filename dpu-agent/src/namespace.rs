@@ -1,0 +1,188 @@
+//! Namespace policy: what a session may do in its container's tree, checked in a fixed
+//! order before the backend does it, so the status a client gets is predictable.
+//!
+//! Each operation of `dpuio.v1.Namespace` is one function here: it takes the session,
+//! the request's values (paths as the client sent them, parsed here and reported
+//! against the field they came in) and plain limits, checks that the container is
+//! mounted, the paths are well formed and the session's rights allow the operation,
+//! then calls the backend. Most of them block on the backend: the gRPC handlers
+//! (`service`) run them on the blocking pool, and only translate protobuf to these
+//! calls and their answers back. Nothing here knows protobuf or tonic.
+
+use std::sync::Arc;
+
+use dpuio_auth::token::Op;
+use dpuio_backend::{Attr, Container, EntryKind, NsPath, OpenOptions};
+
+use crate::error::{Error, Result};
+use crate::state::{Agent, Session};
+
+/// The path in the request field `field`.
+pub fn path(field: &'static str, raw: &str) -> Result<NsPath> {
+    if raw.is_empty() {
+        return Err(Error::invalid(field, "empty path; paths start at the container root, e.g. \"/data\""));
+    }
+    Ok(NsPath::parse(raw)?)
+}
+
+/// Mount the session's container (`requested` empty: its tenant's own) and stat its root.
+pub fn mount(agent: &Agent, session: &Session, requested: &str) -> Result<(Arc<dyn Container>, Attr)> {
+    let c = agent.mount(session, requested)?;
+    let root = c.stat(&NsPath::root())?;
+    Ok((c, root))
+}
+
+/// The attributes of each of `paths` (each needs Read), or why not, in order; at most
+/// `limit` paths in one call.
+pub fn lookup(session: &Session, paths: Vec<String>, limit: u32) -> Result<Vec<(String, Result<Attr>)>> {
+    let container = session.container()?;
+    if paths.len() > limit as usize {
+        return Err(Error::Limit { what: "paths in one Lookup", limit: limit.into() });
+    }
+    Ok(paths
+        .into_iter()
+        .map(|raw| {
+            let outcome = path("paths", &raw).and_then(|p| {
+                session.rights.check(Op::Read, &p)?;
+                Ok(container.stat(&p)?)
+            });
+            (raw, outcome)
+        })
+        .collect())
+}
+
+/// The attributes of the file or directory at `raw` (needs Read).
+pub fn stat(session: &Session, raw: &str) -> Result<Attr> {
+    let p = path("path", raw)?;
+    session.rights.check(Op::Read, &p)?;
+    let container = session.container()?;
+    Ok(container.stat(&p)?)
+}
+
+/// The attributes of the file open as `handle`.
+pub fn stat_handle(session: &Session, handle: u64) -> Result<Attr> {
+    let handle = session.io.handle(handle)?;
+    Ok(handle.object.stat()?)
+}
+
+/// Make the directory `raw` (needs Create); with `parents`, its missing ancestors too
+/// (`mkdir -p`), where an existing directory is no error.
+pub fn mkdir(session: &Session, raw: &str, mode: u32, parents: bool) -> Result<Attr> {
+    let container = session.container()?;
+    let p = path("path", raw)?;
+    session.rights.check(Op::Create, &p)?;
+    if !parents {
+        return Ok(container.mkdir(&p, mode)?);
+    }
+    let mut at = NsPath::root();
+    let mut attr = container.stat(&at)?;
+    for name in p.components() {
+        at = at.join(name)?;
+        if session.rights.check(Op::Create, &at).is_err() {
+            // An ancestor above the capability's prefix: it must exist already.
+            attr = container.stat(&at)?;
+            if attr.kind != EntryKind::Directory {
+                return Err(dpuio_backend::Error::NotADirectory { path: at.to_string() }.into());
+            }
+            continue;
+        }
+        attr = match container.mkdir(&at, mode) {
+            Ok(a) => a,
+            Err(dpuio_backend::Error::AlreadyExists { .. }) => {
+                let a = container.stat(&at)?;
+                if a.kind != EntryKind::Directory {
+                    return Err(dpuio_backend::Error::NotADirectory { path: at.to_string() }.into());
+                }
+                a
+            }
+            Err(e) => return Err(e.into()),
+        };
+    }
+    Ok(attr)
+}
+
+/// The directory a Readdir lists (needs Read): the container to list it from, and its
+/// path. Touches no backend, so the caller can answer its errors before streaming.
+pub fn readdir_target(session: &Session, raw: &str) -> Result<(Arc<dyn Container>, NsPath)> {
+    let container = session.container()?;
+    let p = path("path", raw)?;
+    session.rights.check(Op::Read, &p)?;
+    Ok((container, p))
+}
+
+/// Open (or create, as `options` say) the file at `raw` as a handle of the session:
+/// creating needs Create, and the access asked for needs Read or Write; a session has
+/// at most `max_handles` open. Returns the handle, the file's attributes and its chunk
+/// size.
+pub fn open(
+    session: &Session,
+    raw: &str,
+    options: OpenOptions,
+    mode: u32,
+    max_handles: u32,
+) -> Result<(u64, Attr, u64)> {
+    let container = session.container()?;
+    let p = path("path", raw)?;
+    if options.create {
+        session.rights.check(Op::Create, &p)?;
+    }
+    session.rights.check(if options.write { Op::Write } else { Op::Read }, &p)?;
+    if session.io.handle_count() >= max_handles as usize {
+        return Err(Error::Limit { what: "open handles in this session", limit: max_handles.into() });
+    }
+    let chunk_bytes =
+        if options.layout.chunk_bytes == 0 { container.chunk_bytes() } else { options.layout.chunk_bytes };
+    let object = container.open(&p, options, mode)?;
+    let attr = object.stat()?;
+    let handle = session.add_handle(object, max_handles)?;
+    Ok((handle, attr, chunk_bytes))
+}
+
+/// Remove the file or directory at `raw` (needs Delete); a directory with entries only
+/// when `recursive`.
+pub fn remove(session: &Session, raw: &str, recursive: bool) -> Result<()> {
+    let container = session.container()?;
+    let p = path("path", raw)?;
+    session.rights.check(Op::Delete, &p)?;
+    Ok(container.remove(&p, recursive)?)
+}
+
+/// Rename `from` to `to`: Delete on the old name, Create on the new one.
+pub fn rename(session: &Session, from: &str, to: &str) -> Result<()> {
+    let container = session.container()?;
+    let (from, to) = (path("from", from)?, path("to", to)?);
+    session.rights.check(Op::Delete, &from)?;
+    session.rights.check(Op::Create, &to)?;
+    Ok(container.rename(&from, &to)?)
+}
+
+/// Set the size of the file at `raw` (needs Write).
+pub fn truncate(session: &Session, raw: &str, size: u64) -> Result<()> {
+    let p = path("path", raw)?;
+    session.rights.check(Op::Write, &p)?;
+    let container = session.container()?;
+    Ok(container.truncate(&p, size)?)
+}
+
+/// Set the size of the file open as `handle`, which must be open for writing.
+pub fn truncate_handle(session: &Session, handle: u64, size: u64) -> Result<()> {
+    let h = handle;
+    let handle = session.io.handle(h)?;
+    if !handle.writable {
+        return Err(Error::PermissionDenied(format!(
+            "handle {h:#018x} ({}) was opened read-only; open it with ACCESS_READ_WRITE to truncate",
+            handle.object.path()
+        )));
+    }
+    Ok(handle.object.truncate(size)?)
+}
+
+/// Make durable the file open as `handle`, or with `handle` 0 the whole container.
+pub fn sync(session: &Session, handle: u64) -> Result<()> {
+    if handle == 0 {
+        let container = session.container()?;
+        return Ok(container.sync()?);
+    }
+    let handle = session.io.handle(handle)?;
+    Ok(handle.object.sync()?)
+}
