@@ -1026,17 +1026,17 @@ mod tests {
             c.data_plane
                 .lanes()
                 .iter()
-                .map(|l| format!("{}:{}:{}", l.spec.provider(), l.spec.fabric_provider(), l.required))
+                .map(|l| format!("{}|{}|{}", l.spec.provider(), l.spec.fabric_provider(), l.required))
                 .collect::<Vec<_>>()
         };
         // The default: UCX, plus libfabric where it opens (never fatal).
         let config = Config::parse("").unwrap();
-        assert_eq!(names(&config), ["ucx::true", "ofi:shm:false", "ofi:tcp;ofi_rxm:false", "ofi:verbs;ofi_rxm:false"]);
+        assert_eq!(names(&config), ["ucx||true", "ofi|shm|false", "ofi|tcp;ofi_rxm|false", "ofi|verbs;ofi_rxm|false"]);
         // Named: each must open, and the transports pick libfabric's providers.
         let config = Config::parse("[data_plane]\nproviders = [\"ofi\"]\ntransports = \"tcp\"\n").unwrap();
-        assert_eq!(names(&config), ["ofi:tcp;ofi_rxm:true"]);
+        assert_eq!(names(&config), ["ofi|tcp;ofi_rxm|true"]);
         let config = Config::parse("[data_plane]\nproviders = [\"ucx\", \"ofi\"]\ntransports = \"shm\"\n").unwrap();
-        assert_eq!(names(&config), ["ucx::true", "ofi:shm:true"]);
+        assert_eq!(names(&config), ["ucx||true", "ofi|shm|true"]);
         assert_eq!(config.data_plane.lanes()[0].spec, Spec::Ucx(fabric::FabricConfig::shm()));
         for bad in ["providers = [\"verbs\"]", "providers = []", "providers = \"ucx\"", "providers = [1]"] {
             let found = issues(&format!("[data_plane]\n{bad}\n"));
