@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use dpuio_backend::{IoOp, IoQueue, IoRequest, OneAtATime};
 use dpuio_proto::wire::{self, Completion, Opcode, Submission};
 use fabric::any;
-use fabric::transport::Endpoint as _;
+use fabric::transport::{Endpoint as _, RemoteKey as _};
 use fabric::{MappedRemote, Transport};
 
 use crate::config::{Lane, QosConfig};

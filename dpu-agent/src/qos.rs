@@ -210,11 +210,12 @@ impl<T> Scheduler<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use dpuio_auth::qos::QosLimits;
 
-    fn qos(bytes_per_s: u64, weight: u32, max_inflight: u32) -> QosConfig {
+    /// A tenant's QoS with a byte rate (burst a tenth of it), a weight and an in-flight cap.
+    pub(crate) fn qos(bytes_per_s: u64, weight: u32, max_inflight: u32) -> QosConfig {
         QosConfig {
             limits: QosLimits { bytes_per_s, bytes_burst: bytes_per_s / 10, ops_per_s: 0, ops_burst: 0 },
             weight,

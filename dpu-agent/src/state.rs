@@ -615,17 +615,8 @@ impl AgentView for Agent {
 
 #[cfg(test)]
 mod tests {
-    use dpuio_auth::qos::QosLimits;
-
     use super::*;
-
-    fn qos(bytes_per_s: u64, weight: u32, max_inflight: u32) -> QosConfig {
-        QosConfig {
-            limits: QosLimits { bytes_per_s, bytes_burst: bytes_per_s / 10, ops_per_s: 0, ops_burst: 0 },
-            weight,
-            max_inflight,
-        }
-    }
+    use crate::qos::tests::qos;
 
     #[test]
     fn set_qos_changes_the_table_and_refuses_unknown_tenants() {

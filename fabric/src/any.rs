@@ -216,34 +216,16 @@ impl transport::Region for Region {
     }
 }
 
-impl RemoteKey {
-    /// First byte of the peer region (as declared when unpacking).
-    pub fn remote_addr(&self) -> u64 {
-        each!(self, k => k.remote_addr())
-    }
-    /// Length of the peer region (as declared when unpacking).
-    pub fn len(&self) -> u64 {
-        each!(self, k => k.len())
-    }
-    /// True if the declared region is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// See [`transport::RemoteKey::map`]; always `None` on libfabric.
-    pub fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
-        each!(self, k => k.map(remote_addr, len))
-    }
-}
-
 impl transport::RemoteKey for RemoteKey {
     fn remote_addr(&self) -> u64 {
-        RemoteKey::remote_addr(self)
+        each!(self, k => k.remote_addr())
     }
     fn len(&self) -> u64 {
-        RemoteKey::len(self)
+        each!(self, k => k.len())
     }
+    /// Always `None` on libfabric.
     fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
-        RemoteKey::map(self, remote_addr, len)
+        each!(self, k => k.map(remote_addr, len))
     }
 }
 
