@@ -423,24 +423,6 @@ fn read_host_blocking(
     Ok(())
 }
 
-/// A doorbell: `session_id: u64 LE, ring_id: u32 LE, reserved: u32`.
-pub const DOORBELL_BYTES: usize = 16;
-
-/// Encode a doorbell for a ring (the host side sends this).
-pub fn doorbell(session_id: u64, ring_id: u32) -> [u8; DOORBELL_BYTES] {
-    let mut b = [0u8; DOORBELL_BYTES];
-    b[..8].copy_from_slice(&session_id.to_le_bytes());
-    b[8..12].copy_from_slice(&ring_id.to_le_bytes());
-    b
-}
-
-fn parse_doorbell(b: &[u8]) -> Option<(u64, u32)> {
-    if b.len() != DOORBELL_BYTES || b[12..].iter().any(|&x| x != 0) {
-        return None;
-    }
-    Some((u64::from_le_bytes(b[..8].try_into().ok()?), u32::from_le_bytes(b[8..12].try_into().ok()?)))
-}
-
 /// `provider`, or `provider (libfabric provider)`: how errors and logs name a worker.
 fn offer_name(w: &any::Worker) -> String {
     match w.fabric_provider() {
@@ -678,9 +660,9 @@ impl Engine {
                 }
             }
             for bell in &bells {
-                match parse_doorbell(bell.as_bytes()) {
-                    Some(key) => {
-                        pending.insert(key);
+                match wire::Doorbell::decode(bell.as_bytes()) {
+                    Some(d) => {
+                        pending.insert((d.session_id, d.ring_id));
                     }
                     None => tracing::debug!("malformed doorbell ignored"),
                 }
@@ -1252,19 +1234,5 @@ fn io_failed(session: &Session, sub: &Submission, e: &dpuio_backend::Error) -> (
     match e {
         dpuio_backend::Error::Integrity { .. } => (wire::Status::Integrity, 0),
         _ => (wire::Status::Io, 0),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn doorbells_round_trip_and_reject_junk() {
-        assert_eq!(parse_doorbell(&doorbell(7, 3)), Some((7, 3)));
-        assert_eq!(parse_doorbell(&[0u8; 15]), None);
-        let mut b = doorbell(7, 3);
-        b[15] = 1;
-        assert_eq!(parse_doorbell(&b), None);
     }
 }

@@ -30,14 +30,6 @@ use tonic::transport::Channel;
 
 use crate::error::{Error, Result};
 
-/// Doorbell layout the agent expects: `session_id u64 LE, ring_id u32 LE, 0u32`.
-fn doorbell(session_id: u64, ring_id: u32) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    b[..8].copy_from_slice(&session_id.to_le_bytes());
-    b[8..12].copy_from_slice(&ring_id.to_le_bytes());
-    b
-}
-
 /// How the host side of the data plane is set up.
 #[derive(Debug, Clone)]
 pub struct DataPlaneOptions {
@@ -427,7 +419,7 @@ impl DataPlane {
             return Ok(());
         }
         self.endpoint
-            .send_doorbell(&doorbell(self.session_id, ring.id))
+            .send_doorbell(&wire::Doorbell { session_id: self.session_id, ring_id: ring.id }.encode())
             .map_err(|e| Error::DataPlane { op: "ring the doorbell".into(), reason: e.to_string() })?;
         // Push the doorbell out now (on shared memory nobody else progresses this side).
         self.worker.progress();
