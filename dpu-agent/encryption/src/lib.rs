@@ -1,12 +1,14 @@
-//! Inline encryption as a wrapper over any backend: [`EncryptedContainer`] and
-//! [`EncryptedObject`] implement the backend traits over another container, so the
-//! engine, the data plane and the control plane stay as they are, and only
-//! ciphertext reaches the storage. The cryptography (envelope, block sealing, header,
-//! layout arithmetic, write plans) is `dpuio_crypto`; this module is its I/O adapter.
+//! Inline encryption of `dpu-agent` as a wrapper over any backend:
+//! [`EncryptedContainer`] and [`EncryptedObject`] implement the backend traits
+//! ([`dpuio_backend`]) over another container, so the engine, the data plane and the
+//! control plane stay as they are, and only ciphertext reaches the storage. The
+//! cryptography (envelope, block sealing, header, layout arithmetic, write plans) is
+//! `dpuio_crypto`, with plain values in and out; this crate is its I/O adapter, and
+//! sits beside the backends it wraps, outside the agent binary.
 //!
 //! # What is stored
 //!
-//! Each file is the crate's header (256 bytes) followed by sealed blocks
+//! Each file is `dpuio_crypto`'s header (256 bytes) followed by sealed blocks
 //! (`[nonce 12][ciphertext][tag 16]` per block of the tenant's `block_bytes`): 28 bytes
 //! per block (0.043 % at the default 64 KiB) plus 256 bytes per file. A new file gets
 //! a fresh random data key, wrapped by the tenant's current key-encryption key (KEK).
@@ -57,7 +59,7 @@
 //! Another process (or another `EncryptedContainer` on the same container) does not
 //! share these locks; as the `local` backend says, one agent owns a root.
 //!
-//! # Crash order (the crate's "Rules for the engine")
+//! # Crash order (`dpuio_crypto`'s "Rules for the engine")
 //!
 //! - Write or grow: sealed blocks first, the header with the new size last; a crash
 //!   in between leaves the old size, and readers trim to it (a last block re-sealed
@@ -71,7 +73,7 @@
 //!   its tag and reads as an integrity error, never as wrong data.
 //! - The header is written at every size change (not deferred to `sync`): 256 bytes
 //!   at offset 0, within one page. After a power loss without `sync`, what was lost
-//!   reads back as an integrity error (the crate's rule), never as wrong data.
+//!   reads back as an integrity error (`dpuio_crypto`'s rule), never as wrong data.
 //!
 //! # Errors
 //!
@@ -101,10 +103,12 @@
 //! re-created during a rotation is wrapped under the version current when it takes
 //! its lock, so the walk cannot miss it.
 //!
-//! Deliberately not here: key sources and key caching (the crate's [`KeySource`]),
+//! Deliberately not here: key sources and key caching (`dpuio_crypto`'s [`KeySource`]),
 //! directory or file-name encryption (names stay in the clear), and protection
 //! against storage replaying an older valid version of a block or file (no trusted
-//! counter exists outside storage; see the crate docs).
+//! counter exists outside storage; see `dpuio_crypto`'s docs).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -250,7 +254,7 @@ impl Shared {
     }
 }
 
-/// A container whose files are encrypted: see the module documentation. A handle:
+/// A container whose files are encrypted: see the crate documentation. A handle:
 /// every `EncryptedContainer` made from the same [`EncryptedContainer::new`] (see
 /// [`EncryptionSettings::running_container`]) shares one state.
 pub struct EncryptedContainer {
@@ -405,7 +409,7 @@ impl EncryptedContainer {
     }
 
     /// Plaintext size of a file, from its stored header (unauthenticated: fine for
-    /// `stat`, as the crate says).
+    /// `stat`, as `dpuio_crypto` says).
     fn plaintext_size(&self, path: &NsPath, attr: &Attr) -> Result<u64> {
         if attr.kind != EntryKind::File || attr.size == 0 {
             return Ok(attr.size);
@@ -878,7 +882,7 @@ fn commit_size(inner: &dyn Object, path: &NsPath, sealed: &mut Sealed, size: u64
     Ok(())
 }
 
-/// Truncate an encrypted file, under the exclusive lock, in the crate's order.
+/// Truncate an encrypted file, under the exclusive lock, in `dpuio_crypto`'s order.
 fn resize(inner: &dyn Object, path: &NsPath, sealed: &mut Sealed, size: u64) -> Result<()> {
     let old = sealed.header.plaintext_bytes();
     let layout = sealed.cipher.layout();
@@ -2273,7 +2277,7 @@ mod tests {
 
     /// Sequential writes and reads in 256 KiB pieces (as the data plane splits them),
     /// one thread, through the wrapper against the same on a plain file, page cache:
-    /// `cargo test --release -p dpu-agent --lib encryption -- --ignored --nocapture`.
+    /// `cargo test --release -p dpuio-encryption --lib throughput -- --ignored --nocapture`.
     #[test]
     #[ignore = "a measurement, not a check; run in release"]
     fn throughput_against_plain() {
