@@ -12,8 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dpuio_crypto::RotatingKeySource;
+use dpuio_encryption::{EncryptedContainer, KeyStatus, RotateError, RotationReport};
 
-use crate::encryption::{EncryptedContainer, KeyStatus, RotateError, RotationReport};
 use crate::error::{Error, Result};
 use crate::runtime::lock;
 use crate::state::Agent;
@@ -24,7 +24,7 @@ pub fn encryption_settings(
     tenant: &str,
     container: &str,
     enc: &crate::config::EncryptionConfig,
-) -> std::result::Result<crate::encryption::EncryptionSettings, crate::serve_error::ServeError> {
+) -> std::result::Result<dpuio_encryption::EncryptionSettings, crate::serve_error::ServeError> {
     let fail =
         |e: dpuio_crypto::Error| crate::serve_error::ServeError::Encryption { tenant: tenant.to_owned(), source: e };
     let mut keys = dpuio_crypto::FileKeySource::new();
@@ -32,7 +32,7 @@ pub fn encryption_settings(
         keys.add_key_file(tenant, *version, file).map_err(fail)?;
     }
     let keys = Arc::new(RotatingKeySource::new(keys));
-    let mut s = crate::encryption::EncryptionSettings::new(tenant, container, keys).map_err(fail)?;
+    let mut s = dpuio_encryption::EncryptionSettings::new(tenant, container, keys).map_err(fail)?;
     if let Some(p) = &enc.provider {
         s.provider = dpuio_crypto::provider_by_name(p).map_err(fail)?;
     }

@@ -5,9 +5,9 @@
 //! downwards only (`tests/rooms.rs` fails on a loop), from the bottom up:
 //!
 //! - leaves: configuration ([`config`]), errors and their one mapping to statuses
-//!   ([`error`]), the request engine's checks ([`engine`]), inline encryption
-//!   ([`encryption`]), who is calling ([`caller`]), and how the code waits (`runtime`:
-//!   the lock helper, blocking calls off the async runtime);
+//!   ([`error`]), the request engine's checks ([`engine`]), who is calling
+//!   ([`caller`]), and how the code waits (`runtime`: the lock helper, blocking calls
+//!   off the async runtime);
 //! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]), which owns
 //!   what it serves each session from (handles, peer, regions, rings:
 //!   [`dataplane::sessions`]) and sees the agent only through
@@ -21,6 +21,10 @@
 //!
 //! [`deploy`] (`dpuctl deploy`) stands apart, on the configuration only.
 //!
+//! Inline encryption is not a room here: it wraps a backend, so it lives beside the
+//! backends in the `dpuio_encryption` crate, and [`state`] wraps a tenant's container
+//! in it when it mounts the container.
+//!
 //! What it deliberately does not do here: touch payload on the control plane (file
 //! data moves only on the data plane), or hold any `unsafe` code.
 #![forbid(unsafe_code)]
@@ -30,7 +34,6 @@ pub mod caller;
 pub mod config;
 pub mod dataplane;
 pub mod deploy;
-pub mod encryption;
 pub mod engine;
 pub mod error;
 pub mod keys;

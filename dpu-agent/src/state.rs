@@ -34,7 +34,7 @@ pub struct Agent {
     pub started: Instant,
     dataplane: std::sync::OnceLock<Arc<DataPlane>>,
     /// Per container: how its files are encrypted (tenants with encryption on).
-    pub(crate) encryption: Mutex<HashMap<String, crate::encryption::EncryptionSettings>>,
+    pub(crate) encryption: Mutex<HashMap<String, dpuio_encryption::EncryptionSettings>>,
     /// Signs and verifies capability tokens (its key lives under `data_dir/tokens`).
     pub tokens: TokenAuthority,
 }
@@ -272,7 +272,7 @@ impl Agent {
     }
 
     /// Encrypt the files of `container` from now on (before the first mount of it).
-    pub fn set_encryption(&self, container: &str, settings: crate::encryption::EncryptionSettings) {
+    pub fn set_encryption(&self, container: &str, settings: dpuio_encryption::EncryptionSettings) {
         lock(&self.encryption).insert(container.to_owned(), settings);
     }
 
@@ -295,7 +295,7 @@ impl Agent {
         // per-file state and locks.
         if let Some(settings) = lock(&self.encryption).get(name).cloned() {
             mounted = Arc::new(
-                crate::encryption::EncryptedContainer::new(mounted, settings)
+                dpuio_encryption::EncryptedContainer::new(mounted, settings)
                     .map_err(|e| Error::Internal(format!("container {name}: {e}")))?,
             );
         }
