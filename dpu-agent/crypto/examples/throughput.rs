@@ -20,7 +20,7 @@ fn main() -> Result<(), dpuio_crypto::Error> {
     let providers: [&'static dyn CryptoProvider; 2] = [&AWS_LC_RS, &RUST_CRYPTO];
     for provider in providers {
         for block_bytes in [64 << 10, 1 << 20] {
-            for op in [Op::Seal, Op::Open] {
+            for op in [Op::Seal, Op::Open, Op::OpenCopy] {
                 let mut runs = Vec::with_capacity(rounds);
                 for _ in 0..rounds {
                     runs.push(measure(provider, op, block_bytes, total_mib << 20)?);

@@ -79,12 +79,12 @@
 //!
 //! A block that fails to open is [`Error::Integrity`] with its index (the data plane
 //! completes with `Status::Integrity`, gRPC with `DATA_LOSS`); no plaintext of it is
-//! released, other blocks still read. Blocks a read covers whole are decrypted
-//! straight into the caller's buffer (on the data plane, the host's region: no copy);
-//! AES-GCM libraries decrypt before they compare the tag, so a failing block's
-//! would-be plaintext sits there for the instant before it is wiped, and the
-//! completion then reports the error with no bytes. Partial blocks go through a
-//! per-thread scratch block. A header that fails (altered, malformed, or a
+//! released, other blocks still read. Every block is decrypted into a per-thread
+//! scratch block and copied into the caller's buffer only after its tag checked:
+//! that buffer may be the host's region (the data plane's mapped path), and AES-GCM
+//! libraries decrypt before they compare the tag, so decrypting in place would show
+//! the host a failing block's plaintext for an instant. The copy costs about 4% of
+//! an encrypted sequential read (docs/encryption.md). A header that fails (altered, malformed, or a
 //! wrong key of its version, which look the same) is [`Error::Integrity`] without a
 //! block index, when the file is opened. A key version the key source lacks is
 //! [`Error::Key`] (`FAILED_PRECONDITION`), naming tenant and version.

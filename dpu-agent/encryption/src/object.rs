@@ -15,7 +15,7 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use dpuio_backend::{Attr, Error, NsPath, Object, Result};
 use dpuio_crypto::{
-    self as crypto, BLOCK_OVERHEAD_BYTES, BlockWrite, FORMAT_VERSION, FileCipher, FileHeader, HEADER_BYTES, Layout,
+    self as crypto, BlockWrite, FORMAT_VERSION, FileCipher, FileHeader, HEADER_BYTES, Layout,
     MAGIC, WritePlan,
 };
 
@@ -569,8 +569,11 @@ fn apply_plan(
     })
 }
 
-/// Decrypt the blocks a read touches into `buf`: straight into it for blocks the
-/// read covers whole, through a scratch block for the partial first and last.
+/// Decrypt the blocks a read touches into `buf`, each through a scratch block of this
+/// thread and copied out only once its tag checked: `buf` may be memory the host can
+/// read while the agent writes it (a mapped region on the data plane), and AES-GCM
+/// (aws-lc) decrypts before it compares the tag, so decrypting there would show the
+/// host a failing block's plaintext for an instant.
 fn read_blocks(
     file: &FileState,
     inner: &dyn Object,
@@ -605,15 +608,11 @@ fn read_blocks(
                 let from = block_start.max(offset);
                 let to = (block_start + block_len as u64).min(end);
                 let dst = &mut buf[(from - offset) as usize..(to - offset) as usize];
-                let whole = from == block_start && dst.len() == block_len;
-                if whole && stored.len().saturating_sub(BLOCK_OVERHEAD_BYTES) <= block_len {
-                    cipher.read_block(i, size, stored, dst).map_err(|e| crypto_error(path, e))?;
-                } else {
-                    let plain = sized(&mut scratch.block, slot);
-                    cipher.read_block(i, size, stored, plain).map_err(|e| crypto_error(path, e))?;
-                    let skip = (from - block_start) as usize;
-                    dst.copy_from_slice(&plain[skip..skip + dst.len()]);
-                }
+                debug_assert!(dst.len() <= block_len);
+                let plain = sized(&mut scratch.block, slot);
+                cipher.read_block(i, size, stored, plain).map_err(|e| crypto_error(path, e))?;
+                let skip = (from - block_start) as usize;
+                dst.copy_from_slice(&plain[skip..skip + dst.len()]);
             }
             index = last;
         }
