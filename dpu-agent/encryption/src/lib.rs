@@ -83,8 +83,8 @@
 //! scratch block and copied into the caller's buffer only after its tag checked:
 //! that buffer may be the host's region (the data plane's mapped path), and AES-GCM
 //! libraries decrypt before they compare the tag, so decrypting in place would show
-//! the host a failing block's plaintext for an instant. The copy costs about 4% of
-//! an encrypted sequential read (docs/encryption.md). A header that fails (altered, malformed, or a
+//! the host a failing block's plaintext for an instant. What the copy costs is in
+//! docs/encryption.md ("Verify, then release"). A header that fails (altered, malformed, or a
 //! wrong key of its version, which look the same) is [`Error::Integrity`] without a
 //! block index, when the file is opened. A key version the key source lacks is
 //! [`Error::Key`] (`FAILED_PRECONDITION`), naming tenant and version.

@@ -15,8 +15,7 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use dpuio_backend::{Attr, Error, NsPath, Object, Result};
 use dpuio_crypto::{
-    self as crypto, BlockWrite, FORMAT_VERSION, FileCipher, FileHeader, HEADER_BYTES, Layout,
-    MAGIC, WritePlan,
+    self as crypto, BlockWrite, FORMAT_VERSION, FileCipher, FileHeader, HEADER_BYTES, Layout, MAGIC, WritePlan,
 };
 
 use crate::error::{crypto_error, internal};
