@@ -1272,6 +1272,9 @@ fn io_failed(session: &Session, sub: &Submission, e: &dpuio_backend::Error) -> (
 }
 
 #[cfg(test)]
+mod loopback_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
