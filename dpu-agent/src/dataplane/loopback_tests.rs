@@ -568,7 +568,8 @@ fn qos_parks_a_tenant_at_max_inflight_until_room_frees() {
     };
     // Longer than a safety-net scan: the engine takes no more while the tenant is full.
     expect_taken(MAX_INFLIGHT, 0, SETTLE);
-    assert_eq!(gate.waiting.load(Ordering::SeqCst), MAX_INFLIGHT as usize);
+    let both_waiting = || (gate.waiting.load(Ordering::SeqCst) == MAX_INFLIGHT as usize).then_some(());
+    wait_for(both_waiting, "the I/O threads to hold both requests");
     for completed in 1..=N as usize {
         gate.release(1);
         wait_for(|| (ring.posted_count() == completed).then_some(()), "a completion after room freed");
