@@ -19,7 +19,7 @@
 //!   path); with [`PeerAccess::PutGet`] `map` returns `None` (TCP, RDMA: the put/get
 //!   path).
 //! * **Put, get, put_bytes** are bounds-checked copies, *posted*: they land at the
-//!   next [`LoopbackEndpoint::flush`], in the order posted, so a caller that forgets a
+//!   next flush ([`transport::Endpoint::flush`]), in the order posted, so a caller that forgets a
 //!   flush reads stale bytes in its test. Bytes are copied with relaxed atomic
 //!   accesses between SeqCst fences, so a peer thread polling a ring word with atomics
 //!   races with nothing, and a release/acquire pair on a word orders what came before.
