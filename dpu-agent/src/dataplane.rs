@@ -136,6 +136,12 @@ struct Worker {
     peers: Arc<AtomicU64>,
 }
 
+impl Worker {
+    fn new(address: Vec<u8>, worker: any::Worker) -> Worker {
+        Worker { worker: Arc::new(worker), address, peers: Arc::new(AtomicU64::new(0)) }
+    }
+}
+
 impl HostRegion {
     pub fn info(&self) -> engine::RegionInfo {
         engine::RegionInfo { length: self.length, access: self.access }
@@ -174,9 +180,7 @@ impl DataPlane {
         for lane in lanes {
             let opened = any::Worker::open(&lane.spec).and_then(|w| Ok((w.address()?, w)));
             match opened {
-                Ok((address, worker)) => {
-                    workers.push(Worker { worker: Arc::new(worker), address, peers: Arc::new(AtomicU64::new(0)) })
-                }
+                Ok((address, worker)) => workers.push(Worker::new(address, worker)),
                 // Absent here (verbs without an RDMA NIC): worth a line, not a warning.
                 Err(e @ fabric::Error::ProviderUnavailable { .. }) if !lane.required => tracing::info!(
                     provider = lane.spec.provider(), fabric = lane.spec.fabric_provider(), error = %e,
@@ -195,6 +199,18 @@ impl DataPlane {
                 }
             }
         }
+        DataPlane::from_workers(workers)
+    }
+
+    /// A data plane on workers opened already, one lane each (the engine's tests run it
+    /// on `fabric::testing` loopback workers). The engine thread starts with
+    /// [`DataPlane::start`].
+    pub fn with_workers(workers: Vec<any::Worker>) -> Result<DataPlane, DataPlaneError> {
+        let workers = workers.into_iter().map(|w| Ok(Worker::new(w.address()?, w)));
+        DataPlane::from_workers(workers.collect::<Result<_, fabric::Error>>()?)
+    }
+
+    fn from_workers(workers: Vec<Worker>) -> Result<DataPlane, DataPlaneError> {
         if workers.is_empty() {
             return Err(DataPlaneError::Invalid("no data-plane provider opened".into()));
         }
@@ -1236,3 +1252,6 @@ fn io_failed(session: &Session, sub: &Submission, e: &dpuio_backend::Error) -> (
         _ => (wire::Status::Io, 0),
     }
 }
+
+#[cfg(test)]
+mod loopback_tests;

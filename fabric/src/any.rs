@@ -10,6 +10,10 @@
 //!
 //! [`Spec`] names what to open, in the words users type: `ucx-shm`, `ucx-tcp`,
 //! `ofi-shm`, `ofi-tcp` (see [`Spec::CHOICES`]), plus `ucx-auto` and `ofi-verbs`.
+//!
+//! With the `testing` feature each enum has a third variant, `LoopbackForTests`, over
+//! the in-process test double `crate::testing`, so code that holds these enums runs
+//! unchanged in its unit tests. No [`Spec`] opens it: tests build it themselves.
 
 use std::ops::{Deref, DerefMut};
 use std::os::fd::RawFd;
@@ -19,6 +23,8 @@ use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use crate::memory::{MappedRemote, SharedMemory};
 use crate::ofi::{self, OfiConfig};
+#[cfg(feature = "testing")]
+use crate::testing;
 use crate::transport;
 use crate::ucx;
 use crate::{FabricConfig, Transport};
@@ -83,6 +89,9 @@ impl Spec {
 pub enum Worker {
     Ucx(ucx::Worker),
     Ofi(ofi::Worker),
+    /// The in-process test double (`testing` feature only; never in product code).
+    #[cfg(feature = "testing")]
+    LoopbackForTests(testing::LoopbackWorker),
 }
 
 /// Local memory registered with a [`Worker`].
@@ -90,6 +99,9 @@ pub enum Worker {
 pub enum Region {
     Ucx(ucx::Region),
     Ofi(ofi::Region),
+    /// See [`Worker::LoopbackForTests`].
+    #[cfg(feature = "testing")]
+    LoopbackForTests(testing::LoopbackRegion),
 }
 
 /// A connection from a [`Worker`] to one peer.
@@ -97,6 +109,9 @@ pub enum Region {
 pub enum Endpoint {
     Ucx(ucx::Endpoint),
     Ofi(ofi::Endpoint),
+    /// See [`Worker::LoopbackForTests`].
+    #[cfg(feature = "testing")]
+    LoopbackForTests(testing::LoopbackEndpoint),
 }
 
 /// A peer region's key, unpacked on an [`Endpoint`].
@@ -104,6 +119,9 @@ pub enum Endpoint {
 pub enum RemoteKey {
     Ucx(ucx::RemoteKey),
     Ofi(ofi::RemoteKey),
+    /// See [`Worker::LoopbackForTests`].
+    #[cfg(feature = "testing")]
+    LoopbackForTests(testing::LoopbackRemoteKey),
 }
 
 /// Calls the same method on whichever provider's handle `$value` holds.
@@ -112,6 +130,8 @@ macro_rules! each {
         match $value {
             Self::Ucx($h) => $call,
             Self::Ofi($h) => $call,
+            #[cfg(feature = "testing")]
+            Self::LoopbackForTests($h) => $call,
         }
     };
 }
@@ -130,6 +150,8 @@ impl Worker {
         match self {
             Worker::Ucx(_) => UCX,
             Worker::Ofi(_) => OFI,
+            #[cfg(feature = "testing")]
+            Worker::LoopbackForTests(_) => testing::PROVIDER,
         }
     }
 
@@ -138,6 +160,8 @@ impl Worker {
         match self {
             Worker::Ucx(_) => "",
             Worker::Ofi(w) => &w.config().provider,
+            #[cfg(feature = "testing")]
+            Worker::LoopbackForTests(_) => "",
         }
     }
 
@@ -146,6 +170,8 @@ impl Worker {
         match self {
             Worker::Ucx(w) => w.context().describe(),
             Worker::Ofi(w) => w.describe(),
+            #[cfg(feature = "testing")]
+            Worker::LoopbackForTests(w) => w.describe(),
         }
     }
 
@@ -166,6 +192,8 @@ impl Transport for Worker {
         Ok(match self {
             Worker::Ucx(w) => Region::Ucx(w.alloc_region(len)?),
             Worker::Ofi(w) => Region::Ofi(w.alloc_region(len)?),
+            #[cfg(feature = "testing")]
+            Worker::LoopbackForTests(w) => Region::LoopbackForTests(w.alloc_region(len)?),
         })
     }
     fn address(&self) -> Result<Vec<u8>> {
@@ -175,6 +203,8 @@ impl Transport for Worker {
         Ok(match self {
             Worker::Ucx(w) => Endpoint::Ucx(w.connect(peer_address)?),
             Worker::Ofi(w) => Endpoint::Ofi(w.connect(peer_address)?),
+            #[cfg(feature = "testing")]
+            Worker::LoopbackForTests(w) => Endpoint::LoopbackForTests(w.connect(peer_address)?),
         })
     }
     fn progress(&self) -> usize {
@@ -241,12 +271,18 @@ impl transport::Endpoint for Endpoint {
         Ok(match self {
             Endpoint::Ucx(e) => RemoteKey::Ucx(e.unpack_key(packed, remote_addr, len)?),
             Endpoint::Ofi(e) => RemoteKey::Ofi(e.unpack_key(packed, remote_addr, len)?),
+            #[cfg(feature = "testing")]
+            Endpoint::LoopbackForTests(e) => RemoteKey::LoopbackForTests(e.unpack_key(packed, remote_addr, len)?),
         })
     }
     fn put(&self, local: &Region, local_offset: usize, len: usize, remote_addr: u64, key: &RemoteKey) -> Result<()> {
         match (self, local, key) {
             (Endpoint::Ucx(e), Region::Ucx(r), RemoteKey::Ucx(k)) => e.put(r, local_offset, len, remote_addr, k),
             (Endpoint::Ofi(e), Region::Ofi(r), RemoteKey::Ofi(k)) => e.put(r, local_offset, len, remote_addr, k),
+            #[cfg(feature = "testing")]
+            (Endpoint::LoopbackForTests(e), Region::LoopbackForTests(r), RemoteKey::LoopbackForTests(k)) => {
+                e.put(r, local_offset, len, remote_addr, k)
+            }
             _ => Err(mixed("put: the local region or the remote key")),
         }
     }
@@ -254,6 +290,8 @@ impl transport::Endpoint for Endpoint {
         match (self, key) {
             (Endpoint::Ucx(e), RemoteKey::Ucx(k)) => e.put_bytes(data, remote_addr, k),
             (Endpoint::Ofi(e), RemoteKey::Ofi(k)) => e.put_bytes(data, remote_addr, k),
+            #[cfg(feature = "testing")]
+            (Endpoint::LoopbackForTests(e), RemoteKey::LoopbackForTests(k)) => e.put_bytes(data, remote_addr, k),
             _ => Err(mixed("put_bytes: the remote key")),
         }
     }
@@ -261,6 +299,10 @@ impl transport::Endpoint for Endpoint {
         match (self, local, key) {
             (Endpoint::Ucx(e), Region::Ucx(r), RemoteKey::Ucx(k)) => e.get(r, local_offset, len, remote_addr, k),
             (Endpoint::Ofi(e), Region::Ofi(r), RemoteKey::Ofi(k)) => e.get(r, local_offset, len, remote_addr, k),
+            #[cfg(feature = "testing")]
+            (Endpoint::LoopbackForTests(e), Region::LoopbackForTests(r), RemoteKey::LoopbackForTests(k)) => {
+                e.get(r, local_offset, len, remote_addr, k)
+            }
             _ => Err(mixed("get: the local region or the remote key")),
         }
     }

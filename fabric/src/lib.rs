@@ -6,6 +6,10 @@
 //! where it differs from UCX (no direct mapping of peer memory, no event fd on shm,
 //! a first message from the host on shm), is in the [`ofi`] module docs.
 //!
+//! With the `testing` feature (for consumers' tests only), the `testing` module adds a loopback
+//! transport: a test double in which both peers are workers of one process, so the
+//! agent's ring engine runs in unit tests without UCX or libfabric.
+//!
 //! All `unsafe` of the data plane lives in this crate. It deliberately does *not*
 //! know the wire format of rings, entries or doorbells (the `proto` crate), sessions,
 //! rights or validation (the agent's engine), or any async runtime: it moves bytes,
@@ -174,6 +178,8 @@ mod error;
 mod memory;
 pub mod ofi;
 mod progress;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transport;
 pub mod ucx;
 
