@@ -28,7 +28,7 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// The variables through which a user's shell could steer a client or an agent: tests
 /// never inherit them.
-const USER_SETTINGS: [&str; 8] = [
+const USER_SETTINGS: [&str; 9] = [
     "DPUIO_AGENT",
     "DPUIO_CERT",
     "DPUIO_KEY",
@@ -36,6 +36,7 @@ const USER_SETTINGS: [&str; 8] = [
     "DPUIO_TOKEN",
     "DPUIO_TENANT",
     "DPUIO_TRANSPORT",
+    "DPUIO_INTERFACE",
     "DPUIO_CONFIG_DIR",
 ];
 
