@@ -5,6 +5,8 @@
 //! executable (the README's test command builds them first).
 #![forbid(unsafe_code)]
 
+pub mod hostile;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -260,7 +262,7 @@ impl Drop for StorageUnderTest {
 /// A running `dpu-agent serve`, killed when dropped.
 pub struct AgentProcess {
     pub child: Child,
-    /// `127.0.0.1:PORT`.
+    /// `IP:PORT`: `127.0.0.1:PORT` unless started with another `--listen`.
     pub addr: String,
     pub data_dir: PathBuf,
     /// The agent serves plaintext (`[tls] mode = "off"`).
@@ -270,8 +272,9 @@ pub struct AgentProcess {
 }
 
 impl AgentProcess {
-    /// Start an agent with `--data-dir data_dir --listen 127.0.0.1:0` plus `extra` args,
-    /// and wait until it prints the address it listens on.
+    /// Start an agent with `--data-dir data_dir --listen 127.0.0.1:0` plus `extra` args
+    /// (`--listen` among them replaces the loopback one), and wait until it prints the
+    /// address it listens on.
     pub fn start(data_dir: &Path, extra: &[&str]) -> AgentProcess {
         Self::start_program(Command::new(binary("dpu-agent")), data_dir, extra, Duration::from_secs(30))
     }
@@ -297,11 +300,12 @@ impl AgentProcess {
             config_args = vec!["--config".into(), config];
             daos = Some((pool, container));
         }
+        let listen: &[&str] = if extra.contains(&"--listen") { &[] } else { &["--listen", "127.0.0.1:0"] };
         let mut child = hermetic(&mut program, &data_dir.join(".home"))
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(listen)
             .args(&config_args)
             .args(extra)
             .env("RUST_LOG", "warn")
