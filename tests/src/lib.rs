@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod hostile;
+pub mod netns;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
