@@ -149,12 +149,23 @@ pub struct DataPlaneConfig {
     pub providers: Option<Vec<String>>,
     /// Threads that run backend I/O for requests whose host memory is mapped.
     pub io_threads: u32,
+    /// The network interface the data plane's network transports use (UCX
+    /// `NET_DEVICES`, the libfabric tcp domain); `None`: the providers choose (UCX
+    /// uses every interface, libfabric tcp its first). Its form is checked here, that
+    /// it exists when the agent starts (a config is often checked on another machine).
+    pub interface: Option<String>,
 }
 
 impl Default for DataPlaneConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
-        DataPlaneConfig { enabled: true, transports: "auto".into(), providers: None, io_threads: cores.clamp(1, 16) }
+        DataPlaneConfig {
+            enabled: true,
+            transports: "auto".into(),
+            providers: None,
+            io_threads: cores.clamp(1, 16),
+            interface: None,
+        }
     }
 }
 
@@ -178,8 +189,18 @@ impl DataPlaneConfig {
         })
     }
 
-    /// The workers to open, UCX first.
+    /// The workers to open, UCX first, on [`DataPlaneConfig::interface`] if one is set.
     pub fn lanes(&self) -> Vec<Lane> {
+        let mut lanes = self.lanes_on_any_interface();
+        if let Some(name) = &self.interface {
+            for lane in &mut lanes {
+                lane.spec = lane.spec.clone().on_interface(name);
+            }
+        }
+        lanes
+    }
+
+    fn lanes_on_any_interface(&self) -> Vec<Lane> {
         use fabric::ofi::{self, OfiConfig};
         let named = |p: &str| self.providers.as_ref().is_some_and(|list| list.iter().any(|n| n == p));
         let mut lanes = Vec::new();
@@ -549,7 +570,7 @@ impl Checker {
         };
 
         if let Some(dp) = self.section(root, "data_plane") {
-            self.unknown_keys("data_plane", dp, &["enabled", "transports", "providers", "io_threads"]);
+            self.unknown_keys("data_plane", dp, &["enabled", "transports", "providers", "io_threads", "interface"]);
             match dp.get("providers") {
                 None => {}
                 Some(toml::Value::Array(items)) => {
@@ -575,6 +596,15 @@ impl Checker {
             }
             if let Some(n) = self.integer(dp, "data_plane", "io_threads", 1, 256) {
                 config.data_plane.io_threads = n as u32;
+            }
+            if let Some(name) = self.string(dp, "data_plane", "interface") {
+                match fabric::config::check_interface_name(&name) {
+                    Ok(()) => config.data_plane.interface = Some(name),
+                    Err(reason) => self.issue(
+                        "data_plane.interface",
+                        format!("{reason}; name a network interface as `ip link` lists it"),
+                    ),
+                }
             }
             match dp.get("enabled") {
                 None => {}
@@ -1042,6 +1072,39 @@ mod tests {
             let found = issues(&format!("[data_plane]\n{bad}\n"));
             assert_eq!(found[0].key, "data_plane.providers", "{bad}");
             assert!(found[0].reason.contains("ucx"), "{bad}: {found:?}");
+        }
+    }
+
+    #[test]
+    fn data_plane_interface_puts_the_network_lanes_on_it() {
+        use fabric::any::Spec;
+        let config = Config::parse("[data_plane]\ninterface = \"veth-dpu\"\n").unwrap();
+        assert_eq!(config.data_plane.interface.as_deref(), Some("veth-dpu"));
+        let lanes = config.data_plane.lanes();
+        let Spec::Ucx(ucx) = &lanes[0].spec else { panic!("UCX first: {lanes:?}") };
+        assert_eq!(ucx.ucx_options, [("NET_DEVICES".to_owned(), "veth-dpu".to_owned())]);
+        let domains: Vec<_> = lanes[1..]
+            .iter()
+            .map(|l| match &l.spec {
+                Spec::Ofi(c) => (c.provider.as_str(), c.domain.as_deref()),
+                Spec::Ucx(_) => panic!("one UCX lane"),
+            })
+            .collect();
+        assert_eq!(
+            domains,
+            [("shm", None), ("tcp;ofi_rxm", Some("veth-dpu")), ("verbs;ofi_rxm", None)],
+            "only libfabric tcp's domains are interfaces"
+        );
+        assert_eq!(Config::parse("").unwrap().data_plane.interface, None);
+        for (bad, says) in [
+            ("interface = \"\"", "1 to 15 bytes"),
+            ("interface = \"a-very-long-interface\"", "1 to 15 bytes"),
+            ("interface = \"eth0:1\"", "not an interface name"),
+            ("interface = 3", "expected a string"),
+        ] {
+            let found = issues(&format!("[data_plane]\n{bad}\n"));
+            assert_eq!(found[0].key, "data_plane.interface", "{bad}");
+            assert!(found[0].reason.contains(says), "{bad}: {found:?}");
         }
     }
 

@@ -71,6 +71,12 @@ fn main() -> ExitCode {
                         println!("  note: {note}");
                     }
                 }
+                // Said, not judged, like the DAOS notes: the agent's machine may differ.
+                if let Some(name) = &config.data_plane.interface
+                    && let Err(e) = fabric::config::check_interface(name)
+                {
+                    println!("  note: [data_plane] interface on this machine: {e}");
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -40,6 +40,9 @@ pub enum ServeError {
         "cannot start the data plane: {0} (set [data_plane] transports, or enabled = false for a control-plane-only agent)"
     )]
     DataPlane(#[source] crate::dataplane::DataPlaneError),
+    /// `[data_plane] interface` names no network interface of the agent's network namespace.
+    #[error("[data_plane] interface: {0} (name one of them, or remove the key to let the providers choose)")]
+    Interface(#[source] fabric::Error),
     #[error("shutting down: {0}")]
     Shutdown(#[source] crate::error::Error),
     #[error("TLS: {0}")]

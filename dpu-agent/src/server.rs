@@ -60,6 +60,9 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     }
     agent.prepare_containers().map_err(ServeError::Containers)?;
     if data_plane.enabled {
+        if let Some(name) = &data_plane.interface {
+            fabric::config::check_interface(name).map_err(ServeError::Interface)?;
+        }
         let dp = Arc::new(DataPlane::open(&data_plane.lanes()).map_err(ServeError::DataPlane)?);
         dp.start(agent.clone(), chunk_bytes as usize, data_plane.io_threads as usize).map_err(ServeError::DataPlane)?;
         tracing::info!(transport = %dp.describe(), "data plane up");

@@ -73,6 +73,28 @@ impl Spec {
         }
     }
 
+    /// This spec with its network traffic on the interface `name` (as `ip link` names
+    /// it), for machines with several, or peers in other network namespaces: UCX's
+    /// `NET_DEVICES` (which also leaves out RDMA devices: name the interface on TCP
+    /// set-ups only), and for libfabric tcp the domain, whose names are interface
+    /// names. UCX's shared-memory preset, libfabric shm and verbs carry no traffic over
+    /// a network interface and are returned unchanged. Whether the interface exists is
+    /// [`crate::config::check_interface`]'s to say.
+    pub fn on_interface(self, name: &str) -> Spec {
+        match self {
+            Spec::Ucx(mut c) if c.transports.as_deref() != Some(crate::SHM_TRANSPORTS) => {
+                c.ucx_options.retain(|(option, _)| option != "NET_DEVICES");
+                c.ucx_options.push(("NET_DEVICES".into(), name.to_owned()));
+                Spec::Ucx(c)
+            }
+            Spec::Ofi(mut c) if c.provider == ofi::TCP_PROVIDER => {
+                c.domain = Some(name.to_owned());
+                Spec::Ofi(c)
+            }
+            other => other,
+        }
+    }
+
     /// What distinguishes workers of one provider that cannot talk to each other:
     /// the libfabric provider name (`"shm"`, `"tcp;ofi_rxm"`); empty for UCX, whose
     /// worker addresses carry every transport it may use.
@@ -331,6 +353,23 @@ mod tests {
         assert_eq!(Spec::parse("ofi-shm").unwrap().provider(), OFI);
         for bad in ["", "ucx", "shm", "ofi-", "ofi-ucx", "verbs-ofi", "ucx-posix"] {
             assert_eq!(Spec::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn on_interface_restricts_the_network_transports_only() {
+        let spec = |name: &str| Spec::parse(name).unwrap().on_interface("veth0");
+        let Spec::Ucx(tcp) = spec("ucx-tcp") else { panic!("ucx") };
+        assert_eq!(tcp.ucx_options, vec![("NET_DEVICES".to_owned(), "veth0".to_owned())]);
+        // Once, even when applied twice.
+        let Spec::Ucx(twice) = Spec::Ucx(tcp).on_interface("veth1") else { panic!("ucx") };
+        assert_eq!(twice.ucx_options, vec![("NET_DEVICES".to_owned(), "veth1".to_owned())]);
+        let Spec::Ucx(auto) = spec("ucx-auto") else { panic!("ucx") };
+        assert_eq!(auto.ucx_options.len(), 1);
+        let Spec::Ofi(ofi_tcp) = spec("ofi-tcp") else { panic!("ofi") };
+        assert_eq!(ofi_tcp.domain.as_deref(), Some("veth0"));
+        for unchanged in ["ucx-shm", "ofi-shm", "ofi-verbs"] {
+            assert_eq!(spec(unchanged), Spec::parse(unchanged).unwrap(), "{unchanged}");
         }
     }
 

@@ -116,6 +116,41 @@ impl FabricConfig {
     }
 }
 
+/// Whether `name` has the form of a Linux network interface name (what the kernel's
+/// `dev_valid_name` accepts): 1 to 15 bytes, not `.` or `..`, no `/`, `:` or white
+/// space. The reason when it has not.
+pub fn check_interface_name(name: &str) -> std::result::Result<(), String> {
+    const IFNAMSIZ: usize = 16;
+    if name.is_empty() || name.len() >= IFNAMSIZ {
+        return Err(format!("{name:?}: an interface name has 1 to {} bytes", IFNAMSIZ - 1));
+    }
+    if name == "." || name == ".." || name.chars().any(|c| c == '/' || c == ':' || c == '\0' || c.is_whitespace()) {
+        return Err(format!("{name:?} is not an interface name (no /, :, white space; not . or ..)"));
+    }
+    Ok(())
+}
+
+/// The network interfaces of this process's network namespace, as `ip link` names
+/// them. Read from `/proc/net/dev`, which follows the namespace of the reader even
+/// where `/sys` was mounted for another one (`nsenter --net`).
+pub fn network_interfaces() -> Result<Vec<String>> {
+    let text = std::fs::read_to_string("/proc/net/dev")
+        .map_err(|source| Error::Io { op: "list the network interfaces (/proc/net/dev)", source })?;
+    // Two header lines, then "  NAME: counters..." per interface.
+    Ok(text.lines().skip(2).filter_map(|l| l.split_once(':')).map(|(name, _)| name.trim().to_owned()).collect())
+}
+
+/// Checks that `name` is a network interface of this network namespace:
+/// [`Error::NoSuchInterface`] (with the ones that exist) otherwise.
+pub fn check_interface(name: &str) -> Result<()> {
+    let available = network_interfaces()?;
+    if available.iter().any(|i| i == name) {
+        Ok(())
+    } else {
+        Err(Error::NoSuchInterface { name: name.to_owned(), available })
+    }
+}
+
 fn no_nul(what: &str, s: &str) -> Result<()> {
     if s.contains('\0') { Err(Error::Config(format!("{what} {s:?} contains a NUL byte"))) } else { Ok(()) }
 }
@@ -151,5 +186,21 @@ mod tests {
 
         let cfg = FabricConfig { doorbell_queue_len: 0, ..FabricConfig::default() };
         assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn interface_names_are_checked_for_form_and_existence() {
+        for good in ["lo", "eth0", "veth-dpu", "enp65s0f0np0", "a23456789012345"] {
+            assert_eq!(check_interface_name(good), Ok(()), "{good}");
+        }
+        for bad in ["", "a234567890123456", ".", "..", "a/b", "eth0:1", "e th0", "e\0"] {
+            assert!(check_interface_name(bad).is_err(), "{bad:?}");
+        }
+        // Every namespace has a loopback interface.
+        let here = network_interfaces().unwrap();
+        assert!(here.iter().any(|i| i == "lo"), "{here:?}");
+        check_interface("lo").unwrap();
+        let e = check_interface("dpuio-nosuch0").unwrap_err().to_string();
+        assert!(e.contains("network interface \"dpuio-nosuch0\" does not exist here") && e.contains("lo"), "{e}");
     }
 }

@@ -133,6 +133,30 @@ pub enum Error {
         len: u64,
     },
 
+    /// A network interface named in the configuration (UCX `NET_DEVICES`, the
+    /// libfabric tcp domain) does not exist in this process's network namespace.
+    /// Checked up front: UCX only warns about an unknown device and is then left with
+    /// no transport to the peer, which fails much later without saying why.
+    #[error("network interface {name:?} does not exist here; this network namespace has: {}", available.join(", "))]
+    NoSuchInterface {
+        /// The name asked for.
+        name: String,
+        /// The interfaces that do exist (`ip link`).
+        available: Vec<String>,
+    },
+
+    /// The libfabric provider has no domain of the name asked for ([`crate::ofi::OfiConfig::domain`]).
+    /// A tcp domain is a network interface that has an address and is up.
+    #[error("libfabric provider {provider:?} has no domain {domain:?} here; its domains are: {}", available.join(", "))]
+    NoSuchDomain {
+        /// The provider name.
+        provider: String,
+        /// The domain asked for.
+        domain: String,
+        /// The domains `fi_getinfo` offered (`fi_info -p PROVIDER` lists them too).
+        available: Vec<String>,
+    },
+
     /// An operating-system call failed (poll on the event fd, thread spawn, ...).
     #[error("{op}: {source}")]
     Io {

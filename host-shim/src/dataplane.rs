@@ -43,6 +43,11 @@ pub struct DataPlaneOptions {
     pub ring_entries: u32,
     /// How long a wait for a completion may take before it fails.
     pub timeout: Duration,
+    /// The network interface (as `ip link` names it) the network transports use: UCX's
+    /// `NET_DEVICES` and the libfabric tcp domain. The agent answers over the same one:
+    /// give it an address on that interface's network (`[data_plane] interface` on
+    /// the agent). `None`: the providers choose. Default: `$DPUIO_INTERFACE`.
+    pub interface: Option<String>,
 }
 
 impl Default for DataPlaneOptions {
@@ -52,6 +57,7 @@ impl Default for DataPlaneOptions {
             rings: std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(2, 16),
             ring_entries: 128,
             timeout: Duration::from_secs(60),
+            interface: std::env::var("DPUIO_INTERFACE").ok().filter(|i| !i.is_empty()),
         }
     }
 }
@@ -79,6 +85,18 @@ impl DataPlaneOptions {
                 }
                 None => vec![Spec::Ucx(FabricConfig::with_transports(t))],
             },
+        };
+        let specs = match &self.interface {
+            None => specs,
+            Some(name) => {
+                let refused = |reason: String| Error::DataPlane {
+                    op: "configure the transport".into(),
+                    reason: format!("interface (DPUIO_INTERFACE, --interface) {reason}"),
+                };
+                fabric::config::check_interface_name(name).map_err(refused)?;
+                fabric::config::check_interface(name).map_err(|e| refused(e.to_string()))?;
+                specs.into_iter().map(|s| s.on_interface(name)).collect()
+            }
         };
         for spec in &specs {
             let checked = match spec {
@@ -622,5 +640,41 @@ impl Drop for Batch {
             ring.sq_tail -= self.staged;
             self.dp.give_ring(ring);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(transports: &str, interface: Option<&str>) -> DataPlaneOptions {
+        DataPlaneOptions {
+            transports: transports.into(),
+            interface: interface.map(str::to_owned),
+            ..DataPlaneOptions::default()
+        }
+    }
+
+    #[test]
+    fn an_interface_puts_every_network_candidate_on_it() {
+        let specs = options("auto", Some("lo")).candidates().unwrap();
+        let Spec::Ucx(ucx) = &specs[0] else { panic!("UCX first: {specs:?}") };
+        assert_eq!(ucx.ucx_options, [("NET_DEVICES".to_owned(), "lo".to_owned())]);
+        let Spec::Ofi(tcp) = &specs[2] else { panic!("ofi-tcp last: {specs:?}") };
+        assert_eq!(tcp.domain.as_deref(), Some("lo"));
+        assert_eq!(options("ofi-shm", Some("lo")).candidates().unwrap(), [Spec::parse("ofi-shm").unwrap()]);
+        assert_eq!(options("ofi-tcp", None).candidates().unwrap(), [Spec::parse("ofi-tcp").unwrap()]);
+    }
+
+    #[test]
+    fn an_interface_that_is_not_there_is_refused_naming_those_that_are() {
+        let text = options("ucx-tcp", Some("dpuio-nosuch0")).candidates().unwrap_err().to_string();
+        assert!(
+            text.contains("interface (DPUIO_INTERFACE, --interface) network interface \"dpuio-nosuch0\""),
+            "{text}"
+        );
+        assert!(text.contains("does not exist here") && text.contains("lo"), "{text}");
+        let text = options("ucx-tcp", Some("eth0:1")).candidates().unwrap_err().to_string();
+        assert!(text.contains("\"eth0:1\" is not an interface name"), "{text}");
     }
 }

@@ -5,6 +5,9 @@
 //! executable (the README's test command builds them first).
 #![forbid(unsafe_code)]
 
+pub mod hostile;
+pub mod netns;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -28,7 +31,7 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// The variables through which a user's shell could steer a client or an agent: tests
 /// never inherit them.
-const USER_SETTINGS: [&str; 8] = [
+const USER_SETTINGS: [&str; 9] = [
     "DPUIO_AGENT",
     "DPUIO_CERT",
     "DPUIO_KEY",
@@ -36,6 +39,7 @@ const USER_SETTINGS: [&str; 8] = [
     "DPUIO_TOKEN",
     "DPUIO_TENANT",
     "DPUIO_TRANSPORT",
+    "DPUIO_INTERFACE",
     "DPUIO_CONFIG_DIR",
 ];
 
@@ -259,7 +263,7 @@ impl Drop for StorageUnderTest {
 /// A running `dpu-agent serve`, killed when dropped.
 pub struct AgentProcess {
     pub child: Child,
-    /// `127.0.0.1:PORT`.
+    /// `IP:PORT`: `127.0.0.1:PORT` unless started with another `--listen`.
     pub addr: String,
     pub data_dir: PathBuf,
     /// The agent serves plaintext (`[tls] mode = "off"`).
@@ -269,8 +273,9 @@ pub struct AgentProcess {
 }
 
 impl AgentProcess {
-    /// Start an agent with `--data-dir data_dir --listen 127.0.0.1:0` plus `extra` args,
-    /// and wait until it prints the address it listens on.
+    /// Start an agent with `--data-dir data_dir --listen 127.0.0.1:0` plus `extra` args
+    /// (`--listen` among them replaces the loopback one), and wait until it prints the
+    /// address it listens on.
     pub fn start(data_dir: &Path, extra: &[&str]) -> AgentProcess {
         Self::start_program(Command::new(binary("dpu-agent")), data_dir, extra, Duration::from_secs(30))
     }
@@ -296,11 +301,12 @@ impl AgentProcess {
             config_args = vec!["--config".into(), config];
             daos = Some((pool, container));
         }
+        let listen: &[&str] = if extra.contains(&"--listen") { &[] } else { &["--listen", "127.0.0.1:0"] };
         let mut child = hermetic(&mut program, &data_dir.join(".home"))
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(listen)
             .args(&config_args)
             .args(extra)
             .env("RUST_LOG", "warn")

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, IoStatus, Opcode, RegionAccess, Request};
+use dpuio_shim::{Client, ConnectOptions, DataPlaneOptions};
 use dpuio_tests::{AgentProcess, ok_stdout};
 
 /// Every data plane the agent offers by default, as clients name them.
@@ -85,7 +85,7 @@ fn stopped_host_read(agent: &AgentProcess, transport: &str, bytes: u64) {
 async fn hostile_entries_get_error_completions_and_others_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(dir.path(), &[]);
-    write_pattern_file(&agent, "data", 1 << 20);
+    write_pattern_file(&agent, "data", dpuio_tests::hostile::FILE_BYTES);
     for transport in TRANSPORTS {
         hostile_entries(&agent, transport).await;
     }
@@ -94,76 +94,9 @@ async fn hostile_entries_get_error_completions_and_others_go_on() {
 async fn hostile_entries(agent: &AgentProcess, transport: &str) {
     let a = data_client(agent, transport).await;
     let b = data_client(agent, transport).await;
-
-    let ro = a.open("/data", Access::ReadOnly).await.unwrap();
-    let region = a.register_region(64 << 10, RegionAccess::ReadWrite).await.unwrap();
-    let read_only_region = a.register_region(4096, RegionAccess::ReadByAgent).await.unwrap();
-    // B owns more regions than A, so B has region ids that A does not.
-    let mut b_regions = Vec::new();
-    for _ in 0..4 {
-        b_regions.push(b.register_region(4096, RegionAccess::ReadWrite).await.unwrap());
-    }
-    let b_file = b.open("/data", Access::ReadOnly).await.unwrap();
-    let foreign_region = b_regions.last().unwrap().id();
-
-    let good = ro.read_request(&region, 0, 4096, 0);
-    let cases: Vec<(&str, Request, IoStatus)> = vec![
-        (
-            "region offset past the end",
-            Request { region_offset: (64 << 10) - 10, length: 100, ..good },
-            IoStatus::OutOfRange,
-        ),
-        ("longer than the region", Request { length: (64 << 10) + 1, ..good }, IoStatus::OutOfRange),
-        ("offset overflow", Request { region_offset: u64::MAX - 1, length: 4, ..good }, IoStatus::OutOfRange),
-        ("region of another session", Request { region_id: foreign_region, ..good }, IoStatus::BadRegion),
-        ("handle of another session", Request { handle: b_file.handle(), ..good }, IoStatus::BadHandle),
-        ("guessed handle", Request { handle: 0x1234_5678, ..good }, IoStatus::BadHandle),
-        ("write through a read-only handle", Request { opcode: Opcode::Write, ..good }, IoStatus::Access),
-        (
-            "read into a region the agent may not write",
-            Request { region_id: read_only_region.id(), ..good },
-            IoStatus::Access,
-        ),
-        ("zero length", Request { length: 0, ..good }, IoStatus::Malformed),
-        ("over max_io_bytes", Request { length: 1 << 40, ..good }, IoStatus::TooLarge),
-    ];
-    let a2 = a.clone();
-    let (results, garbage) = tokio::task::spawn_blocking(move || {
-        let mut batch = a2.batch().unwrap();
-        for (i, (_, r, _)) in cases.iter().enumerate() {
-            batch.push(&Request { user_data: i as u64, ..*r }).unwrap();
-        }
-        batch.submit().unwrap();
-        let done = batch.wait(cases.len(), Duration::from_secs(30)).unwrap();
-        // Random bytes as ring entries.
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        for _ in 0..100 {
-            let mut e = [0u8; 64];
-            rng.fill(&mut e[..]);
-            batch.push_raw_entry(&e).unwrap();
-        }
-        batch.submit().unwrap();
-        let garbage = batch.wait(100, Duration::from_secs(30)).unwrap();
-        (done.into_iter().zip(cases).collect::<Vec<_>>(), garbage)
-    })
-    .await
-    .unwrap();
-    for (done, (name, _, want)) in results {
-        assert_eq!(done.result, Err(want), "{transport}: {name}");
-    }
-    assert_eq!(garbage.len(), 100);
-    assert!(garbage.iter().all(|d| d.result == Err(IoStatus::Malformed)), "{garbage:?}");
-
-    // Both sessions still work, with the right bytes.
-    for client in [&a, &b] {
-        let file = client.open("/data", Access::ReadOnly).await.unwrap();
-        let buf = client.register_region(8192, RegionAccess::WriteByAgent).await.unwrap();
-        let c = client.clone();
-        let req = file.read_request(&buf, 0, 8192, 1000);
-        let done = tokio::task::spawn_blocking(move || c.submit_blocking(&[req])).await.unwrap().unwrap();
-        assert_eq!(done[0].result, Ok(8192));
-        assert!(buf.memory().as_slice().iter().enumerate().all(|(i, &x)| x == pattern(1000 + i as u64)));
+    // The cases are shared with `dpuio-test-host hostile` (tests/two_hosts.rs).
+    for check in dpuio_tests::hostile::hostile_entries(&a, &b, "/data").await {
+        assert!(check.passed, "{transport}: {check}");
     }
 }
 

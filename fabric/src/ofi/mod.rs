@@ -233,6 +233,20 @@ mod tests {
     }
 
     #[test]
+    fn a_tcp_domain_that_is_not_there_is_refused_naming_those_that_are() {
+        let cfg = OfiConfig { domain: Some("dpuio-nosuch0".into()), ..OfiConfig::tcp() };
+        match Worker::open(&cfg) {
+            Err(Error::NoSuchDomain { domain, available, .. }) => {
+                assert_eq!(domain, "dpuio-nosuch0");
+                assert!(available.iter().any(|d| d == "lo"), "{available:?}");
+            }
+            Err(e @ Error::ProviderUnavailable { .. }) => eprintln!("skipped: {e}"),
+            Err(e) => panic!("expected NoSuchDomain, got {e}"),
+            Ok(_) => panic!("opened a domain that does not exist"),
+        }
+    }
+
+    #[test]
     fn errors_carry_fi_strerror_text() {
         let err = ofi_error("post write (fi_writemsg)", -(sys::FI_EAGAIN as i64));
         let text = err.to_string();

@@ -249,19 +249,38 @@ impl Worker {
     pub fn open(config: &OfiConfig) -> Result<Worker> {
         config.validate()?;
         let infos = get_info(config)?;
-        // rxm does not filter on the domain name hint: pick the entry ourselves.
+        // rxm does not filter on the domain name hint: pick the entry ourselves, and
+        // refuse a name it does not offer rather than open the first domain (traffic
+        // on another interface than the one configured).
         let mut chosen = infos;
         if let Some(want) = &config.domain {
+            let mut seen: Vec<String> = Vec::new();
             let mut p = infos;
+            chosen = ptr::null_mut();
             while !p.is_null() {
                 // SAFETY: p walks the list fi_getinfo returned; names are C strings or NULL.
                 let (name, next) = unsafe { ((*(*p).domain_attr).name, (*p).next) };
-                // SAFETY: as above.
-                if !name.is_null() && unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes() == want.as_bytes() {
-                    chosen = p;
-                    break;
+                if !name.is_null() {
+                    // SAFETY: as above.
+                    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+                    if name == want.as_str() {
+                        chosen = p;
+                        break;
+                    }
+                    if !seen.iter().any(|s| *s == name) {
+                        seen.push(name.into_owned());
+                    }
                 }
                 p = next;
+            }
+            if chosen.is_null() {
+                // SAFETY: infos came from fi_getinfo and nothing else holds it yet.
+                unsafe { sys::fi_freeinfo(infos) };
+                return Err(Error::NoSuchDomain {
+                    provider: config.provider.clone(),
+                    domain: want.clone(),
+                    available: seen,
+                });
             }
         }
         // SAFETY: chosen is a non-null entry of the list from fi_getinfo.

@@ -123,7 +123,7 @@ class Agent:
 
 
 #: The variables through which a user's shell could steer a client: tests never inherit them.
-USER_SETTINGS = ("DPUIO_AGENT", "DPUIO_CERT", "DPUIO_KEY", "DPUIO_CA", "DPUIO_TOKEN", "DPUIO_TENANT", "DPUIO_TRANSPORT")
+USER_SETTINGS = ("DPUIO_AGENT", "DPUIO_CERT", "DPUIO_KEY", "DPUIO_CA", "DPUIO_TOKEN", "DPUIO_TENANT", "DPUIO_TRANSPORT", "DPUIO_INTERFACE")
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,15 @@
 //!     attach as TENANT and read PATH (at least BLOCK bytes) from its start, over and
 //!     over, BLOCK bytes at a time with DEPTH reads in flight, for SECONDS; print
 //!     "bytes=N seconds=S". Any failed read is an error.
+//! dpuio-test-host hostile AGENT TRANSPORT PATH
+//!     attach twice over TRANSPORT and submit the hostile ring entries of
+//!     `dpuio_tests::hostile` on PATH (holding `hostile::pattern_bytes`): print one line
+//!     per check, "ok NAME: DETAIL" or "FAILED NAME: DETAIL", then "checks=N failed=F";
+//!     exit 1 if any failed.
 //! ```
+//!
+//! The client bundle, and `DPUIO_INTERFACE`, come from the environment as for any
+//! client of the shim.
 #![forbid(unsafe_code)]
 
 use std::io::{BufRead, Write};
@@ -63,6 +71,7 @@ fn main() {
             args[5].parse().expect("DEPTH"),
             args[6].parse().expect("SECONDS"),
         )),
+        Some("hostile") if args.len() == 4 => runtime.block_on(hostile(&args[1], &args[2], &args[3])),
         _ => Err("usage: see the module docs of tests/src/bin/dpuio-test-host.rs".to_owned()),
     };
     if let Err(e) = result {
@@ -80,6 +89,22 @@ async fn connect(agent: &str, transports: &str) -> Result<Client, String> {
     })
     .await
     .map_err(|e| e.to_string())
+}
+
+/// See the module docs: the checks of `dpuio_tests::hostile`, one line each.
+async fn hostile(agent: &str, transport: &str, path: &str) -> Result<(), String> {
+    let a = connect(agent, transport).await?;
+    let b = connect(agent, transport).await?;
+    let checks = dpuio_tests::hostile::hostile_entries(&a, &b, path).await;
+    for check in &checks {
+        println!("{check}");
+    }
+    let failed = checks.iter().filter(|c| !c.passed).count();
+    println!("checks={} failed={failed}", checks.len());
+    for client in [a, b] {
+        client.detach().await.map_err(|e| e.to_string())?;
+    }
+    if failed == 0 { Ok(()) } else { Err(format!("{failed} of {} checks failed", checks.len())) }
 }
 
 async fn stopped_read(agent: &str, transport: &str, path: &str, bytes: usize) -> Result<(), String> {

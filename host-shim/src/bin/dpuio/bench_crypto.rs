@@ -112,6 +112,7 @@ fn op_name(op: Op) -> &'static str {
     match op {
         Op::Seal => "seal",
         Op::Open => "open",
+        Op::OpenCopy => "open+copy",
     }
 }
 

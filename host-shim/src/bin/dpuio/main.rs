@@ -55,6 +55,11 @@ struct Cli {
     /// UCX_TLS list.
     #[arg(long, env = "DPUIO_TRANSPORT", default_value = "auto", global = true)]
     transport: String,
+    /// Network interface (as `ip link` names it) for the network transports of put/get/cat
+    /// (ucx-tcp, ofi-tcp, UCX's part of auto), for machines with several or an agent in
+    /// another network namespace [default: the transports choose].
+    #[arg(long, env = "DPUIO_INTERFACE", global = true)]
+    interface: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -183,7 +188,12 @@ async fn run(cli: Cli) -> dpuio_shim::Result<()> {
     };
     let moves_data = matches!(command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
     let client = Client::connect(ConnectOptions {
-        data_plane: moves_data.then(|| DataPlaneOptions { transports: cli.transport, rings: 1, ..Default::default() }),
+        data_plane: moves_data.then(|| DataPlaneOptions {
+            transports: cli.transport,
+            rings: 1,
+            interface: cli.interface,
+            ..Default::default()
+        }),
         ..base
     })
     .await?;
