@@ -189,3 +189,16 @@ pub use error::{Error, Result};
 pub use memory::{MappedRemote, SharedMemory};
 pub use progress::{ProgressReport, ProgressThread};
 pub use transport::{Transport, wait_any};
+
+/// Puts SIGTERM and SIGINT back to their default action, dropping handlers that
+/// libraries this crate links installed when they were loaded (libfabric's
+/// dependencies, e.g. the PSM libraries, exit(1) on them). Call it before installing
+/// the program's own handlers: tokio chains to a handler it finds, so otherwise a
+/// SIGTERM ends the process at once with status 1 instead of a graceful stop.
+pub fn restore_default_termination_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: setting a standard signal to SIG_DFL installs no code of ours and is
+        // async-signal-safe; called before the program installs its own handlers.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
