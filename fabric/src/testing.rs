@@ -431,25 +431,20 @@ impl KeyInner {
     }
 }
 
-impl LoopbackRemoteKey {
+impl transport::RemoteKey for LoopbackRemoteKey {
     /// First byte of the peer region (as declared when unpacking).
-    pub fn remote_addr(&self) -> u64 {
+    fn remote_addr(&self) -> u64 {
         self.inner.remote_addr
     }
 
     /// Length of the peer region (as declared when unpacking).
-    pub fn len(&self) -> u64 {
+    fn len(&self) -> u64 {
         self.inner.len
-    }
-
-    /// True if the declared region is empty.
-    pub fn is_empty(&self) -> bool {
-        self.inner.len == 0
     }
 
     /// The peer's memory as a [`MappedRemote`] if its worker is [`PeerAccess::Mapped`],
     /// `None` otherwise. The range must lie in the declared one.
-    pub fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
+    fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
         let offset = self.inner.offset_of(remote_addr, len)?;
         if !self.inner.mappable {
             return Ok(None);
@@ -461,18 +456,6 @@ impl LoopbackRemoteKey {
         Ok(Some(unsafe {
             MappedRemote::new(self.inner.alloc.ptr.as_ptr().wrapping_add(offset), len, remote_addr, keep)
         }))
-    }
-}
-
-impl transport::RemoteKey for LoopbackRemoteKey {
-    fn remote_addr(&self) -> u64 {
-        LoopbackRemoteKey::remote_addr(self)
-    }
-    fn len(&self) -> u64 {
-        LoopbackRemoteKey::len(self)
-    }
-    fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
-        LoopbackRemoteKey::map(self, remote_addr, len)
     }
 }
 
@@ -681,7 +664,7 @@ fn invalid(op: &'static str, why: &'static str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{Endpoint as _, Region as _};
+    use crate::transport::{Endpoint as _, Region as _, RemoteKey as _};
 
     const T: Duration = Duration::from_secs(1);
 
