@@ -563,8 +563,8 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Job]) {
                 object: &*r.handle.object,
                 offset: piece.file_offset,
                 op: match r.sub.opcode {
-                    Opcode::Read => IoOp::Read(mapped.slice_mut_shared(at, len)),
-                    Opcode::Write => IoOp::Write(mapped.slice_shared(at, len)),
+                    Opcode::Read => IoOp::Read(mapped.bytes_mut(at, len)),
+                    Opcode::Write => IoOp::Write(mapped.bytes(at, len)),
                 },
             }
         })
@@ -615,7 +615,7 @@ fn finish_mapped(r: &InFlight) {
     };
     let mem = r.ring.region.mapped.as_ref().expect("mapped requests live in mapped rings");
     let at = r.ring.offset as usize + wire::cqe_offset(r.ring.entries, r.cq_index);
-    mem.slice_mut_shared(at, 24).copy_from_slice(&c.encode()[..24]);
+    mem.bytes_mut(at, 24).copy_from_slice(&c.encode()[..24]);
     mem.store_u64_release(at + 24, c.seq);
     wake_waiters(&r.ring);
     if r.tenant.finish(1) {
@@ -1086,8 +1086,8 @@ impl Engine {
         match (&region.mapped, sub.opcode) {
             (Some(mapped), Opcode::Read) => {
                 for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
-                    let dst = mapped.slice_mut_shared(c.region_offset as usize, c.length as usize);
-                    match object.read_at(dst, c.file_offset) {
+                    let dst = mapped.bytes_mut(c.region_offset as usize, c.length as usize);
+                    match object.read_into(dst, c.file_offset) {
                         Ok(n) => {
                             done += n as u64;
                             if (n as u64) < c.length {
@@ -1100,8 +1100,8 @@ impl Engine {
             }
             (Some(mapped), Opcode::Write) => {
                 for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
-                    let src = mapped.slice_shared(c.region_offset as usize, c.length as usize);
-                    if let Err(e) = object.write_at(src, c.file_offset) {
+                    let src = mapped.bytes(c.region_offset as usize, c.length as usize);
+                    if let Err(e) = object.write_from(src, c.file_offset) {
                         return Ok(io_failed(session, sub, &e));
                     }
                     done += c.length;
@@ -1168,7 +1168,7 @@ impl Engine {
         let bytes = c.encode();
         match &ring.region.mapped {
             Some(m) => {
-                m.slice_mut_shared(at as usize, 24).copy_from_slice(&bytes[..24]);
+                m.bytes_mut(at as usize, 24).copy_from_slice(&bytes[..24]);
                 m.store_u64_release(at as usize + 24, c.seq);
             }
             None => {

@@ -1,26 +1,33 @@
 //! Bytes shared with a peer: local regions and direct mappings of remote ones.
 //!
-//! # Why safe slices over memory a peer writes are acceptable here
+//! # How memory a peer writes is reached
 //!
 //! A region is written by another process or a DMA engine at times Rust cannot see.
-//! Strictly, a `&[u8]` promises that nothing changes the bytes while it lives. We hand
-//! out such slices anyway, as a deliberate and bounded choice:
+//! A `&[u8]` promises that nothing changes the bytes while it lives, and a `&mut [u8]`
+//! that nothing else touches them; over memory a peer writes concurrently, neither
+//! holds. So access from `&self`, which several threads use at once on the agent, goes
+//! through views that are never Rust references: [`SharedMemory::bytes`] and
+//! [`SharedMemory::bytes_mut`] hand out [`HostBytes`] / [`HostBytesMut`] (pointer,
+//! length, lifetime; raw copies, and `pread`/`pwrite` or C calls on the pointer), and
+//! [`SharedMemory::read_at`] copies out. Several views of one range may exist at once
+//! (a host that submits overlapping requests makes two agent threads fill the same
+//! bytes): that changes which bytes the host receives, and nothing in this process.
+//! The bytes are `u8`, with no invalid values, and every access is bounds-checked
+//! against the region's length; content read from a peer's memory is untrusted input,
+//! copied once before it is used (see the `host-bytes` crate docs).
 //!
-//! * the bytes are `u8`, which has no invalid values: a racing writer can give a
-//!   reader stale or torn bytes, never an invalid value, and never memory outside the
-//!   region (every access is bounds-checked against the region's length);
-//! * the writer is not Rust code in this process, so no Rust reference is aliased:
-//!   the race is of the same kind as a device writing a DMA buffer;
-//! * the data-plane protocol gives each byte range one owner at a time (the agent
-//!   fills a payload range, *then* publishes a completion with release ordering; the
-//!   host reads a payload range only after an acquire load saw that completion), so
-//!   correct peers never race on a range a slice covers;
-//! * nothing here relies on reading back what was written (no check-then-use on the
-//!   slice), which is where a racing writer would turn into a logic bug.
+//! [`SharedMemory::as_slice`] and [`SharedMemory::as_mut_slice`] remain for memory the
+//! caller owns in practice (a staging region of its own, the host's view of its own
+//! region while no request on it is in flight): the data-plane protocol gives each
+//! byte range one owner at a time (the agent fills a payload range, *then* publishes a
+//! completion with release ordering; the host reads a payload range only after an
+//! acquire load saw that completion), so correct peers never race on a range such a
+//! slice covers. They are not for a peer's memory that the peer may be writing (a
+//! [`MappedRemote`] of an untrusted host): use the views there.
 //!
 //! Ring indices are words both sides access concurrently by design; read and write
 //! them only through the atomic accessors (`load_u64_acquire`, `store_u64_release`,
-//! ...), never through a slice, and keep them in a range no slice is held over.
+//! ...), never through a slice or a view, and keep them in a range no slice is held over.
 
 use std::any::Any;
 use std::fmt;
@@ -28,6 +35,8 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use host_bytes::{HostBytes, HostBytesMut};
 
 /// A contiguous range of bytes that a peer may read or write (see the module docs for
 /// the access discipline). Reached through [`crate::ucx::Region`] (local memory,
@@ -81,10 +90,13 @@ impl SharedMemory {
         self.ptr.as_ptr() as u64
     }
 
-    /// The bytes, for reading. See the module docs: the peer may be writing them.
+    /// The bytes, for reading memory nobody writes meanwhile (see the module docs: a
+    /// staging region of one's own, or one's region once the peer has completed). For a
+    /// peer's memory it may be writing, use [`SharedMemory::bytes`].
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr/len describe a live mapping (constructor contract); u8 has no
-        // invalid values; concurrent foreign writes are the documented, accepted race.
+        // invalid values; the module docs restrict this to memory no one writes while
+        // the slice lives (the protocol's one-owner-at-a-time rule).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
@@ -109,35 +121,31 @@ impl SharedMemory {
 
     /// A writable view of `len` bytes at `offset`, from a shared reference: several
     /// threads fill *disjoint* ranges of one mapped host region at once (the agent's
-    /// I/O workers read files straight into it with `pread`).
-    ///
-    /// This hands out `&mut [u8]` over memory that others may write too, on the same
-    /// bounded terms as the rest of this module (see the module docs): the bytes are
-    /// `u8` with no invalid values; the range is bounds-checked; the memory belongs to a
-    /// peer that writes it at times Rust cannot see anyway; and the protocol gives each
-    /// range one owner at a time, so only a host that submits overlapping requests can
-    /// make two such views overlap, which changes which bytes *it* receives and nothing
-    /// in this process (the views are only ever filled, never read back).
+    /// I/O workers `pread` files straight into it). A view, not a `&mut [u8]`: the peer
+    /// may read and write the bytes meanwhile, and a peer that submits overlapping
+    /// requests makes two views overlap (see the module docs).
     ///
     /// # Panics
     /// If the range lies outside the memory.
-    #[allow(clippy::mut_from_ref)] // deliberate: see above
-    pub fn slice_mut_shared(&self, offset: usize, len: usize) -> &mut [u8] {
+    pub fn bytes_mut(&self, offset: usize, len: usize) -> HostBytesMut<'_> {
         let p = self.checked(offset, len, 1);
         // SAFETY: checked() proved p..p+len lies inside the mapping, which the owning
-        // type keeps alive at least as long as &self; aliasing is bounded as the doc
-        // comment explains (plain bytes, fill-only, peer-owned memory).
-        unsafe { std::slice::from_raw_parts_mut(p, len) }
+        // type keeps mapped and writable at least as long as &self. No Rust reference to
+        // the bytes coexists with the view in this process: as_mut_slice needs &mut
+        // self, which the view's borrow of &self excludes, and as_slice is restricted
+        // (module docs) to memory nobody writes meanwhile, which a view would.
+        unsafe { HostBytesMut::from_raw_parts(p, len) }
     }
 
-    /// A view of `len` bytes at `offset` (for writing a range to a file).
+    /// A view of `len` bytes at `offset`, for reading (writing a range to a file). The
+    /// peer may write the bytes meanwhile: copy once, use the copy.
     ///
     /// # Panics
     /// If the range lies outside the memory.
-    pub fn slice_shared(&self, offset: usize, len: usize) -> &[u8] {
+    pub fn bytes(&self, offset: usize, len: usize) -> HostBytes<'_> {
         let p = self.checked(offset, len, 1);
-        // SAFETY: checked() proved p..p+len lies inside the mapping, kept alive by &self.
-        unsafe { std::slice::from_raw_parts(p, len) }
+        // SAFETY: as in bytes_mut; the view only reads.
+        unsafe { HostBytes::from_raw_parts(p, len) }
     }
 
     /// Copies `data` into the memory at `offset`.
@@ -238,8 +246,10 @@ impl fmt::Debug for SharedMemory {
 
 /// A peer's region mapped directly into this process (UCX `ucp_rkey_ptr` over shared
 /// memory). The agent uses it to `read(2)` a file straight into host memory, with no
-/// staging copy and no put. Dereferences to [`SharedMemory`]; `as_mut_slice` is the
-/// write path, `store_u64_release` publishes ring tails.
+/// staging copy and no put. Dereferences to [`SharedMemory`]: the views of
+/// [`SharedMemory::bytes_mut`] and [`SharedMemory::bytes`] are the data path (never
+/// `as_slice`/`as_mut_slice`: the host writes this memory when it likes),
+/// `store_u64_release` publishes ring tails.
 ///
 /// Keeps the remote key (and so UCX's attachment of the segment) alive. The mapping
 /// stays valid even if the peer exits: the segment is freed when the last process
@@ -375,6 +385,28 @@ mod tests {
         assert_eq!(&m.as_slice()[16..21], b"hello");
         m.as_mut_slice()[31] = 9;
         assert_eq!(m.as_slice()[31], 9);
+    }
+
+    #[test]
+    fn views_fill_and_drain_ranges() {
+        let mut buf = [0u64; 4];
+        let m = mem(&mut buf);
+        // Two views from &self at once, as two I/O threads take them.
+        let (mut a, mut b) = (m.bytes_mut(0, 8), m.bytes_mut(8, 8));
+        a.copy_from_slice(b"abcdefgh");
+        b.slice_mut(..3).copy_from_slice(b"xyz");
+        assert_eq!(m.bytes(6, 5).to_vec(), b"ghxyz");
+        let mut out = [0u8; 4];
+        m.read_at(4, &mut out);
+        assert_eq!(&out, b"efgh");
+        assert!(m.bytes_mut(32, 0).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn view_out_of_range_panics() {
+        let mut buf = [0u64; 2];
+        mem(&mut buf).bytes_mut(10, 7);
     }
 
     #[test]

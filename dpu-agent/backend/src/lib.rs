@@ -15,6 +15,16 @@
 //! batch of pieces and is told of each as it completes. The batch borrows its memory
 //! for the call, so no I/O outlives the buffers it reads into or writes from.
 //!
+//! Memory a piece reads into or writes from may be the host's own region, mapped into
+//! the agent, which the host may write at any moment: it is a [`HostBytesMut`] /
+//! [`HostBytes`] view (pointer and length, never a Rust reference), and
+//! [`Object::read_into`] / [`Object::write_from`] take it. A backend reads into it with
+//! one copy (`pread` straight into the view, a DAOS iov over it) and never reads back
+//! what it wrote; a writer that looks at the bytes (the inline encryption) copies them
+//! once into memory of its own first. Agent-owned buffers convert at no cost
+//! (`From<&mut [u8]>`), and [`Object::read_at`] / [`Object::write_at`] take them as
+//! slices.
+//!
 //! What this crate deliberately does not do: authentication, tenancy, quotas or
 //! encryption (the agent's engine does those before it calls a backend), and any
 //! network I/O.
@@ -23,6 +33,7 @@
 pub mod local;
 mod path;
 
+pub use host_bytes::{HostBytes, HostBytesMut};
 pub use path::{MAX_NAME_BYTES, MAX_PATH_BYTES, NsPath, validate_name};
 
 use std::any::Any;
@@ -194,20 +205,22 @@ pub struct IoRequest<'a> {
     pub op: IoOp<'a>,
 }
 
-/// What an [`IoRequest`] does, with the memory it borrows until it completes.
+/// What an [`IoRequest`] does, with the memory it borrows until it completes: views,
+/// because on the data plane it is the host's mapped region (an agent-owned buffer
+/// converts with `.into()`).
 pub enum IoOp<'a> {
-    /// Read into the buffer; completes with the bytes read (short only at end of file).
-    Read(&'a mut [u8]),
-    /// Write all of the buffer; completes with its length.
-    Write(&'a [u8]),
+    /// Read into the memory; completes with the bytes read (short only at end of file).
+    Read(HostBytesMut<'a>),
+    /// Write all of the memory; completes with its length.
+    Write(HostBytes<'a>),
 }
 
 impl IoRequest<'_> {
     /// Run this piece on the calling thread, as [`OneAtATime`] does.
     pub fn run_blocking(&mut self) -> Result<usize> {
         match &mut self.op {
-            IoOp::Read(buf) => self.object.read_at(buf, self.offset),
-            IoOp::Write(buf) => self.object.write_at(buf, self.offset).map(|()| buf.len()),
+            IoOp::Read(buf) => self.object.read_into(buf.reborrow(), self.offset),
+            IoOp::Write(buf) => self.object.write_from(*buf, self.offset).map(|()| buf.len()),
         }
     }
 
@@ -305,6 +318,31 @@ pub trait Object: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize>;
     /// Write all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// [`Object::read_at`] into memory the host may read and write meanwhile (its
+    /// mapped region). Same result; the backend must write the memory only through the
+    /// view and never rely on reading back what it wrote.
+    ///
+    /// The default reads into a buffer of its own and copies that out: correct for
+    /// any object, at the price of a copy. Backends that can read straight into the
+    /// view (`pread`, a DAOS iov) override it; the data plane's mapped reads depend on
+    /// that for their one copy.
+    fn read_into(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
+        let mut own = vec![0; buf.len()];
+        let n = self.read_at(&mut own, offset)?;
+        buf.slice_mut(..n).copy_from_slice(&own[..n]);
+        Ok(n)
+    }
+    /// [`Object::write_at`] from memory the host may write meanwhile. The bytes may
+    /// change while they are read: a backend that looks at them more than once (to
+    /// encrypt and then tag them, say) copies them once into memory of its own and
+    /// uses only that copy.
+    ///
+    /// The default does exactly that copy and calls [`Object::write_at`]; backends
+    /// that hand the memory straight to the storage (`pwrite`, a DAOS iov), which
+    /// reads each byte once, override it.
+    fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
+        self.write_at(&buf.to_vec(), offset)
+    }
     /// Current attributes (size included).
     fn stat(&self) -> Result<Attr>;
     /// Set the size.

@@ -24,7 +24,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dpuio_backend::{
-    Attr, Backend, Container, DirEntry, EntryKind, Error, IoOp, IoQueue, IoRequest, NsPath, Object, OpenOptions, Result,
+    Attr, Backend, Container, DirEntry, EntryKind, Error, HostBytes, HostBytesMut, IoOp, IoQueue, IoRequest, NsPath,
+    Object, OpenOptions, Result,
 };
 
 use crate::anchor::AnchorKey;
@@ -477,9 +478,9 @@ impl IoQueue for DaosIoQueue {
             };
             let offset = request.offset;
             match &mut request.op {
-                IoOp::Read(buf) => ops.push(AsyncIo::Read { obj: &object.obj, buf, offset }),
+                IoOp::Read(buf) => ops.push(AsyncIo::Read { obj: &object.obj, buf: buf.reborrow(), offset }),
                 IoOp::Write(buf) => match object.check_write(buf.len(), offset) {
-                    Ok(()) => ops.push(AsyncIo::Write { obj: &object.obj, buf, offset }),
+                    Ok(()) => ops.push(AsyncIo::Write { obj: &object.obj, buf: *buf, offset }),
                     Err(e) => {
                         done(i, Err(e));
                         continue;
@@ -512,7 +513,7 @@ impl IoQueue for DaosIoQueue {
         for (k, n) in short {
             let i = indices[k];
             let rest = match &mut batch[i].op {
-                IoOp::Read(buf) => objects[k].read_at(&mut buf[n..], batch[i].offset + n as u64),
+                IoOp::Read(buf) => objects[k].read_into(buf.slice_mut(n..), batch[i].offset + n as u64),
                 IoOp::Write(_) => Ok(0),
             };
             done(i, rest.map(|m| n + m));
@@ -557,11 +558,23 @@ impl Object for DaosObject {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_into(buf.into(), offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_from(buf.into(), offset)
+    }
+
+    /// `dfs_read` straight into the view (the host's mapped region on the data plane).
+    fn read_into(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
         let mut done = 0;
         // dfs_read returns short only at the end of the file; loop in case a read over
         // many chunks ever comes back short before it.
         while done < buf.len() {
-            let n = self.obj.read_at(&mut buf[done..], offset + done as u64).map_err(|e| map(self.path.as_str(), e))?;
+            let n = self
+                .obj
+                .read_at(buf.slice_mut(done..), offset + done as u64)
+                .map_err(|e| map(self.path.as_str(), e))?;
             if n == 0 {
                 break;
             }
@@ -570,7 +583,8 @@ impl Object for DaosObject {
         Ok(done)
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+    /// `dfs_write` straight from the view: DAOS reads each byte once.
+    fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         self.check_write(buf.len(), offset)?;
         self.obj.write_at(buf, offset).map_err(|e| map(self.path.as_str(), e))
     }

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use dpuio_backend::{HostBytes, HostBytesMut};
+
 use crate::error::{CallError, Code, errno_name};
 use crate::sys::{self, Api, daos_anchor_t, daos_event_t, daos_handle_t, dfs_obj_t, dfs_t};
 
@@ -478,26 +480,28 @@ impl Drop for Obj {
 
 impl Obj {
     /// `dfs_read` into `buf` at `offset`; returns the bytes read (short at end of file).
-    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, CallError> {
+    /// DAOS writes straight into the view (the host's mapped region on the data plane).
+    pub fn read_at(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize, CallError> {
         let mut iov = sys::d_iov_t { iov_buf: buf.as_mut_ptr().cast(), iov_buf_len: buf.len(), iov_len: buf.len() };
         let mut sgl = sys::d_sg_list_t { sg_nr: 1, sg_nr_out: 0, sg_iovs: &mut iov };
         let mut read: u64 = 0;
-        // SAFETY: the sgl describes buf, which is exclusively borrowed for the call; the
-        // call is blocking (NULL event), so DFS is done with buf when it returns.
+        // SAFETY: the sgl describes buf, a view valid for writes of its length and
+        // borrowed for the call; the call is blocking (NULL event), so DFS is done with
+        // it when it returns.
         let rc =
             unsafe { (self.fs.api().dfs_read)(self.fs.dfs, self.obj, &mut sgl, offset, &mut read, ptr::null_mut()) };
         check("dfs_read", rc)?;
         Ok((read as usize).min(buf.len()))
     }
 
-    /// `dfs_write` of all of `buf` at `offset`.
-    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), CallError> {
+    /// `dfs_write` of all of `buf` at `offset`, straight from the view.
+    pub fn write_at(&self, buf: HostBytes<'_>, offset: u64) -> Result<(), CallError> {
         // DFS only reads through iov_buf on a write; the pointer is *mut by C's type.
         let mut iov =
             sys::d_iov_t { iov_buf: buf.as_ptr().cast_mut().cast(), iov_buf_len: buf.len(), iov_len: buf.len() };
         let mut sgl = sys::d_sg_list_t { sg_nr: 1, sg_nr_out: 0, sg_iovs: &mut iov };
-        // SAFETY: the sgl describes buf, borrowed for the call and only read by DFS; the
-        // call is blocking (NULL event).
+        // SAFETY: the sgl describes buf, a view valid for reads of its length, borrowed
+        // for the call and only read by DFS; the call is blocking (NULL event).
         let rc = unsafe { (self.fs.api().dfs_write)(self.fs.dfs, self.obj, &mut sgl, offset, ptr::null_mut()) };
         check("dfs_write", rc)
     }
@@ -577,8 +581,8 @@ pub fn der_name(der: i32) -> Result<String, SetupError> {
 
 /// One asynchronous read or write for [`EventQueue::run`], with the memory it borrows.
 pub enum AsyncIo<'a> {
-    Read { obj: &'a Obj, buf: &'a mut [u8], offset: u64 },
-    Write { obj: &'a Obj, buf: &'a [u8], offset: u64 },
+    Read { obj: &'a Obj, buf: HostBytesMut<'a>, offset: u64 },
+    Write { obj: &'a Obj, buf: HostBytes<'a>, offset: u64 },
 }
 
 /// What DAOS holds a pointer to while one call is in flight: its event, and the

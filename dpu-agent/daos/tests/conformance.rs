@@ -445,10 +445,10 @@ fn io_queue_against_a_model(c: &dyn Container, q: &mut dyn IoQueue) {
         .map(|&k| IoRequest {
             object: if k % 5 == 0 { &foreign as &dyn Object } else { &*f },
             offset: (k * PIECE) as u64,
-            op: IoOp::Write(&model[k * PIECE..][..PIECE]),
+            op: IoOp::Write(model[k * PIECE..][..PIECE].into()),
         })
         .collect();
-    batch.insert(pieces / 2, IoRequest { object: &*read_only, offset: 0, op: IoOp::Write(&junk) });
+    batch.insert(pieces / 2, IoRequest { object: &*read_only, offset: 0, op: IoOp::Write(junk[..].into()) });
     let results = run_batch(q, &mut batch);
     for (i, r) in results.iter().enumerate() {
         if i == pieces / 2 {
@@ -471,7 +471,7 @@ fn io_queue_against_a_model(c: &dyn Container, q: &mut dyn IoQueue) {
         .map(|(k, (buf, &off))| IoRequest {
             object: if k % 7 == 3 { &foreign as &dyn Object } else { &*read_only },
             offset: off as u64,
-            op: IoOp::Read(buf),
+            op: IoOp::Read(buf.as_mut_slice().into()),
         })
         .collect();
     let results = run_batch(q, &mut batch);

@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use dpuio_backend::{Attr, Error, NsPath, Object, Result};
+use dpuio_backend::{Attr, Error, HostBytes, HostBytesMut, NsPath, Object, Result};
 use dpuio_crypto::{
     self as crypto, BlockWrite, FORMAT_VERSION, FileCipher, FileHeader, HEADER_BYTES, Layout, MAGIC, WritePlan,
 };
@@ -83,13 +83,38 @@ impl Object for EncryptedObject {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_into(buf.into(), offset)
+    }
+
+    /// Blocks are opened in scratch memory and copied into `buf` once their tag checked
+    /// (see `read_blocks`); plaintext files go straight through.
+    fn read_into(&self, buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
         let path = self.inner.path();
         let meta = self.file.loaded(&*self.inner, path)?;
         match &meta.mode {
             Mode::Encrypted(sealed) => read_blocks(&self.file, &*self.inner, path, sealed, buf, offset),
-            Mode::Plain => self.inner.read_at(buf, offset),
+            Mode::Plain => self.inner.read_into(buf, offset),
             Mode::Empty | Mode::Unloaded => Ok(0),
         }
+    }
+
+    /// The host may change its bytes while they are read: copy them once into memory
+    /// of this thread, then seal only from that copy. Sealing reads the plaintext more
+    /// than once (a block presealed under the shared lock may be sealed again under the
+    /// exclusive one, a partial block is patched), and reading the host's memory each
+    /// time could store blocks sealed over different bytes than one another, or a tag
+    /// over other bytes than were encrypted.
+    fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
+        let mut plain = PLAIN.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        plain.resize(buf.len(), 0);
+        buf.copy_to_slice(&mut plain);
+        let written = self.write_at(&plain, offset);
+        // Kept for the next write unless a large one grew it; the plaintext goes with it
+        // either way (the next use overwrites what it copies out).
+        if plain.capacity() <= STAGING_BYTES {
+            PLAIN.with(|p| *p.borrow_mut() = plain);
+        }
+        written
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -570,7 +595,8 @@ fn apply_plan(
 
 /// Decrypt the blocks a read touches into `buf`, each through a scratch block of this
 /// thread and copied out only once its tag checked: `buf` may be memory the host can
-/// read while the agent writes it (a mapped region on the data plane), and AES-GCM
+/// read and write while the agent writes it (a mapped region on the data plane, a view
+/// the agent must not even read back), and AES-GCM
 /// (aws-lc) decrypts before it compares the tag, so decrypting there would show the
 /// host a failing block's plaintext for an instant.
 fn read_blocks(
@@ -578,7 +604,7 @@ fn read_blocks(
     inner: &dyn Object,
     path: &NsPath,
     sealed: &Sealed,
-    buf: &mut [u8],
+    mut buf: HostBytesMut<'_>,
     offset: u64,
 ) -> Result<usize> {
     let size = sealed.header.plaintext_bytes();
@@ -606,7 +632,7 @@ fn read_blocks(
                 let block_len = layout.block_len(i, size);
                 let from = block_start.max(offset);
                 let to = (block_start + block_len as u64).min(end);
-                let dst = &mut buf[(from - offset) as usize..(to - offset) as usize];
+                let mut dst = buf.slice_mut((from - offset) as usize..(to - offset) as usize);
                 debug_assert!(dst.len() <= block_len);
                 let plain = sized(&mut scratch.block, slot);
                 cipher.read_block(i, size, stored, plain).map_err(|e| crypto_error(path, e))?;
@@ -631,6 +657,8 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The one copy of a write's plaintext out of host memory (`write_from`).
+    static PLAIN: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::thread;
 
 use dpuio_backend::local::LocalBackend;
-use dpuio_backend::{Attr, Backend, Container, DirEntry, Error, NsPath, Object, OpenOptions, Result};
+use dpuio_backend::{
+    Attr, Backend, Container, DirEntry, Error, HostBytes, HostBytesMut, NsPath, Object, OpenOptions, Result,
+};
 use dpuio_crypto::{
     AWS_LC_RS, BLOCK_OVERHEAD_BYTES, CryptoProvider, FileKeySource, HEADER_BYTES, KeySource, Layout, MAGIC, RUST_CRYPTO,
 };

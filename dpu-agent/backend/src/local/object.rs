@@ -6,13 +6,12 @@
 use std::fs::File;
 use std::io::ErrorKind;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use super::dirty::{SyncState, UNREGISTERED};
 use super::fsops::{self, MAX_FILE_BYTES, io_error};
-use crate::{Attr, Error, NsPath, Object, Result};
+use crate::{Attr, Error, HostBytes, HostBytesMut, NsPath, Object, Result};
 
 #[derive(Debug)]
 pub(super) struct LocalObject {
@@ -89,12 +88,22 @@ impl Object for LocalObject {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_into(buf.into(), offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_from(buf.into(), offset)
+    }
+
+    /// `pread` straight into the view: on the data plane, from the page cache into the
+    /// host's mapped region, the one copy of a mapped read.
+    fn read_into(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
         self.check_range(offset, buf.len())?;
         // pread may return less than asked before the end of the file (signals, large
         // requests); the contract is "short only at end of file", so loop.
         let mut done = 0;
         while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+            match buf.slice_mut(done..).pread(&*self.file, offset + done as u64) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -104,13 +113,22 @@ impl Object for LocalObject {
         Ok(done)
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+    /// `pwrite` straight from the view: the kernel reads each byte once.
+    fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         self.check_writable("write")?;
         self.check_range(offset, buf.len())?;
         if buf.is_empty() {
             return Ok(());
         }
-        self.file.write_all_at(buf, offset).map_err(|e| self.io("write", e))?;
+        let mut done = 0;
+        while done < buf.len() {
+            match buf.slice(done..).pwrite(&*self.file, offset + done as u64) {
+                Ok(0) => return Err(self.io("write", ErrorKind::WriteZero.into())),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.io("write", e)),
+            }
+        }
         self.note_write();
         Ok(())
     }
@@ -150,6 +168,23 @@ mod tests {
 
     fn open_new(c: &dyn Container, path: &str) -> Arc<dyn Object> {
         c.open(&p(path), OpenOptions { create: true, write: true, ..Default::default() }, 0o644).unwrap()
+    }
+
+    #[test]
+    fn views_read_and_write_like_slices() {
+        let (_dir, _backend, c) = mounted();
+        let f = open_new(&*c, "/v");
+        f.write_from(HostBytes::from(&b"0123456789"[..]).slice(2..8), 1).unwrap();
+        let mut buf = [b'.'; 10];
+        let mut view = HostBytesMut::from(&mut buf[..]);
+        assert_eq!(f.read_into(view.slice_mut(3..9), 2).unwrap(), 5, "short at the end of the file");
+        assert_eq!(f.read_into(view.slice_mut(..0), 0).unwrap(), 0);
+        assert_eq!(&buf, b"...34567..");
+        let read_only = c.open(&p("/v"), OpenOptions::default(), 0).unwrap();
+        assert!(matches!(read_only.write_from(HostBytes::from(&b"x"[..]), 0), Err(Error::AccessMode { .. })));
+        let mut one = [0u8];
+        let past = f.read_into(HostBytesMut::from(&mut one[..]), MAX_FILE_BYTES);
+        assert!(matches!(past, Err(Error::InvalidArgument(_))));
     }
 
     #[test]

@@ -359,3 +359,23 @@ fn throughput_against_plain() {
         }
     }
 }
+
+#[test]
+fn views_write_and_read_as_slices_do() {
+    let (_env, _raw, enc) = single();
+    let mut rng = StdRng::seed_from_u64(41);
+    let content = random_bytes(&mut rng, 3 * B + 100);
+    let f = enc.open(&p("/v"), rw(), 0o644).unwrap();
+    // A whole-block write, a patch inside a block and an extension, each from a view.
+    f.write_from(HostBytes::from(&content[..2 * B]), 0).unwrap();
+    f.write_from(HostBytes::from(&content[..]).slice(B + 7..2 * B + 300), (B + 7) as u64).unwrap();
+    f.write_from(HostBytes::from(&content[..]).slice(2 * B + 300..), (2 * B + 300) as u64).unwrap();
+    assert_eq!(read_all(&*f), content);
+    // Reads into a part of a larger view, across blocks and short at the end.
+    let mut out = vec![0xee; 2 * B];
+    let mut view = HostBytesMut::from(&mut out[..]);
+    let got = f.read_into(view.slice_mut(10..10 + B + 200), (2 * B + 50) as u64).unwrap();
+    assert_eq!(got, B + 50);
+    assert_eq!(&out[10..10 + got], &content[2 * B + 50..]);
+    assert!(out[..10].iter().chain(&out[10 + got..]).all(|&b| b == 0xee), "nothing outside the bytes read");
+}
