@@ -102,8 +102,9 @@ impl Object for EncryptedObject {
     /// of this thread, then seal only from that copy. Sealing reads the plaintext more
     /// than once (a block presealed under the shared lock may be sealed again under the
     /// exclusive one, a partial block is patched), and reading the host's memory each
-    /// time could store blocks sealed over different bytes than one another, or a tag
-    /// over other bytes than were encrypted.
+    /// time would let one write store blocks sealed from different versions of its
+    /// bytes; a cipher that reads its input twice could even tag other bytes than it
+    /// encrypted.
     fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         let mut plain = PLAIN.with(|p| std::mem::take(&mut *p.borrow_mut()));
         plain.resize(buf.len(), 0);
