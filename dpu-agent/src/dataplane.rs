@@ -51,8 +51,10 @@ use crate::config::{Lane, QosConfig};
 use crate::engine::{self, RegionAccess};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
+use protocol::{Action, Ran};
 use sessions::{Agent, Handle, Session};
 
+pub mod protocol;
 pub mod sessions;
 
 /// Bytes of the staging region used for ring entries and counters (1024 submissions).
@@ -68,9 +70,6 @@ const NO_FD_SPIN: Duration = Duration::from_micros(500);
 /// How long the engine sleeps with nothing to do before it scans every ring anyway
 /// (a safety net for a lost doorbell; doorbells wake it at once).
 const IDLE_SCAN: Duration = Duration::from_millis(200);
-/// Submissions the engine takes from one ring before turning to the next, so one busy
-/// ring cannot starve the others.
-const RING_BATCH: u64 = 64;
 /// Queued requests the engine runs before it looks at the rings again.
 const QUEUE_BATCH: usize = 64;
 
@@ -836,12 +835,7 @@ impl Engine {
         let dropped = lock(&self.qos).retain_tenants(|name| self.agent.has_tenant(name));
         for q in dropped {
             let s = &q.serving;
-            let completion = Completion {
-                user_data: q.sub.user_data,
-                status: wire::Status::Cancelled as i32,
-                result: 0,
-                seq: q.cq_index + 1,
-            };
+            let completion = protocol::completion(q.sub.user_data, q.cq_index, wire::Status::Cancelled, 0);
             if let Some(tenant) = &s.tenant {
                 let _ = tenant.finish(1); // the tenant is gone: nobody waits for its room
             }
@@ -870,7 +864,12 @@ impl Engine {
                 let _ = tenant.finish(1); // its host is gone; the engine is running anyway
                 continue;
             }
-            match self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.sub, q.cq_index) {
+            let ran = self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.sub, q.cq_index).and_then(|ran| {
+                let Ran::Done { status, result } = ran else { return Ok(false) };
+                let completion = protocol::completion(q.sub.user_data, q.cq_index, status, result);
+                self.post_completion(&s.peer, &s.ring, q.cq_index, &completion).map(|()| true)
+            });
+            match ran {
                 Ok(false) => {}
                 Ok(true) => {
                     if !posted.iter().any(|r| Arc::ptr_eq(r, &s.ring)) {
@@ -886,8 +885,8 @@ impl Engine {
     }
 
     /// Run one validated entry that counts in `tenant`'s in-flight requests: on the I/O
-    /// workers (they post its completion), or here. Returns whether a completion was
-    /// posted here (its ring's waiters need a wake).
+    /// workers (they post its completion), or here (its completion is the caller's to
+    /// post).
     fn run_entry(
         &mut self,
         session: &Session,
@@ -896,89 +895,99 @@ impl Engine {
         tenant: &Arc<TenantSlot>,
         sub: &Submission,
         cq_index: u64,
-    ) -> Result<bool, DataPlaneError> {
+    ) -> Result<Ran, DataPlaneError> {
         if self.dispatch(session, ring, sub, cq_index, tenant).is_some() {
-            return Ok(false);
+            return Ok(Ran::OnWorkers);
         }
         let outcome = self.execute(session, peer, sub);
         // Parked rings are looked at by this thread on its next round: no wake needed.
         let _ = tenant.finish(1);
         let (status, result) = outcome?;
-        let completion = Completion { user_data: sub.user_data, status: status as i32, result, seq: cq_index + 1 };
-        self.post_completion(peer, ring, cq_index, &completion)?;
-        Ok(true)
+        Ok(Ran::Done { status, result })
     }
 
-    /// Take up to [`RING_BATCH`] submissions of one ring (no more than its tenant has
-    /// room for): invalid ones complete with their error at once; valid ones run now
-    /// (`direct`) or go to the scheduler. Returns whether more remain.
+    /// Serve one ring once through its protocol machine ([`protocol::Batch`]): take up
+    /// to [`protocol::RING_BATCH`] submissions (no more than its tenant has room for); invalid ones
+    /// complete with their error at once; valid ones run now (`direct`) or go to the
+    /// scheduler. Returns whether more remain.
     fn serve_ring(&mut self, s: &Arc<Serving>, direct: bool) -> Result<bool, DataPlaneError> {
         let (session, peer, ring) = (&*s.session, &*s.peer, &s.ring);
         let base = ring.offset;
-        let entries = u64::from(ring.entries);
         let sq_tail = self.load_u64(peer, &ring.region, base + wire::SQ_TAIL_OFFSET as u64)?;
         let cq_head = self.load_u64(peer, &ring.region, base + wire::CQ_HEAD_OFFSET as u64)?;
-        let mut head = ring.sq_head.load(Ordering::Relaxed);
-        let mut tail = ring.cq_tail.load(Ordering::Relaxed);
-        let submitted = sq_tail.wrapping_sub(head);
-        if submitted > entries || tail.wrapping_sub(cq_head) > entries {
-            ring.broken.store(true, Ordering::Relaxed);
-            tracing::warn!(
-                session = format!("{:#018x}", session.id),
-                ring = ring.id,
-                sq_tail,
-                cq_head,
-                "ring indices out of range: the host broke the ring protocol; ring no longer served"
-            );
-            return Ok(false);
-        }
-        // Take what was submitted, as far as the completion ring and the tenant have room.
-        let room = entries - tail.wrapping_sub(cq_head);
-        let tenant_room = s.tenant.as_ref().map_or(RING_BATCH, |t| u64::from(t.room()));
-        let take = submitted.min(room).min(RING_BATCH).min(tenant_room);
-        if take == 0 {
-            return Ok(false);
-        }
+        let cursor = protocol::Cursor {
+            sq_head: ring.sq_head.load(Ordering::Relaxed),
+            cq_tail: ring.cq_tail.load(Ordering::Relaxed),
+        };
+        let tenant = match &s.tenant {
+            None => protocol::Tenant::Removed,
+            Some(t) if direct => protocol::Tenant::Direct { room: t.room() },
+            Some(t) => protocol::Tenant::Queued { room: t.room() },
+        };
+        let mut batch = match cursor.serve(ring.entries, protocol::HostIndices { sq_tail, cq_head }, tenant) {
+            protocol::Serve::Batch(batch) => batch,
+            protocol::Serve::Idle => return Ok(false),
+            protocol::Serve::Broken => {
+                ring.broken.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    session = format!("{:#018x}", session.id),
+                    ring = ring.id,
+                    sq_tail,
+                    cq_head,
+                    "ring indices out of range: the host broke the ring protocol; ring no longer served"
+                );
+                return Ok(false);
+            }
+        };
         let mut entry = [0u8; wire::SQE_BYTES];
-        let mut posted_inline = false;
+        // Counted when pushed to the scheduler at the end: a transfer failure before
+        // then must not leave them counted.
         let mut queued = Vec::new();
-        for _ in 0..take {
-            let at = base + wire::sqe_offset(ring.entries, head) as u64;
-            self.read_host(peer, &ring.region, at, &mut entry)?;
-            let cq_index = tail;
-            head += 1;
-            tail += 1;
-            let checked = match Submission::decode(&entry) {
-                Err(_) => Err(wire::Status::Malformed),
-                Ok(sub) => engine::validate(&sub, session, self.agent.limits().max_io_bytes).map(|v| v.submission),
-            };
-            let status = match (checked, &s.tenant) {
-                (Err(status), _) => status,
-                // The tenant was removed: its sessions are ending.
-                (Ok(_), None) => wire::Status::Cancelled,
-                (Ok(sub), Some(tenant)) => {
-                    if direct {
-                        tenant.start(1);
-                        posted_inline |= self.run_entry(session, peer, ring, tenant, &sub, cq_index)?;
-                    } else {
-                        // Counted when queued, below: an early return on a transport
-                        // failure must not leave it counted.
-                        queued.push(Queued { serving: s.clone(), sub, cq_index });
-                    }
-                    continue;
+        while let Some(action) = batch.poll() {
+            let performed = match (action, &s.tenant) {
+                (Action::Fetch { index }, _) => {
+                    let at = base + wire::sqe_offset(ring.entries, index) as u64;
+                    self.read_host(peer, &ring.region, at, &mut entry).map(|()| {
+                        batch.fetched(&entry, session, self.agent.limits().max_io_bytes);
+                    })
+                }
+                (Action::Run { sub, cq_index }, Some(tenant)) => {
+                    tenant.start(1);
+                    self.run_entry(session, peer, ring, tenant, &sub, cq_index).map(|ran| batch.ran(ran))
+                }
+                (Action::Queue { sub, cq_index }, Some(_)) => {
+                    queued.push(Queued { serving: s.clone(), sub, cq_index });
+                    Ok(())
+                }
+                (Action::Run { .. } | Action::Queue { .. }, None) => {
+                    unreachable!("the protocol cancels a removed tenant's entries, it never runs them")
+                }
+                (Action::Complete { index, completion }, _) => self.post_completion(peer, ring, index, &completion),
+                (Action::Finish { cursor, wake, more }, _) => {
+                    ring.sq_head.store(cursor.sq_head, Ordering::Relaxed);
+                    ring.cq_tail.store(cursor.cq_tail, Ordering::Relaxed);
+                    return self.finish_batch(s, cursor.sq_head, queued, wake, more);
                 }
             };
-            let completion = Completion {
-                user_data: Submission::peek_user_data(&entry),
-                status: status as i32,
-                result: 0,
-                seq: cq_index + 1,
-            };
-            self.post_completion(peer, ring, cq_index, &completion)?;
-            posted_inline = true;
+            if let Err(e) = performed {
+                batch.transfer_failed();
+                return Err(e);
+            }
         }
-        ring.sq_head.store(head, Ordering::Relaxed);
-        ring.cq_tail.store(tail, Ordering::Relaxed);
+        Ok(false)
+    }
+
+    /// The end of a ring's batch: queue its valid entries in the scheduler, store the
+    /// advisory `sq_head`, wake the host's waiters if a completion was posted.
+    fn finish_batch(
+        &mut self,
+        s: &Serving,
+        sq_head: u64,
+        queued: Vec<Queued>,
+        mut wake: bool,
+        more: bool,
+    ) -> Result<bool, DataPlaneError> {
+        let (peer, ring) = (&*s.peer, &s.ring);
         if let (false, Some(tenant)) = (queued.is_empty(), &s.tenant) {
             let mut refused = Vec::new();
             {
@@ -994,22 +1003,17 @@ impl Engine {
             // Only when the tenant's max_inflight was lowered below its queue at run
             // time: the host may submit again.
             for q in refused {
-                let completion = Completion {
-                    user_data: q.sub.user_data,
-                    status: wire::Status::Busy as i32,
-                    result: 0,
-                    seq: q.cq_index + 1,
-                };
+                let completion = protocol::completion(q.sub.user_data, q.cq_index, wire::Status::Busy, 0);
                 self.post_completion(peer, ring, q.cq_index, &completion)?;
-                posted_inline = true;
+                wake = true;
             }
         }
         // Advisory for the host (it trusts the seq words, not this).
-        self.store_u64(peer, &ring.region, base + wire::SQ_HEAD_OFFSET as u64, head)?;
-        if posted_inline {
+        self.store_u64(peer, &ring.region, ring.offset + wire::SQ_HEAD_OFFSET as u64, sq_head)?;
+        if wake {
             wake_waiters(ring);
         }
-        Ok(sq_tail != head)
+        Ok(more)
     }
 
     /// Queue a request whose region and ring are mapped on the I/O workers, split in
