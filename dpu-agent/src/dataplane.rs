@@ -35,7 +35,6 @@
 //! is stopped, an entry that fails a check gets an error completion, and a peer that
 //! fails a transfer has its data plane closed, never the agent's.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -52,9 +51,11 @@ use crate::engine::{self, RegionAccess};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
 use protocol::{Action, Ran};
+use readiness::{Idle, Readiness, RingKey};
 use sessions::{Agent, Handle, Session};
 
 pub mod protocol;
+pub mod readiness;
 pub mod sessions;
 
 /// Bytes of the staging region used for ring entries and counters (1024 submissions).
@@ -67,9 +68,6 @@ const NO_FD_SLICE: Duration = Duration::from_millis(1);
 /// How long the engine keeps polling after its last piece of work while such a
 /// transport has peers (a host at queue depth 1 submits again within this).
 const NO_FD_SPIN: Duration = Duration::from_micros(500);
-/// How long the engine sleeps with nothing to do before it scans every ring anyway
-/// (a safety net for a lost doorbell; doorbells wake it at once).
-const IDLE_SCAN: Duration = Duration::from_millis(200);
 /// Queued requests the engine runs before it looks at the rings again.
 const QUEUE_BATCH: usize = 64;
 
@@ -650,97 +648,62 @@ fn wake_waiters(ring: &HostRing) {
     }
 }
 
-/// Work for one ring, gathered from doorbells.
-type RingKey = (u64, u32);
-
 impl Engine {
     fn run(&mut self) {
         let mut bells = Vec::new();
-        let mut pending: HashSet<RingKey> = HashSet::new();
-        // Mapped rings with recent work: polled directly while the engine spins, with
-        // agent_polling set so their hosts skip the doorbell.
-        let mut hot: Vec<(RingKey, Arc<HostRing>)> = Vec::new();
-        // Rings left alone until their tenant has room for another request in flight.
-        let mut parked: HashMap<RingKey, Arc<TenantSlot>> = HashMap::new();
-        let mut scan_all = true;
-        let mut last_scan = Instant::now();
-        let mut last_work = Instant::now();
-        let mut spins = 0u32;
+        // Which rings to look at when; hot rings are polled directly while the engine
+        // spins, with agent_polling set so their hosts skip the doorbell.
+        let mut ready: Readiness<Arc<HostRing>, Arc<TenantSlot>> = Readiness::new(Instant::now());
         while !self.stop.load(Ordering::SeqCst) {
             bells.clear();
             for lane in &self.lanes {
                 while lane.worker.progress() > 0 {}
                 if lane.worker.take_doorbells(&mut bells) > 0 {
-                    scan_all = true; // some doorbells were lost: look at every ring
+                    ready.lost_doorbells();
                 }
             }
             for bell in &bells {
                 match wire::Doorbell::decode(bell.as_bytes()) {
-                    Some(d) => {
-                        pending.insert((d.session_id, d.ring_id));
-                    }
+                    Some(d) => ready.ready((d.session_id, d.ring_id)),
                     None => tracing::debug!("malformed doorbell ignored"),
                 }
             }
-            if scan_all {
-                pending.extend(self.agent.all_rings());
-                self.drop_removed_tenants();
-                scan_all = false;
-                last_scan = Instant::now();
-            }
-            for (key, ring) in &hot {
-                if ring_has_work(ring) {
-                    pending.insert(*key);
+            if ready.scan_due() {
+                for key in self.agent.all_rings() {
+                    ready.ready(key);
                 }
+                self.drop_removed_tenants();
+                ready.scanned(Instant::now());
             }
-            if !parked.is_empty() {
-                parked.retain(|key, tenant| {
-                    let stay = tenant.room() == 0;
-                    if !stay {
-                        pending.insert(*key);
-                    }
-                    stay
-                });
-                pending.retain(|key| !parked.contains_key(key));
-            }
+            ready.poll_hot(|ring| ring_has_work(ring));
+            ready.unpark(|tenant| tenant.room());
             let queued_wait = self.queued_wait();
-            if pending.is_empty() && queued_wait != Some(Duration::ZERO) {
-                spins += 1;
-                let spin = if self.polls_for_doorbells() { NO_FD_SPIN } else { ENGINE_SPIN };
-                if !spins.is_multiple_of(64) || last_work.elapsed() < spin {
+            let spin = if self.polls_for_doorbells() { NO_FD_SPIN } else { ENGINE_SPIN };
+            match ready.idle(Instant::now, queued_wait, spin) {
+                Idle::Work => {}
+                Idle::Spin => {
                     std::hint::spin_loop();
                     continue;
                 }
-                // Going to sleep: hosts must ring again. Clear the flags, then look
-                // once more (pairs with the host's fence after publishing sq_tail).
-                for (_, ring) in &hot {
-                    set_polling(ring, false);
-                }
-                std::sync::atomic::fence(Ordering::SeqCst);
-                let missed: Vec<RingKey> = hot.iter().filter(|(_, r)| ring_has_work(r)).map(|(k, _)| *k).collect();
-                hot.clear();
-                if !missed.is_empty() {
-                    pending.extend(missed);
+                Idle::Sleep => {
+                    // Going to sleep: hosts must ring again. Clear the flags, then look
+                    // once more (pairs with the host's fence after publishing sq_tail).
+                    for (_, ring) in ready.hot() {
+                        set_polling(ring, false);
+                    }
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if ready.cool(|ring| ring_has_work(ring)) {
+                        continue;
+                    }
+                    if let Err(e) = self.wait(ready.sleep_for(Instant::now(), queued_wait)) {
+                        tracing::error!(error = %e, "engine cannot wait on the transport; polling");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    ready.woke(Instant::now());
                     continue;
                 }
-                // Until the safety-net scan, or until the first throttled request is due
-                // (whole milliseconds: the transport's wait has no finer unit, and
-                // rounding down would spin).
-                let mut timeout = IDLE_SCAN.saturating_sub(last_scan.elapsed());
-                if let Some(wait) = queued_wait {
-                    timeout = timeout.min(Duration::from_millis(wait.as_nanos().div_ceil(1_000_000) as u64));
-                }
-                if let Err(e) = self.wait(timeout) {
-                    tracing::error!(error = %e, "engine cannot wait on the transport; polling");
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                if last_scan.elapsed() >= IDLE_SCAN {
-                    scan_all = true;
-                }
-                continue;
             }
-            last_work = Instant::now();
-            let serving = self.resolve(pending.drain());
+            let serving = self.resolve(ready.take_pending());
             // One unlimited tenant with work and nothing queued: run entries as they
             // are taken, as fast as without QoS. Otherwise the scheduler decides.
             let direct = queued_wait.is_none()
@@ -756,19 +719,17 @@ impl Engine {
                 if let Some(tenant) = &s.tenant
                     && tenant.room() == 0
                 {
-                    park(&mut parked, &mut hot, &s, tenant);
+                    park(&mut ready, &s, tenant);
                     continue;
                 }
-                if s.ring.region.mapped.is_some() && !hot.iter().any(|(k, _)| *k == key) {
+                if s.ring.region.mapped.is_some() && !ready.is_hot(key) {
                     set_polling(&s.ring, true);
-                    hot.push((key, s.ring.clone()));
+                    ready.heat(key, s.ring.clone());
                 }
                 match self.serve_ring(&s, direct) {
                     Ok(true) => match &s.tenant {
-                        Some(tenant) if tenant.room() == 0 => park(&mut parked, &mut hot, &s, tenant),
-                        _ => {
-                            pending.insert(key); // more waiting: come back after the others
-                        }
+                        Some(tenant) if tenant.room() == 0 => park(&mut ready, &s, tenant),
+                        _ => ready.ready(key), // more waiting: come back after the others
                     },
                     Ok(false) => {}
                     Err(e) => fail_peer(&s, &e),
@@ -776,7 +737,7 @@ impl Engine {
             }
             self.serve_queue(QUEUE_BATCH);
         }
-        for (_, ring) in &hot {
+        for (_, ring) in ready.hot() {
             set_polling(ring, false);
         }
     }
@@ -1228,16 +1189,10 @@ impl Engine {
 
 /// Leave a ring alone until its tenant has room: no polling (its host rings the
 /// doorbell again), and a wake from the request that makes room.
-fn park(
-    parked: &mut HashMap<RingKey, Arc<TenantSlot>>,
-    hot: &mut Vec<(RingKey, Arc<HostRing>)>,
-    s: &Serving,
-    tenant: &Arc<TenantSlot>,
-) {
+fn park(ready: &mut Readiness<Arc<HostRing>, Arc<TenantSlot>>, s: &Serving, tenant: &Arc<TenantSlot>) {
     tenant.park();
-    parked.insert(s.key, tenant.clone());
-    if let Some(i) = hot.iter().position(|(k, _)| *k == s.key) {
-        set_polling(&hot.swap_remove(i).1, false);
+    if let Some(ring) = ready.park(s.key, tenant.clone()) {
+        set_polling(&ring, false);
     }
 }
 

@@ -238,5 +238,6 @@ pub fn completion(user_data: u64, cq_index: u64, status: Status, result: u64) ->
     Completion { user_data, status: status as i32, result, seq: cq_index.wrapping_add(1) }
 }
 
+/// The simulated host ring of these tests serves the engine loop's tests too.
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

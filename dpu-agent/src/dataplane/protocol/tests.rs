@@ -23,7 +23,7 @@ impl SessionView for FakeSession {
     }
 }
 
-fn read(user_data: u64) -> [u8; SQE_BYTES] {
+pub(crate) fn read(user_data: u64) -> [u8; SQE_BYTES] {
     Submission {
         opcode: Opcode::Read,
         flags: 0,
@@ -39,7 +39,7 @@ fn read(user_data: u64) -> [u8; SQE_BYTES] {
 
 /// The host's side of a ring pair, as the shim keeps it: it writes entries and
 /// `sq_tail`, reaps completions by their `seq` word and publishes `cq_head`.
-struct HostRing {
+pub(crate) struct HostRing {
     entries: u32,
     sq: Vec<[u8; SQE_BYTES]>,
     cq: Vec<Option<Completion>>,
@@ -48,7 +48,7 @@ struct HostRing {
 }
 
 impl HostRing {
-    fn new(entries: u32) -> HostRing {
+    pub(crate) fn new(entries: u32) -> HostRing {
         HostRing::at(entries, 0)
     }
 
@@ -64,7 +64,7 @@ impl HostRing {
 
     /// Submit an entry; the host keeps within its ring (it knows the agent's cq room
     /// from what it reaped).
-    fn submit(&mut self, entry: [u8; SQE_BYTES]) {
+    pub(crate) fn submit(&mut self, entry: [u8; SQE_BYTES]) {
         assert!(self.sq_tail.wrapping_sub(self.cq_head) < u64::from(self.entries), "host overfilled its ring");
         let slot = self.slot(self.sq_tail);
         self.sq[slot] = entry;
@@ -72,7 +72,7 @@ impl HostRing {
     }
 
     /// Every completion posted in order from `cq_head`.
-    fn reap(&mut self) -> Vec<Completion> {
+    pub(crate) fn reap(&mut self) -> Vec<Completion> {
         let mut out = Vec::new();
         loop {
             let slot = self.slot(self.cq_head);
@@ -94,7 +94,7 @@ impl HostRing {
 
 /// How serving a ring once ended.
 #[derive(Debug, PartialEq, Eq)]
-enum Served {
+pub(crate) enum Served {
     Broken,
     Idle,
     Finished {
@@ -109,7 +109,7 @@ enum Served {
 }
 
 /// The agent's side in the tests: the driver's job done on the simulated ring.
-struct Driver {
+pub(crate) struct Driver {
     cursor: Cursor,
     entries: u32,
     /// Every action the machine gave, in order.
@@ -126,7 +126,7 @@ fn ok(sub: &Submission) -> Ran {
 }
 
 impl Driver {
-    fn new(entries: u32) -> Driver {
+    pub(crate) fn new(entries: u32) -> Driver {
         Driver::at(entries, 0)
     }
 
@@ -141,7 +141,7 @@ impl Driver {
         }
     }
 
-    fn serve(&mut self, host: &mut HostRing, tenant: Tenant) -> Served {
+    pub(crate) fn serve(&mut self, host: &mut HostRing, tenant: Tenant) -> Served {
         let mut batch = match self.cursor.serve(self.entries, host.indices(), tenant) {
             Serve::Broken => return Served::Broken,
             Serve::Idle => return Served::Idle,
@@ -178,7 +178,7 @@ impl Driver {
     }
 }
 
-const UNLIMITED: Tenant = Tenant::Direct { room: u32::MAX };
+pub(crate) const UNLIMITED: Tenant = Tenant::Direct { room: u32::MAX };
 
 #[test]
 fn many_laps_of_a_small_ring_complete_every_entry_once_in_order() {
