@@ -50,7 +50,7 @@ use crate::config::{Lane, QosConfig};
 use crate::engine::{self, RegionAccess};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
-use protocol::{Action, Ran};
+use protocol::{Action, BackendFailure, Ran, Step};
 use readiness::{Idle, Readiness, RingKey};
 use sessions::{Agent, Handle, Session};
 
@@ -1045,8 +1045,6 @@ impl Engine {
         };
         let object = &handle.object;
         let chunk_bytes = self.chunk_bytes as u64;
-        let half_bytes = self.chunk_bytes;
-        let staging = &mut self.lanes[peer.lane].staging;
         let mut done = 0u64;
         match (&region.mapped, sub.opcode) {
             (Some(mapped), Opcode::Read) => {
@@ -1072,44 +1070,7 @@ impl Engine {
                     done += c.length;
                 }
             }
-            (None, Opcode::Read) => {
-                // Double buffer: read chunk k into half k%2 while chunk k-1 is in flight.
-                for (k, c) in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes).enumerate() {
-                    let half = SCRATCH_BYTES + (k % 2) * half_bytes;
-                    if k >= 2 {
-                        peer.endpoint.flush(FLUSH_TIMEOUT)?; // half k%2 is free again
-                    }
-                    let n =
-                        match object.read_at(&mut staging.as_mut_slice()[half..][..c.length as usize], c.file_offset) {
-                            Ok(n) => n,
-                            Err(e) => return Ok(io_failed(session, sub, &e)),
-                        };
-                    if n > 0 {
-                        peer.endpoint.put(staging, half, n, region.addr + c.region_offset, &region.key)?;
-                    }
-                    done += n as u64;
-                    if (n as u64) < c.length {
-                        break;
-                    }
-                }
-            }
-            (None, Opcode::Write) => {
-                for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
-                    peer.endpoint.get(
-                        staging,
-                        SCRATCH_BYTES,
-                        c.length as usize,
-                        region.addr + c.region_offset,
-                        &region.key,
-                    )?;
-                    peer.endpoint.flush(FLUSH_TIMEOUT)?;
-                    let src = &staging.as_slice()[SCRATCH_BYTES..][..c.length as usize];
-                    if let Err(e) = object.write_at(src, c.file_offset) {
-                        return Ok(io_failed(session, sub, &e));
-                    }
-                    done += c.length;
-                }
-            }
+            (None, _) => return self.execute_staged(session, peer, sub, &region, object),
         }
         if sub.opcode == Opcode::Write
             && sub.flags & wire::FLAG_SYNC != 0
@@ -1118,6 +1079,51 @@ impl Engine {
             return Ok(io_failed(session, sub, &e));
         }
         Ok((wire::Status::Ok, done))
+    }
+
+    /// Run one validated request whose region is not mapped: its payload moves
+    /// through this lane's staging region in the steps [`protocol::Staged`] gives.
+    fn execute_staged(
+        &mut self,
+        session: &Session,
+        peer: &Peer,
+        sub: &Submission,
+        region: &HostRegion,
+        object: &Arc<dyn dpuio_backend::Object>,
+    ) -> Result<(wire::Status, u64), DataPlaneError> {
+        let half_bytes = self.chunk_bytes;
+        let staging = &mut self.lanes[peer.lane].staging;
+        let failure = |e: dpuio_backend::Error| match io_failed(session, sub, &e).0 {
+            wire::Status::Integrity => BackendFailure::Integrity,
+            _ => BackendFailure::Io,
+        };
+        let mut transfer = protocol::Staged::new(*sub, self.chunk_bytes as u64);
+        while let Some(step) = transfer.poll() {
+            match step {
+                Step::Read { chunk, half } => {
+                    let at = SCRATCH_BYTES + half * half_bytes;
+                    let dst = &mut staging.as_mut_slice()[at..][..chunk.length as usize];
+                    transfer.read(object.read_at(dst, chunk.file_offset).map_err(failure));
+                }
+                Step::Put { half, len, region_offset } => {
+                    let at = SCRATCH_BYTES + half * half_bytes;
+                    peer.endpoint.put(staging, at, len, region.addr + region_offset, &region.key)?;
+                }
+                Step::Get { chunk } => {
+                    let (len, from) = (chunk.length as usize, region.addr + chunk.region_offset);
+                    peer.endpoint.get(staging, SCRATCH_BYTES, len, from, &region.key)?;
+                }
+                Step::Flush => peer.endpoint.flush(FLUSH_TIMEOUT)?,
+                Step::Write { chunk } => {
+                    let src = &staging.as_slice()[SCRATCH_BYTES..][..chunk.length as usize];
+                    transfer.wrote(object.write_at(src, chunk.file_offset).map_err(failure));
+                }
+                Step::Sync => transfer.synced(object.sync().map_err(failure)),
+                Step::Done { status, result } => return Ok((status, result)),
+            }
+        }
+        // Not reached: a staged request always ends with Step::Done.
+        Ok((wire::Status::Io, 0))
     }
 
     /// Payload first, then the entry, then its `seq` word: a host that sees the seq

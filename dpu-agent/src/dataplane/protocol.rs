@@ -233,6 +233,207 @@ impl Batch {
     }
 }
 
+/// One step of a request whose payload moves through the agent's staging region
+/// (transports without mapped host memory: TCP, RDMA). The staging region has two
+/// halves of a chunk each, so the backend read of a chunk overlaps the put of the one
+/// before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Backend read of `chunk` into staging half `half`; report with [`Staged::read`].
+    Read { chunk: engine::Chunk, half: usize },
+    /// Put the first `len` bytes of staging half `half` to the request's region at
+    /// `region_offset`.
+    Put { half: usize, len: usize, region_offset: u64 },
+    /// Get `chunk` from the request's region into staging half 0.
+    Get { chunk: engine::Chunk },
+    /// Wait until every put and get issued so far is done (a flush).
+    Flush,
+    /// Backend write of `chunk` from staging half 0; report with [`Staged::wrote`].
+    Write { chunk: engine::Chunk },
+    /// Make the file durable ([`wire::FLAG_SYNC`]); report with [`Staged::synced`].
+    Sync,
+    /// The request is done: its completion has this status and result (payload puts
+    /// may still be in flight: posting the completion flushes first).
+    Done { status: Status, result: u64 },
+}
+
+/// How a backend piece of a staged request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendFailure {
+    /// An integrity check failed (inline encryption).
+    Integrity,
+    /// Any other error.
+    Io,
+}
+
+/// A validated request moving through the staging region, chunk by chunk. A
+/// transfer failure (put, get or flush) is not reported: the peer's data plane closes
+/// and the request is dropped with it.
+#[derive(Debug)]
+pub struct Staged {
+    sub: Submission,
+    chunk_bytes: u64,
+    /// Chunks started.
+    started: usize,
+    /// File offset of the next chunk.
+    at: u64,
+    /// Bytes moved so far.
+    done: u64,
+    next: StagedNext,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum StagedNext {
+    /// Start the next chunk, or end.
+    Chunk,
+    /// Hand out this step, then go on as `then`.
+    Step(Step, StagedThen),
+    AwaitRead {
+        chunk: engine::Chunk,
+        half: usize,
+    },
+    AwaitWrite {
+        chunk: engine::Chunk,
+    },
+    AwaitSync,
+    Done,
+}
+
+/// Where a staged request goes once a step is handed out.
+#[derive(Debug, Clone, Copy)]
+enum StagedThen {
+    Chunk,
+    End,
+    Read { chunk: engine::Chunk, half: usize },
+    AwaitRead { chunk: engine::Chunk, half: usize },
+    Flush(engine::Chunk),
+    Write(engine::Chunk),
+    AwaitWrite(engine::Chunk),
+    AwaitSync,
+    Done,
+}
+
+impl Staged {
+    /// Move `sub`'s payload in chunks of `chunk_bytes` (> 0: the size of a staging half).
+    pub fn new(sub: Submission, chunk_bytes: u64) -> Staged {
+        Staged { sub, chunk_bytes, started: 0, at: sub.file_offset, done: 0, next: StagedNext::Chunk }
+    }
+
+    /// The next step; `None` while a backend piece is out, and after [`Step::Done`].
+    pub fn poll(&mut self) -> Option<Step> {
+        loop {
+            match self.next {
+                StagedNext::Chunk => self.next = self.next_chunk(),
+                StagedNext::Step(step, then) => {
+                    self.next = match then {
+                        StagedThen::Chunk => StagedNext::Chunk,
+                        StagedThen::End => self.end(),
+                        StagedThen::Read { chunk, half } => {
+                            StagedNext::Step(Step::Read { chunk, half }, StagedThen::AwaitRead { chunk, half })
+                        }
+                        StagedThen::AwaitRead { chunk, half } => StagedNext::AwaitRead { chunk, half },
+                        StagedThen::Flush(chunk) => StagedNext::Step(Step::Flush, StagedThen::Write(chunk)),
+                        StagedThen::Write(chunk) => {
+                            StagedNext::Step(Step::Write { chunk }, StagedThen::AwaitWrite(chunk))
+                        }
+                        StagedThen::AwaitWrite(chunk) => StagedNext::AwaitWrite { chunk },
+                        StagedThen::AwaitSync => StagedNext::AwaitSync,
+                        StagedThen::Done => StagedNext::Done,
+                    };
+                    return Some(step);
+                }
+                StagedNext::AwaitRead { .. } | StagedNext::AwaitWrite { .. } | StagedNext::AwaitSync => return None,
+                StagedNext::Done => return None,
+            }
+        }
+    }
+
+    fn next_chunk(&mut self) -> StagedNext {
+        let end = self.sub.file_offset + self.sub.length;
+        let region_offset = self.sub.region_offset + (self.at - self.sub.file_offset);
+        let Some(chunk) = engine::chunks(self.at, region_offset, end - self.at, self.chunk_bytes).next() else {
+            return self.end();
+        };
+        let k = self.started;
+        self.started += 1;
+        self.at = chunk.file_offset + chunk.length;
+        match self.sub.opcode {
+            wire::Opcode::Read => {
+                // Double buffer: read chunk k into half k % 2 while chunk k - 1 is in
+                // flight; from the third chunk on, a half is free again only after a flush.
+                let half = k % 2;
+                if k >= 2 {
+                    StagedNext::Step(Step::Flush, StagedThen::Read { chunk, half })
+                } else {
+                    StagedNext::Step(Step::Read { chunk, half }, StagedThen::AwaitRead { chunk, half })
+                }
+            }
+            wire::Opcode::Write => StagedNext::Step(Step::Get { chunk }, StagedThen::Flush(chunk)),
+        }
+    }
+
+    /// Every chunk moved: sync if asked, then done.
+    fn end(&self) -> StagedNext {
+        if self.sub.opcode == wire::Opcode::Write && self.sub.flags & wire::FLAG_SYNC != 0 {
+            return StagedNext::Step(Step::Sync, StagedThen::AwaitSync);
+        }
+        StagedNext::Step(Step::Done { status: Status::Ok, result: self.done }, StagedThen::Done)
+    }
+
+    fn fail(&mut self, failure: BackendFailure) {
+        let status = match failure {
+            BackendFailure::Integrity => Status::Integrity,
+            BackendFailure::Io => Status::Io,
+        };
+        self.next = StagedNext::Step(Step::Done { status, result: 0 }, StagedThen::Done);
+    }
+
+    /// The backend read asked for by [`Step::Read`] ended: `Ok(bytes)` (fewer than the
+    /// chunk at the end of the file: the request ends there).
+    pub fn read(&mut self, outcome: Result<usize, BackendFailure>) {
+        let StagedNext::AwaitRead { chunk, half } = self.next else { return };
+        let n = match outcome {
+            Ok(n) => n.min(chunk.length as usize),
+            Err(failure) => return self.fail(failure),
+        };
+        self.done += n as u64;
+        let then = if (n as u64) < chunk.length { StagedThen::End } else { StagedThen::Chunk };
+        self.next = if n > 0 {
+            StagedNext::Step(Step::Put { half, len: n, region_offset: chunk.region_offset }, then)
+        } else {
+            match then {
+                StagedThen::End => self.end(),
+                _ => StagedNext::Chunk,
+            }
+        };
+    }
+
+    /// The backend write asked for by [`Step::Write`] ended.
+    pub fn wrote(&mut self, outcome: Result<(), BackendFailure>) {
+        let StagedNext::AwaitWrite { chunk } = self.next else { return };
+        match outcome {
+            Ok(()) => {
+                self.done += chunk.length;
+                self.next = StagedNext::Chunk;
+            }
+            Err(failure) => self.fail(failure),
+        }
+    }
+
+    /// The sync asked for by [`Step::Sync`] ended.
+    pub fn synced(&mut self, outcome: Result<(), BackendFailure>) {
+        if !matches!(self.next, StagedNext::AwaitSync) {
+            return;
+        }
+        match outcome {
+            Ok(()) => {
+                self.next = StagedNext::Step(Step::Done { status: Status::Ok, result: self.done }, StagedThen::Done)
+            }
+            Err(failure) => self.fail(failure),
+        }
+    }
+}
+
 /// The completion entry of the request taken as completion `cq_index`.
 pub fn completion(user_data: u64, cq_index: u64, status: Status, result: u64) -> Completion {
     Completion { user_data, status: status as i32, result, seq: cq_index.wrapping_add(1) }

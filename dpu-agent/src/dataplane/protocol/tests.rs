@@ -417,3 +417,133 @@ fn completions_seq_wraps_with_the_index() {
     );
     assert_eq!(completion(5, u64::MAX, Status::Ok, 3).seq, 0);
 }
+
+/// Run a staged request against a simulated staging region and host region; returns
+/// its steps and how it ended. `read_bytes(k)` is what the backend read of chunk `k`
+/// returns; `fail(k)` fails the backend piece of chunk `k` (or the sync, `k` = chunks).
+fn staged(
+    sub: Submission,
+    chunk_bytes: u64,
+    read_bytes: impl Fn(usize, u64) -> usize,
+    fail: impl Fn(usize) -> Option<BackendFailure>,
+) -> (Vec<Step>, Option<(Status, u64)>) {
+    let mut transfer = Staged::new(sub, chunk_bytes);
+    let (mut steps, mut pieces) = (Vec::new(), 0);
+    // Which halves hold a put not flushed yet.
+    let mut unflushed = [false; 2];
+    while let Some(step) = transfer.poll() {
+        steps.push(step);
+        assert!(steps.len() < 1000, "runaway: {steps:?}");
+        match step {
+            Step::Read { chunk, half } => {
+                assert!(!unflushed[half], "half {half} overwritten before its put was flushed: {steps:?}");
+                let k = pieces;
+                pieces += 1;
+                transfer.read(fail(k).map_or(Ok(read_bytes(k, chunk.length)), Err));
+            }
+            Step::Put { half, .. } => unflushed[half] = true,
+            Step::Flush => unflushed = [false; 2],
+            Step::Get { .. } => {}
+            Step::Write { .. } => {
+                let k = pieces;
+                pieces += 1;
+                transfer.wrote(fail(k).map_or(Ok(()), Err));
+            }
+            Step::Sync => transfer.synced(fail(pieces).map_or(Ok(()), Err)),
+            Step::Done { status, result } => {
+                assert_eq!(transfer.poll(), None, "nothing after done");
+                return (steps, Some((status, result)));
+            }
+        }
+    }
+    (steps, None)
+}
+
+fn sub_at(opcode: Opcode, flags: u16, file_offset: u64, length: u64) -> Submission {
+    Submission {
+        opcode,
+        flags,
+        user_data: 1,
+        handle: HANDLE,
+        region_id: REGION,
+        file_offset,
+        region_offset: 1000,
+        length,
+    }
+}
+
+#[test]
+fn a_staged_read_double_buffers_and_flushes_before_reusing_a_half() {
+    let whole = |_, len: u64| len as usize;
+    let (steps, end) = staged(sub_at(Opcode::Read, 0, 50, 350), 100, whole, |_| None);
+    assert_eq!(end, Some((Status::Ok, 350)));
+    let put = |half, len, region_offset| Step::Put { half, len, region_offset };
+    let reads: Vec<(u64, usize)> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Read { chunk, half } => Some((chunk.file_offset, *half)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reads, [(50, 0), (100, 1), (200, 0), (300, 1)], "chunks at file chunk boundaries, halves in turn");
+    let puts: Vec<Step> = steps.iter().copied().filter(|s| matches!(s, Step::Put { .. })).collect();
+    assert_eq!(puts, [put(0, 50, 1000), put(1, 100, 1050), put(0, 100, 1150), put(1, 100, 1250)]);
+    assert_eq!(steps.iter().filter(|s| **s == Step::Flush).count(), 2, "one flush per reuse of a half");
+    assert!(!steps.contains(&Step::Sync), "reads never sync");
+}
+
+#[test]
+fn a_short_read_ends_the_request_at_the_end_of_the_file() {
+    let eof_in_second = |k, len: u64| if k == 1 { 30 } else { len as usize };
+    let (steps, end) = staged(sub_at(Opcode::Read, 0, 0, 400), 100, eof_in_second, |_| None);
+    assert_eq!(end, Some((Status::Ok, 130)));
+    assert_eq!(steps.iter().filter(|s| matches!(s, Step::Read { .. })).count(), 2);
+    assert_eq!(steps[steps.len() - 2], Step::Put { half: 1, len: 30, region_offset: 1100 });
+    let (steps, end) = staged(sub_at(Opcode::Read, 0, 0, 400), 100, |_, _| 0, |_| None);
+    assert_eq!((steps.len(), end), (2, Some((Status::Ok, 0))), "nothing to put at all");
+}
+
+#[test]
+fn a_staged_write_gets_flushes_then_writes_each_chunk_and_syncs_if_asked() {
+    let (steps, end) = staged(sub_at(Opcode::Write, wire::FLAG_SYNC, 0, 150), 100, |_, _| 0, |_| None);
+    assert_eq!(end, Some((Status::Ok, 150)));
+    let kinds: Vec<&str> = steps
+        .iter()
+        .map(|s| match s {
+            Step::Get { .. } => "get",
+            Step::Flush => "flush",
+            Step::Write { .. } => "write",
+            Step::Sync => "sync",
+            Step::Done { .. } => "done",
+            Step::Read { .. } | Step::Put { .. } => "?",
+        })
+        .collect();
+    assert_eq!(kinds, ["get", "flush", "write", "get", "flush", "write", "sync", "done"]);
+}
+
+#[test]
+fn a_backend_failure_mid_transfer_ends_the_request_with_its_status_and_moves_nothing_more() {
+    for (opcode, flags) in [(Opcode::Read, 0), (Opcode::Write, wire::FLAG_SYNC)] {
+        // Pieces 0..4, and the sync of the write (piece 4).
+        for at in 0..=4 {
+            for failure in [BackendFailure::Io, BackendFailure::Integrity] {
+                let (steps, end) =
+                    staged(sub_at(opcode, flags, 0, 400), 100, |_, len| len as usize, |k| (k == at).then_some(failure));
+                let want = if failure == BackendFailure::Io { Status::Io } else { Status::Integrity };
+                if opcode == Opcode::Read && at == 4 {
+                    assert_eq!(end, Some((Status::Ok, 400)), "a read has no piece 4");
+                    continue;
+                }
+                assert_eq!(end, Some((want, 0)), "{opcode:?} failing at {at}");
+                // The failed piece is the last one run (the sync, piece 4, follows 4 writes).
+                let pieces_run = if at < 4 { at + 1 } else { 4 };
+                let run = steps.iter().filter(|s| matches!(s, Step::Read { .. } | Step::Write { .. })).count();
+                assert_eq!(run, pieces_run, "{opcode:?} failing at {at}");
+                assert!(
+                    matches!(steps[steps.len() - 2], Step::Read { .. } | Step::Write { .. } | Step::Sync),
+                    "done right after the failed piece: {steps:?}"
+                );
+            }
+        }
+    }
+}
