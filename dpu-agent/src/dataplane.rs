@@ -27,6 +27,16 @@
 //! it gives. Throttled entries wait, never fail; the engine sleeps until the soonest
 //! one is due, and a doorbell from another tenant wakes it at once.
 //!
+//! The decisions live in two rooms without I/O, unit-tested with no transport: the
+//! ring protocol of one ring ([`protocol`]: the host's indices, entries, the session's
+//! rights, the tenant's room and how runs ended in; fetch, run, queue, complete and
+//! finish actions out; and [`protocol::Staged`], the put/get steps of a request over
+//! the staging region), and which rings the engine looks at when, and whether it spins
+//! or sleeps ([`readiness`]). This file is their driver: it reads doorbells, ring
+//! indices and entries (mapped loads or gets), performs the actions (backend calls,
+//! puts, flushes, completions, the polling and futex words), hands mapped requests to
+//! the I/O threads and queued ones to the QoS scheduler, and waits on the transport.
+//!
 //! Thread model: one engine thread owns the staging region and does all ring work;
 //! `[data_plane] io_threads` I/O threads run the backend I/O of mapped requests, each on
 //! its backend's [`IoQueue`] (over DAOS an event queue keeping up to 32 pieces in flight);

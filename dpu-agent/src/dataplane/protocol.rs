@@ -24,9 +24,14 @@
 //! the tenant have room for, so one busy ring cannot starve the others and a tenant
 //! never has more requests in flight than its `max_inflight`.
 //!
+//! A request whose host region is not mapped moves its payload through the agent's
+//! staging region: [`Staged`] gives its steps (backend read into one half while the put
+//! of the other is in flight, a flush before a half is reused; get, flush, write; sync).
+//!
 //! Not here: host memory (mapped loads and stores, put/get/flush), the backend, the
 //! clock, the QoS scheduler's queue (the driver queues what [`Action::Queue`] names),
-//! and which rings are looked at when (the engine loop).
+//! mapped requests split over the I/O threads (they post their own completions), and
+//! which rings are looked at when ([`super::readiness`]).
 
 use dpuio_proto::wire::{self, Completion, Status, Submission};
 
