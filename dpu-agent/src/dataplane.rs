@@ -930,8 +930,15 @@ impl Engine {
                     queued.push(Queued { serving: s.clone(), sub, cq_index });
                     Ok(())
                 }
-                (Action::Run { .. } | Action::Queue { .. }, None) => {
-                    unreachable!("the protocol cancels a removed tenant's entries, it never runs them")
+                // Not given (a removed tenant is Tenant::Removed: its entries are
+                // cancelled), but if it were, the host still gets its completion.
+                (Action::Run { .. }, None) => {
+                    batch.ran(Ran::Done { status: wire::Status::Cancelled, result: 0 });
+                    Ok(())
+                }
+                (Action::Queue { sub, cq_index }, None) => {
+                    let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
+                    self.post_completion(peer, ring, cq_index, &completion)
                 }
                 (Action::Complete { index, completion }, _) => self.post_completion(peer, ring, index, &completion),
                 (Action::Finish { cursor, wake, more }, _) => {
@@ -941,11 +948,13 @@ impl Engine {
                 }
             };
             if let Err(e) = performed {
+                // The host is gone: the batch asks for nothing more and the ring keeps
+                // its cursor; the caller closes the peer's data plane.
                 batch.transfer_failed();
                 return Err(e);
             }
         }
-        Ok(false)
+        Ok(false) // not reached: a batch ends with Finish unless a transfer failed
     }
 
     /// The end of a ring's batch: queue its valid entries in the scheduler, store the
