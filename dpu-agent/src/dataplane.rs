@@ -27,6 +27,16 @@
 //! it gives. Throttled entries wait, never fail; the engine sleeps until the soonest
 //! one is due, and a doorbell from another tenant wakes it at once.
 //!
+//! The decisions live in two rooms without I/O, unit-tested with no transport: the
+//! ring protocol of one ring ([`protocol`]: the host's indices, entries, the session's
+//! rights, the tenant's room and how runs ended in; fetch, run, queue, complete and
+//! finish actions out; and [`protocol::Staged`], the put/get steps of a request over
+//! the staging region), and which rings the engine looks at when, and whether it spins
+//! or sleeps ([`readiness`]). This file is their driver: it reads doorbells, ring
+//! indices and entries (mapped loads or gets), performs the actions (backend calls,
+//! puts, flushes, completions, the polling and futex words), hands mapped requests to
+//! the I/O threads and queued ones to the QoS scheduler, and waits on the transport.
+//!
 //! Thread model: one engine thread owns the staging region and does all ring work;
 //! `[data_plane] io_threads` I/O threads run the backend I/O of mapped requests, each on
 //! its backend's [`IoQueue`] (over DAOS an event queue keeping up to 32 pieces in flight);
@@ -35,7 +45,6 @@
 //! is stopped, an entry that fails a check gets an error completion, and a peer that
 //! fails a transfer has its data plane closed, never the agent's.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -51,8 +60,12 @@ use crate::config::{Lane, QosConfig};
 use crate::engine::{self, RegionAccess};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
+use protocol::{Action, BackendFailure, Ran, Step};
+use readiness::{Idle, Readiness, RingKey};
 use sessions::{Agent, Handle, Session};
 
+pub mod protocol;
+pub mod readiness;
 pub mod sessions;
 
 /// Bytes of the staging region used for ring entries and counters (1024 submissions).
@@ -65,12 +78,6 @@ const NO_FD_SLICE: Duration = Duration::from_millis(1);
 /// How long the engine keeps polling after its last piece of work while such a
 /// transport has peers (a host at queue depth 1 submits again within this).
 const NO_FD_SPIN: Duration = Duration::from_micros(500);
-/// How long the engine sleeps with nothing to do before it scans every ring anyway
-/// (a safety net for a lost doorbell; doorbells wake it at once).
-const IDLE_SCAN: Duration = Duration::from_millis(200);
-/// Submissions the engine takes from one ring before turning to the next, so one busy
-/// ring cannot starve the others.
-const RING_BATCH: u64 = 64;
 /// Queued requests the engine runs before it looks at the rings again.
 const QUEUE_BATCH: usize = 64;
 
@@ -651,97 +658,62 @@ fn wake_waiters(ring: &HostRing) {
     }
 }
 
-/// Work for one ring, gathered from doorbells.
-type RingKey = (u64, u32);
-
 impl Engine {
     fn run(&mut self) {
         let mut bells = Vec::new();
-        let mut pending: HashSet<RingKey> = HashSet::new();
-        // Mapped rings with recent work: polled directly while the engine spins, with
-        // agent_polling set so their hosts skip the doorbell.
-        let mut hot: Vec<(RingKey, Arc<HostRing>)> = Vec::new();
-        // Rings left alone until their tenant has room for another request in flight.
-        let mut parked: HashMap<RingKey, Arc<TenantSlot>> = HashMap::new();
-        let mut scan_all = true;
-        let mut last_scan = Instant::now();
-        let mut last_work = Instant::now();
-        let mut spins = 0u32;
+        // Which rings to look at when; hot rings are polled directly while the engine
+        // spins, with agent_polling set so their hosts skip the doorbell.
+        let mut ready: Readiness<Arc<HostRing>, Arc<TenantSlot>> = Readiness::new(Instant::now());
         while !self.stop.load(Ordering::SeqCst) {
             bells.clear();
             for lane in &self.lanes {
                 while lane.worker.progress() > 0 {}
                 if lane.worker.take_doorbells(&mut bells) > 0 {
-                    scan_all = true; // some doorbells were lost: look at every ring
+                    ready.lost_doorbells();
                 }
             }
             for bell in &bells {
                 match wire::Doorbell::decode(bell.as_bytes()) {
-                    Some(d) => {
-                        pending.insert((d.session_id, d.ring_id));
-                    }
+                    Some(d) => ready.ready((d.session_id, d.ring_id)),
                     None => tracing::debug!("malformed doorbell ignored"),
                 }
             }
-            if scan_all {
-                pending.extend(self.agent.all_rings());
-                self.drop_removed_tenants();
-                scan_all = false;
-                last_scan = Instant::now();
-            }
-            for (key, ring) in &hot {
-                if ring_has_work(ring) {
-                    pending.insert(*key);
+            if ready.scan_due() {
+                for key in self.agent.all_rings() {
+                    ready.ready(key);
                 }
+                self.drop_removed_tenants();
+                ready.scanned(Instant::now());
             }
-            if !parked.is_empty() {
-                parked.retain(|key, tenant| {
-                    let stay = tenant.room() == 0;
-                    if !stay {
-                        pending.insert(*key);
-                    }
-                    stay
-                });
-                pending.retain(|key| !parked.contains_key(key));
-            }
+            ready.poll_hot(|ring| ring_has_work(ring));
+            ready.unpark(|tenant| tenant.room());
             let queued_wait = self.queued_wait();
-            if pending.is_empty() && queued_wait != Some(Duration::ZERO) {
-                spins += 1;
-                let spin = if self.polls_for_doorbells() { NO_FD_SPIN } else { ENGINE_SPIN };
-                if !spins.is_multiple_of(64) || last_work.elapsed() < spin {
+            let spin = if self.polls_for_doorbells() { NO_FD_SPIN } else { ENGINE_SPIN };
+            match ready.idle(Instant::now, queued_wait, spin) {
+                Idle::Work => {}
+                Idle::Spin => {
                     std::hint::spin_loop();
                     continue;
                 }
-                // Going to sleep: hosts must ring again. Clear the flags, then look
-                // once more (pairs with the host's fence after publishing sq_tail).
-                for (_, ring) in &hot {
-                    set_polling(ring, false);
-                }
-                std::sync::atomic::fence(Ordering::SeqCst);
-                let missed: Vec<RingKey> = hot.iter().filter(|(_, r)| ring_has_work(r)).map(|(k, _)| *k).collect();
-                hot.clear();
-                if !missed.is_empty() {
-                    pending.extend(missed);
+                Idle::Sleep => {
+                    // Going to sleep: hosts must ring again. Clear the flags, then look
+                    // once more (pairs with the host's fence after publishing sq_tail).
+                    for (_, ring) in ready.hot() {
+                        set_polling(ring, false);
+                    }
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if ready.cool(|ring| ring_has_work(ring)) {
+                        continue;
+                    }
+                    if let Err(e) = self.wait(ready.sleep_for(Instant::now(), queued_wait)) {
+                        tracing::error!(error = %e, "engine cannot wait on the transport; polling");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    ready.woke(Instant::now());
                     continue;
                 }
-                // Until the safety-net scan, or until the first throttled request is due
-                // (whole milliseconds: the transport's wait has no finer unit, and
-                // rounding down would spin).
-                let mut timeout = IDLE_SCAN.saturating_sub(last_scan.elapsed());
-                if let Some(wait) = queued_wait {
-                    timeout = timeout.min(Duration::from_millis(wait.as_nanos().div_ceil(1_000_000) as u64));
-                }
-                if let Err(e) = self.wait(timeout) {
-                    tracing::error!(error = %e, "engine cannot wait on the transport; polling");
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                if last_scan.elapsed() >= IDLE_SCAN {
-                    scan_all = true;
-                }
-                continue;
             }
-            last_work = Instant::now();
-            let serving = self.resolve(pending.drain());
+            let serving = self.resolve(ready.take_pending());
             // One unlimited tenant with work and nothing queued: run entries as they
             // are taken, as fast as without QoS. Otherwise the scheduler decides.
             let direct = queued_wait.is_none()
@@ -757,19 +729,17 @@ impl Engine {
                 if let Some(tenant) = &s.tenant
                     && tenant.room() == 0
                 {
-                    park(&mut parked, &mut hot, &s, tenant);
+                    park(&mut ready, &s, tenant);
                     continue;
                 }
-                if s.ring.region.mapped.is_some() && !hot.iter().any(|(k, _)| *k == key) {
+                if s.ring.region.mapped.is_some() && !ready.is_hot(key) {
                     set_polling(&s.ring, true);
-                    hot.push((key, s.ring.clone()));
+                    ready.heat(key, s.ring.clone());
                 }
                 match self.serve_ring(&s, direct) {
                     Ok(true) => match &s.tenant {
-                        Some(tenant) if tenant.room() == 0 => park(&mut parked, &mut hot, &s, tenant),
-                        _ => {
-                            pending.insert(key); // more waiting: come back after the others
-                        }
+                        Some(tenant) if tenant.room() == 0 => park(&mut ready, &s, tenant),
+                        _ => ready.ready(key), // more waiting: come back after the others
                     },
                     Ok(false) => {}
                     Err(e) => fail_peer(&s, &e),
@@ -777,7 +747,7 @@ impl Engine {
             }
             self.serve_queue(QUEUE_BATCH);
         }
-        for (_, ring) in &hot {
+        for (_, ring) in ready.hot() {
             set_polling(ring, false);
         }
     }
@@ -836,12 +806,7 @@ impl Engine {
         let dropped = lock(&self.qos).retain_tenants(|name| self.agent.has_tenant(name));
         for q in dropped {
             let s = &q.serving;
-            let completion = Completion {
-                user_data: q.sub.user_data,
-                status: wire::Status::Cancelled as i32,
-                result: 0,
-                seq: q.cq_index + 1,
-            };
+            let completion = protocol::completion(q.sub.user_data, q.cq_index, wire::Status::Cancelled, 0);
             if let Some(tenant) = &s.tenant {
                 let _ = tenant.finish(1); // the tenant is gone: nobody waits for its room
             }
@@ -870,7 +835,12 @@ impl Engine {
                 let _ = tenant.finish(1); // its host is gone; the engine is running anyway
                 continue;
             }
-            match self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.sub, q.cq_index) {
+            let ran = self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.sub, q.cq_index).and_then(|ran| {
+                let Ran::Done { status, result } = ran else { return Ok(false) };
+                let completion = protocol::completion(q.sub.user_data, q.cq_index, status, result);
+                self.post_completion(&s.peer, &s.ring, q.cq_index, &completion).map(|()| true)
+            });
+            match ran {
                 Ok(false) => {}
                 Ok(true) => {
                     if !posted.iter().any(|r| Arc::ptr_eq(r, &s.ring)) {
@@ -886,8 +856,8 @@ impl Engine {
     }
 
     /// Run one validated entry that counts in `tenant`'s in-flight requests: on the I/O
-    /// workers (they post its completion), or here. Returns whether a completion was
-    /// posted here (its ring's waiters need a wake).
+    /// workers (they post its completion), or here (its completion is the caller's to
+    /// post).
     fn run_entry(
         &mut self,
         session: &Session,
@@ -896,89 +866,108 @@ impl Engine {
         tenant: &Arc<TenantSlot>,
         sub: &Submission,
         cq_index: u64,
-    ) -> Result<bool, DataPlaneError> {
+    ) -> Result<Ran, DataPlaneError> {
         if self.dispatch(session, ring, sub, cq_index, tenant).is_some() {
-            return Ok(false);
+            return Ok(Ran::OnWorkers);
         }
         let outcome = self.execute(session, peer, sub);
         // Parked rings are looked at by this thread on its next round: no wake needed.
         let _ = tenant.finish(1);
         let (status, result) = outcome?;
-        let completion = Completion { user_data: sub.user_data, status: status as i32, result, seq: cq_index + 1 };
-        self.post_completion(peer, ring, cq_index, &completion)?;
-        Ok(true)
+        Ok(Ran::Done { status, result })
     }
 
-    /// Take up to [`RING_BATCH`] submissions of one ring (no more than its tenant has
-    /// room for): invalid ones complete with their error at once; valid ones run now
-    /// (`direct`) or go to the scheduler. Returns whether more remain.
+    /// Serve one ring once through its protocol machine ([`protocol::Batch`]): take up
+    /// to [`protocol::RING_BATCH`] submissions (no more than its tenant has room for); invalid ones
+    /// complete with their error at once; valid ones run now (`direct`) or go to the
+    /// scheduler. Returns whether more remain.
     fn serve_ring(&mut self, s: &Arc<Serving>, direct: bool) -> Result<bool, DataPlaneError> {
         let (session, peer, ring) = (&*s.session, &*s.peer, &s.ring);
         let base = ring.offset;
-        let entries = u64::from(ring.entries);
         let sq_tail = self.load_u64(peer, &ring.region, base + wire::SQ_TAIL_OFFSET as u64)?;
         let cq_head = self.load_u64(peer, &ring.region, base + wire::CQ_HEAD_OFFSET as u64)?;
-        let mut head = ring.sq_head.load(Ordering::Relaxed);
-        let mut tail = ring.cq_tail.load(Ordering::Relaxed);
-        let submitted = sq_tail.wrapping_sub(head);
-        if submitted > entries || tail.wrapping_sub(cq_head) > entries {
-            ring.broken.store(true, Ordering::Relaxed);
-            tracing::warn!(
-                session = format!("{:#018x}", session.id),
-                ring = ring.id,
-                sq_tail,
-                cq_head,
-                "ring indices out of range: the host broke the ring protocol; ring no longer served"
-            );
-            return Ok(false);
-        }
-        // Take what was submitted, as far as the completion ring and the tenant have room.
-        let room = entries - tail.wrapping_sub(cq_head);
-        let tenant_room = s.tenant.as_ref().map_or(RING_BATCH, |t| u64::from(t.room()));
-        let take = submitted.min(room).min(RING_BATCH).min(tenant_room);
-        if take == 0 {
-            return Ok(false);
-        }
+        let cursor = protocol::Cursor {
+            sq_head: ring.sq_head.load(Ordering::Relaxed),
+            cq_tail: ring.cq_tail.load(Ordering::Relaxed),
+        };
+        let tenant = match &s.tenant {
+            None => protocol::Tenant::Removed,
+            Some(t) if direct => protocol::Tenant::Direct { room: t.room() },
+            Some(t) => protocol::Tenant::Queued { room: t.room() },
+        };
+        let mut batch = match cursor.serve(ring.entries, protocol::HostIndices { sq_tail, cq_head }, tenant) {
+            protocol::Serve::Batch(batch) => batch,
+            protocol::Serve::Idle => return Ok(false),
+            protocol::Serve::Broken => {
+                ring.broken.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    session = format!("{:#018x}", session.id),
+                    ring = ring.id,
+                    sq_tail,
+                    cq_head,
+                    "ring indices out of range: the host broke the ring protocol; ring no longer served"
+                );
+                return Ok(false);
+            }
+        };
         let mut entry = [0u8; wire::SQE_BYTES];
-        let mut posted_inline = false;
+        // Counted when pushed to the scheduler at the end: a transfer failure before
+        // then must not leave them counted.
         let mut queued = Vec::new();
-        for _ in 0..take {
-            let at = base + wire::sqe_offset(ring.entries, head) as u64;
-            self.read_host(peer, &ring.region, at, &mut entry)?;
-            let cq_index = tail;
-            head += 1;
-            tail += 1;
-            let checked = match Submission::decode(&entry) {
-                Err(_) => Err(wire::Status::Malformed),
-                Ok(sub) => engine::validate(&sub, session, self.agent.limits().max_io_bytes).map(|v| v.submission),
-            };
-            let status = match (checked, &s.tenant) {
-                (Err(status), _) => status,
-                // The tenant was removed: its sessions are ending.
-                (Ok(_), None) => wire::Status::Cancelled,
-                (Ok(sub), Some(tenant)) => {
-                    if direct {
-                        tenant.start(1);
-                        posted_inline |= self.run_entry(session, peer, ring, tenant, &sub, cq_index)?;
-                    } else {
-                        // Counted when queued, below: an early return on a transport
-                        // failure must not leave it counted.
-                        queued.push(Queued { serving: s.clone(), sub, cq_index });
-                    }
-                    continue;
+        while let Some(action) = batch.poll() {
+            let performed = match (action, &s.tenant) {
+                (Action::Fetch { index }, _) => {
+                    let at = base + wire::sqe_offset(ring.entries, index) as u64;
+                    self.read_host(peer, &ring.region, at, &mut entry).map(|()| {
+                        batch.fetched(&entry, session, self.agent.limits().max_io_bytes);
+                    })
+                }
+                (Action::Run { sub, cq_index }, Some(tenant)) => {
+                    tenant.start(1);
+                    self.run_entry(session, peer, ring, tenant, &sub, cq_index).map(|ran| batch.ran(ran))
+                }
+                (Action::Queue { sub, cq_index }, Some(_)) => {
+                    queued.push(Queued { serving: s.clone(), sub, cq_index });
+                    Ok(())
+                }
+                // Not given (a removed tenant is Tenant::Removed: its entries are
+                // cancelled), but if it were, the host still gets its completion.
+                (Action::Run { .. }, None) => {
+                    batch.ran(Ran::Done { status: wire::Status::Cancelled, result: 0 });
+                    Ok(())
+                }
+                (Action::Queue { sub, cq_index }, None) => {
+                    let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
+                    self.post_completion(peer, ring, cq_index, &completion)
+                }
+                (Action::Complete { index, completion }, _) => self.post_completion(peer, ring, index, &completion),
+                (Action::Finish { cursor, wake, more }, _) => {
+                    ring.sq_head.store(cursor.sq_head, Ordering::Relaxed);
+                    ring.cq_tail.store(cursor.cq_tail, Ordering::Relaxed);
+                    return self.finish_batch(s, cursor.sq_head, queued, wake, more);
                 }
             };
-            let completion = Completion {
-                user_data: Submission::peek_user_data(&entry),
-                status: status as i32,
-                result: 0,
-                seq: cq_index + 1,
-            };
-            self.post_completion(peer, ring, cq_index, &completion)?;
-            posted_inline = true;
+            if let Err(e) = performed {
+                // The host is gone: the batch asks for nothing more and the ring keeps
+                // its cursor; the caller closes the peer's data plane.
+                batch.transfer_failed();
+                return Err(e);
+            }
         }
-        ring.sq_head.store(head, Ordering::Relaxed);
-        ring.cq_tail.store(tail, Ordering::Relaxed);
+        Ok(false) // not reached: a batch ends with Finish unless a transfer failed
+    }
+
+    /// The end of a ring's batch: queue its valid entries in the scheduler, store the
+    /// advisory `sq_head`, wake the host's waiters if a completion was posted.
+    fn finish_batch(
+        &mut self,
+        s: &Serving,
+        sq_head: u64,
+        queued: Vec<Queued>,
+        mut wake: bool,
+        more: bool,
+    ) -> Result<bool, DataPlaneError> {
+        let (peer, ring) = (&*s.peer, &s.ring);
         if let (false, Some(tenant)) = (queued.is_empty(), &s.tenant) {
             let mut refused = Vec::new();
             {
@@ -994,22 +983,17 @@ impl Engine {
             // Only when the tenant's max_inflight was lowered below its queue at run
             // time: the host may submit again.
             for q in refused {
-                let completion = Completion {
-                    user_data: q.sub.user_data,
-                    status: wire::Status::Busy as i32,
-                    result: 0,
-                    seq: q.cq_index + 1,
-                };
+                let completion = protocol::completion(q.sub.user_data, q.cq_index, wire::Status::Busy, 0);
                 self.post_completion(peer, ring, q.cq_index, &completion)?;
-                posted_inline = true;
+                wake = true;
             }
         }
         // Advisory for the host (it trusts the seq words, not this).
-        self.store_u64(peer, &ring.region, base + wire::SQ_HEAD_OFFSET as u64, head)?;
-        if posted_inline {
+        self.store_u64(peer, &ring.region, ring.offset + wire::SQ_HEAD_OFFSET as u64, sq_head)?;
+        if wake {
             wake_waiters(ring);
         }
-        Ok(sq_tail != head)
+        Ok(more)
     }
 
     /// Queue a request whose region and ring are mapped on the I/O workers, split in
@@ -1080,8 +1064,6 @@ impl Engine {
         };
         let object = &handle.object;
         let chunk_bytes = self.chunk_bytes as u64;
-        let half_bytes = self.chunk_bytes;
-        let staging = &mut self.lanes[peer.lane].staging;
         let mut done = 0u64;
         match (&region.mapped, sub.opcode) {
             (Some(mapped), Opcode::Read) => {
@@ -1107,44 +1089,7 @@ impl Engine {
                     done += c.length;
                 }
             }
-            (None, Opcode::Read) => {
-                // Double buffer: read chunk k into half k%2 while chunk k-1 is in flight.
-                for (k, c) in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes).enumerate() {
-                    let half = SCRATCH_BYTES + (k % 2) * half_bytes;
-                    if k >= 2 {
-                        peer.endpoint.flush(FLUSH_TIMEOUT)?; // half k%2 is free again
-                    }
-                    let n =
-                        match object.read_at(&mut staging.as_mut_slice()[half..][..c.length as usize], c.file_offset) {
-                            Ok(n) => n,
-                            Err(e) => return Ok(io_failed(session, sub, &e)),
-                        };
-                    if n > 0 {
-                        peer.endpoint.put(staging, half, n, region.addr + c.region_offset, &region.key)?;
-                    }
-                    done += n as u64;
-                    if (n as u64) < c.length {
-                        break;
-                    }
-                }
-            }
-            (None, Opcode::Write) => {
-                for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
-                    peer.endpoint.get(
-                        staging,
-                        SCRATCH_BYTES,
-                        c.length as usize,
-                        region.addr + c.region_offset,
-                        &region.key,
-                    )?;
-                    peer.endpoint.flush(FLUSH_TIMEOUT)?;
-                    let src = &staging.as_slice()[SCRATCH_BYTES..][..c.length as usize];
-                    if let Err(e) = object.write_at(src, c.file_offset) {
-                        return Ok(io_failed(session, sub, &e));
-                    }
-                    done += c.length;
-                }
-            }
+            (None, _) => return self.execute_staged(session, peer, sub, &region, object),
         }
         if sub.opcode == Opcode::Write
             && sub.flags & wire::FLAG_SYNC != 0
@@ -1153,6 +1098,51 @@ impl Engine {
             return Ok(io_failed(session, sub, &e));
         }
         Ok((wire::Status::Ok, done))
+    }
+
+    /// Run one validated request whose region is not mapped: its payload moves
+    /// through this lane's staging region in the steps [`protocol::Staged`] gives.
+    fn execute_staged(
+        &mut self,
+        session: &Session,
+        peer: &Peer,
+        sub: &Submission,
+        region: &HostRegion,
+        object: &Arc<dyn dpuio_backend::Object>,
+    ) -> Result<(wire::Status, u64), DataPlaneError> {
+        let half_bytes = self.chunk_bytes;
+        let staging = &mut self.lanes[peer.lane].staging;
+        let failure = |e: dpuio_backend::Error| match io_failed(session, sub, &e).0 {
+            wire::Status::Integrity => BackendFailure::Integrity,
+            _ => BackendFailure::Io,
+        };
+        let mut transfer = protocol::Staged::new(*sub, self.chunk_bytes as u64);
+        while let Some(step) = transfer.poll() {
+            match step {
+                Step::Read { chunk, half } => {
+                    let at = SCRATCH_BYTES + half * half_bytes;
+                    let dst = &mut staging.as_mut_slice()[at..][..chunk.length as usize];
+                    transfer.read(object.read_at(dst, chunk.file_offset).map_err(failure));
+                }
+                Step::Put { half, len, region_offset } => {
+                    let at = SCRATCH_BYTES + half * half_bytes;
+                    peer.endpoint.put(staging, at, len, region.addr + region_offset, &region.key)?;
+                }
+                Step::Get { chunk } => {
+                    let (len, from) = (chunk.length as usize, region.addr + chunk.region_offset);
+                    peer.endpoint.get(staging, SCRATCH_BYTES, len, from, &region.key)?;
+                }
+                Step::Flush => peer.endpoint.flush(FLUSH_TIMEOUT)?,
+                Step::Write { chunk } => {
+                    let src = &staging.as_slice()[SCRATCH_BYTES..][..chunk.length as usize];
+                    transfer.wrote(object.write_at(src, chunk.file_offset).map_err(failure));
+                }
+                Step::Sync => transfer.synced(object.sync().map_err(failure)),
+                Step::Done { status, result } => return Ok((status, result)),
+            }
+        }
+        // Not reached: a staged request always ends with Step::Done.
+        Ok((wire::Status::Io, 0))
     }
 
     /// Payload first, then the entry, then its `seq` word: a host that sees the seq
@@ -1224,16 +1214,10 @@ impl Engine {
 
 /// Leave a ring alone until its tenant has room: no polling (its host rings the
 /// doorbell again), and a wake from the request that makes room.
-fn park(
-    parked: &mut HashMap<RingKey, Arc<TenantSlot>>,
-    hot: &mut Vec<(RingKey, Arc<HostRing>)>,
-    s: &Serving,
-    tenant: &Arc<TenantSlot>,
-) {
+fn park(ready: &mut Readiness<Arc<HostRing>, Arc<TenantSlot>>, s: &Serving, tenant: &Arc<TenantSlot>) {
     tenant.park();
-    parked.insert(s.key, tenant.clone());
-    if let Some(i) = hot.iter().position(|(k, _)| *k == s.key) {
-        set_polling(&hot.swap_remove(i).1, false);
+    if let Some(ring) = ready.park(s.key, tenant.clone()) {
+        set_polling(&ring, false);
     }
 }
 

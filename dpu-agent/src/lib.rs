@@ -8,10 +8,11 @@
 //!   ([`error`]), the request engine's checks ([`engine`]), who is calling
 //!   ([`caller`]), and how the code waits (`runtime`: the lock helper, blocking calls
 //!   off the async runtime);
-//! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]), which owns
-//!   what it serves each session from (handles, peer, regions, rings:
-//!   [`dataplane::sessions`]) and sees the agent only through
-//!   [`dataplane::sessions::AgentView`];
+//! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]): its ring
+//!   protocol without I/O ([`dataplane::protocol`], [`dataplane::readiness`]) and the
+//!   engine thread that drives it, which owns what it serves each session from
+//!   (handles, peer, regions, rings: [`dataplane::sessions`]) and sees the agent only
+//!   through [`dataplane::sessions::AgentView`];
 //! - state and policy: tenants, sessions and their rights ([`state`]); what starting
 //!   and stopping can fail with ([`serve_error`]);
 //! - on state: namespace policy ([`namespace`]), the tenants' keys ([`keys`]), TLS and

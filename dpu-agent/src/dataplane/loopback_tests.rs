@@ -24,8 +24,10 @@ use fabric::any;
 use fabric::testing::{self, LoopbackWorker, PeerAccess};
 use fabric::transport::{Endpoint as _, Region as _};
 
+use super::protocol::RING_BATCH;
+use super::readiness::IDLE_SCAN;
 use super::sessions::{AgentView, Handle, Session};
-use super::{DataPlane, IDLE_SCAN, Peer, RING_BATCH, SPLIT_BYTES};
+use super::{DataPlane, Peer, SPLIT_BYTES};
 use crate::config::{Limits, QosConfig, TenantConfig};
 use crate::engine::RegionAccess;
 use crate::runtime::lock;
