@@ -9,9 +9,8 @@ pub mod hostile;
 pub mod netns;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -260,9 +259,10 @@ impl Drop for StorageUnderTest {
     }
 }
 
-/// A running `dpu-agent serve`, killed when dropped.
+/// A running `dpu-agent serve`, killed when dropped (started through
+/// [`dpuio_harness`], as `dpuio-bench` starts its own).
 pub struct AgentProcess {
-    pub child: Child,
+    pub process: dpuio_harness::Agent,
     /// `IP:PORT`: `127.0.0.1:PORT` unless started with another `--listen`.
     pub addr: String,
     pub data_dir: PathBuf,
@@ -288,64 +288,34 @@ impl AgentProcess {
         let mut config_args: Vec<PathBuf> = Vec::new();
         if let Some(pool) = daos_pool_under_test().filter(|_| !extra.contains(&"--config")) {
             let container = unique_label("e2e");
-            std::fs::create_dir_all(data_dir).expect("create the agent's data directory");
-            let config = data_dir.join("daos-agent.toml");
-            std::fs::write(
-                &config,
-                format!(
+            let config = dpuio_harness::write_config(
+                data_dir,
+                &format!(
                     "[backend]\nkind = \"daos\"\npool = \"{pool}\"\ncreate_containers = true\n\
                      [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n"
                 ),
             )
-            .expect("write the agent's DAOS config");
+            .unwrap_or_else(|e| panic!("the agent's DAOS config: {e}"));
             config_args = vec!["--config".into(), config];
             daos = Some((pool, container));
         }
-        let listen: &[&str] = if extra.contains(&"--listen") { &[] } else { &["--listen", "127.0.0.1:0"] };
-        let mut child = hermetic(&mut program, &data_dir.join(".home"))
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(listen)
-            .args(&config_args)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            // The development client bundle goes beside the data, never into the
-            // user's ~/.config/dpuio, so parallel tests each have their own.
-            .env("DPUIO_CONFIG_DIR", data_dir.join("client"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn dpu-agent");
-        let stdout = child.stdout.take().expect("agent stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            for _ in lines {} // keep draining so the agent never blocks on stdout
-        });
-        // On failure the agent is killed before the panic: an agent left running would
-        // hold the test's stderr open and outlive it.
-        let mut fail = |why: String| -> ! {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{why}")
-        };
-        let line = match rx.recv_timeout(startup) {
-            Ok(line) => line,
-            Err(_) => fail(format!("dpu-agent did not report its address within {startup:?}")),
-        };
-        let Some(rest) = line.strip_prefix("dpu-agent listening on ") else {
-            fail(format!("unexpected first line from dpu-agent: {line:?}"))
-        };
-        let (addr, mode) = rest.split_once(' ').unwrap_or((rest, "(mtls)"));
+        let listen: &[&str] =
+            if extra.contains(&"--listen") { &[] } else { &["--listen", dpuio_harness::LOOPBACK_ANY_PORT] };
+        hermetic(&mut program, &data_dir.join(".home"));
+        let mut command = dpuio_harness::serve_command(program, data_dir);
+        command.args(listen).args(&config_args).args(extra);
+        let process = dpuio_harness::start(command, startup).unwrap_or_else(|e| panic!("dpu-agent: {e}"));
+        Self::adopt(process, data_dir, daos)
+    }
+
+    /// The handle of the tests on an agent started otherwise (from an image, a package),
+    /// whose data directory is `data_dir`.
+    pub fn adopt(process: dpuio_harness::Agent, data_dir: &Path, daos: Option<(String, String)>) -> AgentProcess {
         AgentProcess {
-            child,
-            addr: addr.to_owned(),
+            addr: process.addr().to_owned(),
+            plaintext: process.plaintext(),
+            process,
             data_dir: data_dir.to_owned(),
-            plaintext: mode == "(plaintext)",
             daos,
         }
     }
@@ -383,7 +353,7 @@ impl AgentProcess {
     /// The address for the shim library and the CLI: `ADDR` (mutual TLS: use with
     /// [`AgentProcess::tls`]), or `http://ADDR` for a plaintext agent.
     pub fn url(&self) -> String {
-        if self.plaintext { format!("http://{}", self.addr) } else { self.addr.clone() }
+        self.process.url()
     }
 
     /// The development client bundle the agent wrote for its default tenant.
@@ -448,7 +418,7 @@ impl AgentProcess {
     /// Send a signal (`"TERM"`, `"KILL"`, `"STOP"`, `"CONT"`) with kill(1).
     pub fn signal(&self, name: &str) {
         let status =
-            Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().expect("run kill");
+            Command::new("kill").arg(format!("-{name}")).arg(self.process.id().to_string()).status().expect("run kill");
         assert!(status.success(), "kill -{name} failed");
     }
 
@@ -456,7 +426,7 @@ impl AgentProcess {
     pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.try_wait().expect("wait for agent") {
+            if let Some(status) = self.process.child_mut().try_wait().expect("wait for agent") {
                 return status.code();
             }
             if Instant::now() > deadline {
@@ -474,8 +444,8 @@ impl AgentProcess {
 
 impl Drop for AgentProcess {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // Before the container goes: the agent must not be using it.
+        self.process.kill();
         // The tier's pool is shared by every test: give the space back.
         if let Some((pool, container)) = &self.daos {
             let _ = Command::new("daos").args(["container", "destroy", "--force", pool, container]).output();

@@ -9,7 +9,7 @@ fn every_workload_reports_json_and_a_plot() {
     let agent = AgentProcess::start(&dir.path().join("data"), &[]);
     let root = agent.data_dir.join("containers/default");
     let plot = dir.path().join("bench.png");
-    let pid = agent.child.id().to_string();
+    let pid = agent.process.id().to_string();
     let out = ok_stdout(&agent.cli(&[
         "bench",
         "seq-read",

@@ -328,37 +328,30 @@ fn acknowledged_writes_survive_sigkill_of_the_agent() {
 /// included) and finalises DAOS before the agent exits 0: the last thing it logs.
 #[test]
 fn sigterm_finalises_daos_after_the_event_queues_are_gone() {
-    use std::io::BufRead;
     let Some(d) = daos("sigterm_finalises_daos") else { return };
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &d, &label("fini"), true, "");
     let (home, client_dir, log) = (dir.path().join("home"), dir.path().join("client"), dir.path().join("agent.log"));
-    let mut agent = dpuio_tests::command_in("dpu-agent", &home)
+    let mut command = dpuio_tests::command_in("dpu-agent", &home);
+    command
         .args(["serve", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data-dir"])
         .arg(dir.path().join("data"))
         .env("RUST_LOG", "info")
         .env("DPUIO_CONFIG_DIR", &client_dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(agent.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    let addr = first.strip_prefix("dpu-agent listening on ").and_then(|r| r.split_whitespace().next());
-    let Some(addr) = addr else {
-        let _ = agent.kill();
-        panic!("unexpected first line: {first:?}");
-    };
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut agent =
+        dpuio_harness::start(command, std::time::Duration::from_secs(60)).unwrap_or_else(|e| panic!("dpu-agent: {e}"));
+    let addr = agent.addr().to_owned();
     let local = dir.path().join("in.bin");
     random_file(&local, 8 << 20, 5);
     let out = dpuio_tests::command_in("dpuio", &home)
-        .args(["--agent", addr, "--transport", "shm", "put", local.to_str().unwrap(), "/f.bin"])
+        .args(["--agent", &addr, "--transport", "shm", "put", local.to_str().unwrap(), "/f.bin"])
         .env("DPUIO_CONFIG_DIR", &client_dir)
         .output()
         .unwrap();
     assert!(out.status.success(), "put: {}", String::from_utf8_lossy(&out.stderr));
     let _ = Command::new("kill").args(["-TERM", &agent.id().to_string()]).status();
-    let status = agent.wait().unwrap();
+    let status = agent.child_mut().wait().unwrap();
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "agent exit {status}: {log}");
     let (stopped, fini) = (log.find("stopped: sessions closed"), log.find("DAOS client finalised (daos_fini)"));

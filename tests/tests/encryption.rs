@@ -210,7 +210,7 @@ fn killed_during_overwrites_every_block_is_old_new_or_an_integrity_error() {
                 // the agent's threads run in parallel).
                 Line::Begin { len } if writes + 1 >= kill_at_begin && len >= 256 << 10 => {
                     std::thread::sleep(busy / writes * KILL_PERCENT[round as usize] / 100);
-                    agent.child.kill().unwrap(); // SIGKILL
+                    agent.process.child_mut().kill().unwrap(); // SIGKILL
                     killed = true;
                     break;
                 }

@@ -14,7 +14,6 @@
 //!
 //! A missing tool, archive or privilege skips a test with the reason printed.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -222,36 +221,16 @@ fn agent_runs_in_its_root(arch: &str, emulator: Option<&str>) {
 
     let log_path = tmp.path().join("agent.log");
     let mut cmd = in_root(&rootfs, &argv, strings(&c["Env"]));
-    cmd.env("RUST_LOG", "info").stdout(Stdio::piped()).stderr(std::fs::File::create(&log_path).unwrap());
+    cmd.env("RUST_LOG", "info").stderr(std::fs::File::create(&log_path).unwrap());
     let started = std::time::Instant::now();
-    let mut child = cmd.spawn().expect("start the agent in its root filesystem");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
-        }
-        for _ in lines {}
-    });
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     // Under emulation the first start makes the development CA: give it time.
-    let line = match rx.recv_timeout(Duration::from_secs(180)) {
-        Ok(line) => line,
-        Err(_) => {
-            let _ = child.kill();
-            panic!("the agent in the image did not report its address:\n{}", log());
-        }
-    };
-    let addr = line
-        .strip_prefix("dpu-agent listening on ")
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("the agent in the image said {line:?}:\n{}", log()))
-        .to_owned();
+    let process = dpuio_harness::start(cmd, Duration::from_secs(180))
+        .unwrap_or_else(|e| panic!("the agent in the image: {e}:\n{}", log()));
     let up = started.elapsed();
     // The harness's handle on this agent (kill on drop, signal, wait); its data directory
     // is the image's /var/lib/dpuio (the packaged config's).
-    let agent = AgentProcess { child, addr, data_dir: rootfs.join("var/lib/dpuio"), plaintext: false, daos: None };
+    let agent = AgentProcess::adopt(process, &rootfs.join("var/lib/dpuio"), None);
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;

@@ -9,7 +9,6 @@
 //!
 //! Without packages, or without root for the install, each test says it is skipped and why.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -49,7 +48,7 @@ fn arm64_packages_hold_aarch64_binaries_and_valid_control_data() {
     let tmp = tempfile::tempdir().unwrap();
     for (deb, files) in [
         (&agent, &["usr/bin/dpu-agent", "usr/bin/dpuctl"][..]),
-        (&host, &["usr/bin/dpuio", "usr/lib/aarch64-linux-gnu/libdpuio.so"][..]),
+        (&host, &["usr/bin/dpuio", "usr/bin/dpuio-bench", "usr/lib/aarch64-linux-gnu/libdpuio.so"][..]),
     ] {
         let info = ok_stdout(&run("dpkg-deb", &["--info", deb.to_str().unwrap()]));
         assert!(info.contains("Architecture: arm64"), "{info}");
@@ -75,16 +74,13 @@ fn arm64_packages_hold_aarch64_binaries_and_valid_control_data() {
 
 /// Removes what the install test made, also when it fails.
 struct Installed {
-    agent: Option<std::process::Child>,
+    agent: Option<dpuio_harness::Agent>,
     made_user: bool,
 }
 
 impl Drop for Installed {
     fn drop(&mut self) {
-        if let Some(mut a) = self.agent.take() {
-            let _ = a.kill();
-            let _ = a.wait();
-        }
+        drop(self.agent.take()); // killed before its package goes
         let _ = run("dpkg", &["--purge", "dpuio-agent", "dpuio-host"]);
         let _ = std::fs::remove_dir_all("/var/lib/dpuio");
         let _ = std::fs::remove_dir_all("/run/dpuio");
@@ -132,7 +128,8 @@ fn amd64_packages_install_and_the_installed_agent_serves() {
     // As the unit's User=dpuio, started directly (not through runuser) so that the child
     // this test kills is the agent itself.
     let id_of = |flag: &str| -> u32 { ok_stdout(&run("id", &[flag, "dpuio"])).trim().parse().unwrap() };
-    let mut child = Command::new("/usr/bin/dpu-agent")
+    let mut command = Command::new("/usr/bin/dpu-agent");
+    command
         .args(["serve", "--config", "/etc/dpuio/agent.toml", "--listen", "127.0.0.1:0"])
         .uid(id_of("-u"))
         .gid(id_of("-g"))
@@ -140,18 +137,11 @@ fn amd64_packages_install_and_the_installed_agent_serves() {
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", "/var/lib/dpuio")
         .env("DPUIO_CONFIG_DIR", "/var/lib/dpuio/client")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the installed agent");
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    installed.agent = Some(child);
-    let addr = first
-        .strip_prefix("dpu-agent listening on ")
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("the installed agent said {first:?}"))
-        .to_owned();
+        .stderr(Stdio::inherit());
+    let agent =
+        dpuio_harness::start(command, Duration::from_secs(30)).unwrap_or_else(|e| panic!("the installed agent: {e}"));
+    let addr = agent.addr().to_owned();
+    installed.agent = Some(agent);
     let status = ok_stdout(&run("/usr/bin/dpuctl", &["--socket", "/run/dpuio/admin.sock", "status"]));
     assert!(status.contains("backend   local"), "{status}");
 
@@ -194,11 +184,11 @@ fn amd64_packages_install_and_the_installed_agent_serves() {
     assert!(said.contains(&format!("fnv1a64={fnv:016x}")), "checksum differs: {said}");
 
     // SIGTERM stops the installed agent cleanly, as systemctl stop does.
-    let mut child = installed.agent.take().unwrap();
-    ok_stdout(&run("kill", &["-TERM", &child.id().to_string()]));
+    let mut agent = installed.agent.take().unwrap();
+    ok_stdout(&run("kill", &["-TERM", &agent.id().to_string()]));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = agent.child_mut().try_wait().unwrap() {
             break s;
         }
         assert!(std::time::Instant::now() < deadline, "the installed agent did not stop on SIGTERM");

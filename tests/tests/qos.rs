@@ -81,7 +81,7 @@ fn a_throttled_engine_sleeps_and_the_throttled_tenant_waits_without_errors() {
     let dir = tempfile::tempdir().unwrap();
     let agent = start_agent(dir.path(), SLOW, 1024);
     std::fs::write(agent.data_dir.join("containers/a/data"), vec![7u8; 8 << 20]).unwrap();
-    let pid = agent.child.id();
+    let pid = agent.process.id();
     let before = cpu(pid);
     // 16 reads of 256 KiB in flight at 4 MiB/s: nearly all the time every request the
     // engine holds is waiting for a's bucket.

@@ -4,14 +4,12 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-mod bench;
-mod bench_crypto;
-mod bench_dlio;
-mod bench_plot;
+mod forward;
 
 use std::io::{Read, Write};
 
-use dpuio_shim::{Access, Attr, Client, ConnectOptions, DEFAULT_AGENT, DataPlaneOptions, EntryKind, TlsOptions};
+use dpuio_shim::cli::ConnectArgs;
+use dpuio_shim::{Access, Attr, Client, ConnectOptions, DataPlaneOptions, EntryKind};
 
 /// Bytes per data-plane request of put/get/cat.
 const TRANSFER_CHUNK_BYTES: usize = 4 << 20;
@@ -22,44 +20,13 @@ const TRANSFER_DEPTH: usize = 4;
 #[derive(Parser)]
 #[command(name = "dpuio", version, about)]
 struct Cli {
-    /// Agent address: HOST:PORT (mutual TLS) or http://HOST:PORT (plaintext, agents with [tls] mode = "off").
-    #[arg(long, env = "DPUIO_AGENT", default_value = DEFAULT_AGENT, global = true)]
-    agent: String,
-    /// Tenant to attach as (plaintext agents only: with TLS the certificate decides; default: the agent's default tenant).
-    #[arg(long, env = "DPUIO_TENANT", default_value = "", hide_default_value = true, global = true)]
-    tenant: String,
-    /// Client certificate (PEM) [default: client.pem in $DPUIO_CONFIG_DIR or ~/.config/dpuio].
-    #[arg(long, env = "DPUIO_CERT", global = true)]
-    cert: Option<std::path::PathBuf>,
-    /// Client private key (PEM) [default: client.key beside the certificate bundle].
-    #[arg(long, env = "DPUIO_KEY", global = true)]
-    key: Option<std::path::PathBuf>,
-    /// CA certificate that signed the agent's certificate (PEM) [default: ca.pem in the bundle].
-    #[arg(long, env = "DPUIO_CA", global = true)]
-    ca: Option<std::path::PathBuf>,
-    /// Name the agent's certificate must carry [default: the host of --agent].
-    #[arg(long, global = true)]
-    tls_server_name: Option<String>,
-    /// Capability token to attach with (e.g. from `dpuio delegate`), narrowing what this command may do.
-    #[arg(
-        long,
-        env = "DPUIO_TOKEN",
-        default_value = "",
-        hide_default_value = true,
-        hide_env_values = true,
-        global = true
-    )]
-    token: String,
+    #[command(flatten)]
+    connect: ConnectArgs,
     /// Data plane for put/get/cat: ucx-shm, ucx-tcp, ofi-shm, ofi-tcp (libfabric), auto
     /// (the first of UCX, ofi-shm, ofi-tcp the agent offers), shm/tcp (UCX), or a
     /// UCX_TLS list.
     #[arg(long, env = "DPUIO_TRANSPORT", default_value = "auto", global = true)]
     transport: String,
-    /// Network interface (as `ip link` names it) for the network transports of put/get/cat
-    /// (ucx-tcp, ofi-tcp, UCX's part of auto), for machines with several or an agent in
-    /// another network namespace [default: the transports choose].
-    #[arg(long, env = "DPUIO_INTERFACE", global = true)]
-    interface: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,8 +74,14 @@ enum Command {
         paths: Vec<String>,
     },
     /// Measure workloads through the shim and through POSIX on the same files, or
-    /// (`dpuio bench crypto`) the agent's ciphers against OpenSSL.
-    Bench(Box<BenchCommand>),
+    /// (`dpuio bench crypto`) the agent's ciphers against OpenSSL: runs `dpuio-bench`
+    /// (`dpuio bench --help` for its options).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// What `dpuio-bench` takes: workloads and their options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Create empty files, or leave existing ones as they are.
     Touch {
         #[arg(required = true)]
@@ -129,23 +102,11 @@ enum Command {
     },
 }
 
-#[derive(clap::Args)]
-#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
-struct BenchCommand {
-    #[command(subcommand)]
-    which: Option<BenchWhich>,
-    #[command(flatten)]
-    shim: bench::BenchArgs,
-}
-
-#[derive(Subcommand)]
-enum BenchWhich {
-    /// AES-256-GCM seal/open throughput per crypto provider, against `openssl speed`.
-    Crypto(bench_crypto::CryptoBenchArgs),
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Bench { args } = &cli.command {
+        return forward::bench(&cli.connect, args);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -163,35 +124,14 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> dpuio_shim::Result<()> {
-    let mut tls = TlsOptions::from_env();
-    tls.cert = cli.cert.or(tls.cert);
-    tls.key = cli.key.or(tls.key);
-    tls.ca = cli.ca.or(tls.ca);
-    tls.server_name = cli.tls_server_name;
-    let base = ConnectOptions {
-        agent: cli.agent,
-        tenant: cli.tenant,
-        client_name: "dpuio cli".into(),
-        tls,
-        capability_token: cli.token,
-        ..ConnectOptions::default()
-    };
-    let command = match cli.command {
-        Command::Bench(bench) => {
-            return match *bench {
-                BenchCommand { which: Some(BenchWhich::Crypto(args)), .. } => bench_crypto::run(args)
-                    .map_err(|reason| dpuio_shim::Error::DataPlane { op: "bench crypto".into(), reason }),
-                BenchCommand { shim, .. } => bench::run(&base, shim).await,
-            };
-        }
-        other => other,
-    };
+    let base = cli.connect.connect_options("dpuio cli");
+    let command = cli.command;
     let moves_data = matches!(command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
     let client = Client::connect(ConnectOptions {
         data_plane: moves_data.then(|| DataPlaneOptions {
             transports: cli.transport,
             rings: 1,
-            interface: cli.interface,
+            interface: cli.connect.interface,
             ..Default::default()
         }),
         ..base
@@ -251,8 +191,8 @@ async fn run_command(client: &Client, command: Command) -> dpuio_shim::Result<()
                 get(client, &path, std::io::stdout().lock(), "stdout").await?;
             }
         }
-        // Runs on its own connections, before this client attaches (see run).
-        Command::Bench(_) => {}
+        // Handed to dpuio-bench before any client attaches (see main).
+        Command::Bench { .. } => {}
         Command::Touch { paths } => {
             for path in paths {
                 match client.create(&path, true).await {

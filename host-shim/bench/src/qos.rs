@@ -11,16 +11,16 @@
 //! which must already serve the two tenants, and `--qos-limit` must state A's
 //! configured bytes/s.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use dpuio_shim::cli::ConnectArgs;
 use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, RegionAccess};
 use rand::{Rng, SeedableRng};
 
-use super::{BenchArgs, parse_bytes};
+use crate::workloads::{BenchArgs, parse_bytes};
 
 /// Options of `dpuio bench qos`.
 #[derive(clap::Args, Debug, Clone)]
@@ -98,26 +98,13 @@ fn percentile(v: &[u32], p: f64) -> f64 {
     f64::from(v[((v.len() as f64 - 1.0) * p).round() as usize])
 }
 
-/// An agent this benchmark started; killed when dropped.
-struct OwnAgent {
-    child: Child,
-    dir: PathBuf,
-}
+/// How long an agent this benchmark starts may take to report its address.
+const AGENT_STARTUP: Duration = Duration::from_secs(30);
 
-impl Drop for OwnAgent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start_agent(bin: &PathBuf, q: &QosArgs) -> dpuio_shim::Result<(OwnAgent, String)> {
-    let dir = std::env::temp_dir().join(format!("dpuio-bench-qos-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| err(format!("create {}: {e}", dir.display())))?;
-    let config = dir.join("agent.toml");
-    let text = format!(
+/// `--agent-bin`: an agent of this benchmark's own, with a two-tenant config (plaintext
+/// on loopback; A limited to `--qos-limit`), in a scratch directory that goes with it.
+fn start_agent(bin: &Path, q: &QosArgs) -> dpuio_shim::Result<dpuio_harness::Agent> {
+    let config = format!(
         "[tls]\nmode = \"off\"\n\n\
          [[tenants]]\nname = \"{a}\"\ncontainer = \"{a}\"\n[tenants.qos]\nbytes_per_s = {limit}\nburst_bytes = {burst}\n\n\
          [[tenants]]\nname = \"{b}\"\ncontainer = \"{b}\"\n",
@@ -126,44 +113,22 @@ fn start_agent(bin: &PathBuf, q: &QosArgs) -> dpuio_shim::Result<(OwnAgent, Stri
         limit = q.qos_limit,
         burst = q.qos_burst.max(q.qos_a_block),
     );
-    std::fs::write(&config, text).map_err(|e| err(format!("write {}: {e}", config.display())))?;
-    let mut child = Command::new(bin)
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| err(format!("start {}: {e}", bin.display())))?;
-    let stdout = child.stdout.take().ok_or_else(|| err("agent stdout"))?;
-    let agent = OwnAgent { child, dir };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
-        }
-        for _ in lines {} // keep draining so the agent never blocks on stdout
-    });
-    let line = rx.recv_timeout(Duration::from_secs(30)).map_err(|_| err("the agent did not start within 30 s"))?;
-    // "dpu-agent listening on ADDR (plaintext)": the generated config turns TLS off.
-    let addr = line
-        .strip_prefix("dpu-agent listening on ")
-        .and_then(|rest| rest.split_whitespace().next())
-        .ok_or_else(|| err(format!("unexpected first line from the agent: {line:?}")))?;
-    Ok((agent, format!("http://{addr}")))
+    dpuio_harness::start_with_config(Command::new(bin), &config, AGENT_STARTUP).map_err(err)
 }
 
-async fn connect(agent: &str, tenant: &str, rings: usize) -> dpuio_shim::Result<Client> {
+/// Attach as `tenant` by name: the two tenants' agent serves plaintext, so no TLS files
+/// and no token of the caller's apply (only the data plane's interface does).
+async fn connect(options: &ConnectArgs, agent: &str, tenant: &str, rings: usize) -> dpuio_shim::Result<Client> {
     Client::connect(ConnectOptions {
         agent: agent.to_owned(),
         tenant: tenant.to_owned(),
         client_name: format!("dpuio bench qos ({tenant})"),
-        data_plane: Some(DataPlaneOptions { transports: "shm".into(), rings, ..Default::default() }),
+        data_plane: Some(DataPlaneOptions {
+            transports: "shm".into(),
+            rings,
+            interface: options.interface.clone(),
+            ..Default::default()
+        }),
         ..ConnectOptions::default()
     })
     .await
@@ -174,7 +139,7 @@ async fn prepare(client: &Client, path: &str, bytes: u64) -> dpuio_shim::Result<
     if client.stat(path).await.is_ok_and(|a| a.size == bytes) {
         return Ok(());
     }
-    client.mkdir(super::BENCH_DIR, true).await?;
+    client.mkdir(crate::workloads::BENCH_DIR, true).await?;
     let file = client.create(path, false).await?;
     const CHUNK: u64 = 1 << 20;
     let mut region = client.register_region(CHUNK as usize, RegionAccess::ReadByAgent).await?;
@@ -261,7 +226,7 @@ fn b_probe(c: &Client, request: dpuio_shim::Request, rate: u32, duration: Durati
 }
 
 /// Measure (see the module docs).
-pub async fn measure(agent: &str, args: &BenchArgs) -> dpuio_shim::Result<QosFigures> {
+pub async fn measure(options: &ConnectArgs, args: &BenchArgs) -> dpuio_shim::Result<QosFigures> {
     let q = &args.qos;
     if q.qos_limit == 0 || q.qos_a_block == 0 || q.qos_a_block > A_FILE_BYTES || q.qos_a_depth == 0 {
         return Err(err("--qos-limit, --qos-a-block (at most 32 MiB) and --qos-a-depth must be positive"));
@@ -270,9 +235,9 @@ pub async fn measure(agent: &str, args: &BenchArgs) -> dpuio_shim::Result<QosFig
         Some(bin) => Some(start_agent(bin, q)?),
         None => None,
     };
-    let agent = own.as_ref().map_or(agent, |(_, url)| url.as_str());
-    let a = connect(agent, &q.qos_tenant_a, 1).await?;
-    let b = connect(agent, &q.qos_tenant_b, 1).await?;
+    let agent = own.as_ref().map_or_else(|| options.agent.clone(), dpuio_harness::Agent::url);
+    let a = connect(options, &agent, &q.qos_tenant_a, 1).await?;
+    let b = connect(options, &agent, &q.qos_tenant_b, 1).await?;
     prepare(&a, A_FILE, A_FILE_BYTES).await?;
     prepare(&b, B_FILE, B_FILE_BYTES).await?;
     let a_file = a.open(A_FILE, Access::ReadOnly).await?;
@@ -330,8 +295,8 @@ pub async fn measure(agent: &str, args: &BenchArgs) -> dpuio_shim::Result<QosFig
 }
 
 /// `dpuio bench qos`: measure and print the figures and the issue's targets.
-pub async fn run(agent: &str, args: &BenchArgs) -> dpuio_shim::Result<()> {
-    let f = measure(agent, args).await?;
+pub async fn run(options: &ConnectArgs, args: &BenchArgs) -> dpuio_shim::Result<()> {
+    let f = measure(options, args).await?;
     let mib = |b: f64| b / f64::from(1u32 << 20);
     let (solo50, solo99) = (percentile(&f.b_solo_us, 0.5), percentile(&f.b_solo_us, 0.99));
     let (load50, load99) = (percentile(&f.b_loaded_us, 0.5), percentile(&f.b_loaded_us, 0.99));

@@ -22,11 +22,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dpuio_shim::cli::ConnectArgs;
 use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, RegionAccess, process_cpu_time};
 use rand::{Rng, SeedableRng};
-
-#[path = "bench_qos.rs"]
-mod bench_qos;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -96,7 +94,7 @@ pub enum Workload {
     Unet3d,
     Checkpoint,
     /// Two tenants: a rate-limited one loading the agent, an unlimited one measuring
-    /// latency (run on its own; see `bench_qos.rs`).
+    /// latency (run on its own; see `qos.rs`).
     Qos,
 }
 
@@ -173,12 +171,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2000)]
     pub metadata_files: usize,
     #[command(flatten)]
-    pub unet3d: crate::bench_dlio::Unet3dArgs,
+    pub unet3d: crate::dlio::Unet3dArgs,
     /// checkpoint: size of the checkpoint written and read back.
     #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
     pub checkpoint_bytes: u64,
     #[command(flatten)]
-    pub qos: bench_qos::QosArgs,
+    pub qos: crate::qos::QosArgs,
 }
 
 /// One measured cell.
@@ -286,18 +284,22 @@ impl Setup {
     }
 }
 
-pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<()> {
+pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<()> {
     if args.workloads.contains(&Workload::Qos) {
         if args.workloads.len() > 1 {
             return Err(bench_error("qos attaches as two tenants of its own: run it alone (dpuio bench qos)"));
         }
-        return bench_qos::run(&base.agent, &args).await;
+        return crate::qos::run(options, &args).await;
     }
     let connect = |transports: &str| {
         Client::connect(ConnectOptions {
-            client_name: format!("dpuio bench ({transports})"),
-            data_plane: Some(DataPlaneOptions { transports: transports.to_owned(), rings: 8, ..Default::default() }),
-            ..base.clone()
+            data_plane: Some(DataPlaneOptions {
+                transports: transports.to_owned(),
+                rings: 8,
+                interface: options.interface.clone(),
+                ..Default::default()
+            }),
+            ..options.connect_options(&format!("dpuio bench ({transports})"))
         })
     };
     let mut clients = Vec::new();
@@ -348,7 +350,7 @@ pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<(
                 block_workload(&setup, &args, workload).await?
             }
             Workload::Metadata => metadata(&setup, args.metadata_files).await?,
-            Workload::Unet3d => crate::bench_dlio::unet3d(&setup, &args.unet3d).await?,
+            Workload::Unet3d => crate::dlio::unet3d(&setup, &args.unet3d).await?,
             Workload::Checkpoint => checkpoint(&setup, args.checkpoint_bytes).await?,
             Workload::Qos => return Err(bench_error("qos runs on its own")), // handled above
         };
@@ -356,7 +358,7 @@ pub async fn run(base: &ConnectOptions, args: BenchArgs) -> dpuio_shim::Result<(
         all.extend(figures);
     }
     if let Some(path) = &args.plot {
-        crate::bench_plot::plot(&all, path).map_err(bench_error)?;
+        crate::plot::plot(&all, path).map_err(bench_error)?;
         if !args.json {
             println!("plot written to {}", path.display());
         }

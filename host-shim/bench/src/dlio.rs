@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use dpuio_shim::{Access, Client, RegionAccess, process_cpu_time};
 use rand::{Rng, SeedableRng};
 
-use crate::bench::{BENCH_DIR, Figures, Setup};
+use crate::workloads::{BENCH_DIR, Figures, Setup};
 
 /// Accelerator profiles: computation time per step, from DLIO's unet3d configs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -48,10 +48,10 @@ pub struct Unet3dArgs {
     #[arg(long, default_value_t = 48)]
     pub unet3d_samples: usize,
     /// unet3d: mean sample size.
-    #[arg(long, default_value = "8MiB", value_parser = crate::bench::parse_bytes)]
+    #[arg(long, default_value = "8MiB", value_parser = crate::workloads::parse_bytes)]
     pub unet3d_mean_bytes: u64,
     /// unet3d: standard deviation of the sample size.
-    #[arg(long, default_value = "2MiB", value_parser = crate::bench::parse_bytes)]
+    #[arg(long, default_value = "2MiB", value_parser = crate::workloads::parse_bytes)]
     pub unet3d_stdev_bytes: u64,
     /// unet3d: samples per step.
     #[arg(long, default_value_t = 7)]
@@ -310,7 +310,7 @@ pub async fn unet3d(setup: &Setup, args: &Unet3dArgs) -> dpuio_shim::Result<Vec<
     }
     if let Some(dfs) = &setup.dfs {
         let load = dfs_loader(dfs.clone());
-        out.push(tokio::task::block_in_place(|| search(crate::bench::LIBDFS, &load, args, setup))?);
+        out.push(tokio::task::block_in_place(|| search(crate::workloads::LIBDFS, &load, args, setup))?);
     }
     for (name, client) in &setup.clients {
         let readers = args.unet3d_read_threads * args.max_accelerators.max(1) as usize;
