@@ -51,7 +51,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use dpuio_backend::{IoOp, IoQueue, IoRequest, OneAtATime};
-use dpuio_proto::wire::{self, Completion, Opcode, Submission};
+use dpuio_proto::wire::{self, Completion, MetaSubmission, Opcode, Submission};
 use fabric::any;
 use fabric::transport::{Endpoint as _, RemoteKey as _};
 use fabric::{MappedRemote, Transport};
@@ -64,6 +64,7 @@ use protocol::{Action, BackendFailure, Ran, Step};
 use readiness::{Idle, Readiness, RingKey};
 use sessions::{Agent, Handle, Session};
 
+pub mod meta;
 pub mod protocol;
 pub mod readiness;
 pub mod sessions;
@@ -940,6 +941,9 @@ impl Engine {
                     let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
                     self.post_completion(peer, ring, cq_index, &completion)
                 }
+                (Action::Meta { meta, .. }, _) => self.run_meta(session, peer, &meta).map(|(status, result)| {
+                    batch.ran(Ran::Done { status, result });
+                }),
                 (Action::Complete { index, completion }, _) => self.post_completion(peer, ring, index, &completion),
                 (Action::Finish { cursor, wake, more }, _) => {
                     ring.sq_head.store(cursor.sq_head, Ordering::Relaxed);
@@ -1143,6 +1147,178 @@ impl Engine {
         }
         // Not reached: a staged request always ends with Step::Done.
         Ok((wire::Status::Io, 0))
+    }
+
+    /// Run one metadata entry whose memory ranges were checked: copy its request out
+    /// of host memory once, run it through the agent's namespace policy (the gRPC
+    /// handlers' own), and write the answer, or the error gRPC would give, into its
+    /// answer range. Only a transport failure is an `Err`.
+    fn run_meta(
+        &mut self,
+        session: &Session,
+        peer: &Peer,
+        m: &MetaSubmission,
+    ) -> Result<(wire::Status, u64), DataPlaneError> {
+        let Some(answer) = session.host_region(m.answer_region) else {
+            return Ok((wire::Status::BadRegion, 0)); // deregistered since validation
+        };
+        let mut request = vec![0u8; m.request_length as usize];
+        if m.request_length > 0 {
+            let Some(region) = session.host_region(m.request_region) else {
+                return Ok((wire::Status::BadRegion, 0));
+            };
+            self.read_host_range(peer, &region, m.request_offset, &mut request)?;
+        }
+        let answered = match meta::request(m, &request) {
+            Ok(asked) => self.meta_answer(session.id, peer, &answer, m, asked)?,
+            Err(e) => Err(e),
+        };
+        match answered {
+            Ok(written) => Ok((wire::Status::Ok, written)),
+            Err(refused) => {
+                let record = meta::error_answer(&refused, m.answer_length as usize);
+                self.write_host(peer, &answer, m.answer_offset, &record)?;
+                Ok((wire::Status::Refused, record.len() as u64))
+            }
+        }
+    }
+
+    /// Run `asked` and write its answer: the bytes written, or why the namespace
+    /// refused it.
+    fn meta_answer(
+        &mut self,
+        session_id: u64,
+        peer: &Peer,
+        answer: &HostRegion,
+        m: &MetaSubmission,
+        mut asked: meta::Request,
+    ) -> Result<crate::error::Result<u64>, DataPlaneError> {
+        let room = m.answer_length as usize;
+        let mut reply = match self.namespace_call(session_id, asked.clone()) {
+            Ok(reply) => reply,
+            Err(e) => return Ok(Err(e)),
+        };
+        if let meta::Reply::Object { object, attr } = &reply {
+            let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
+            let want = attr.size.min(u64::from(m.answer_length) - header);
+            return Ok(match self.read_object_to_host(peer, answer, m.answer_offset + header, want, object)? {
+                Ok(n) => {
+                    self.write_host(peer, answer, m.answer_offset, &meta::open_read_header(attr, n))?;
+                    Ok(header + n)
+                }
+                Err(e) => Err(e.into()),
+            });
+        }
+        loop {
+            let need = match meta::answer(&reply, room) {
+                Ok(bytes) => {
+                    self.write_host(peer, answer, m.answer_offset, &bytes)?;
+                    return Ok(Ok(bytes.len() as u64));
+                }
+                Err(need) => need,
+            };
+            // A batch of a listing that does not fit: ask again for as many entries
+            // as fit on average (fewer each time, so this ends).
+            match (&reply, &mut asked) {
+                (meta::Reply::Dir { entries, .. }, meta::Request::Readdir { max, .. }) if entries.len() > 1 => {
+                    *max = ((entries.len() * room / need) as u32).clamp(1, entries.len() as u32 - 1);
+                    reply = match self.namespace_call(session_id, asked.clone()) {
+                        Ok(r) => r,
+                        Err(e) => return Ok(Err(e)),
+                    };
+                }
+                _ => {
+                    return Ok(Err(crate::error::Error::invalid(
+                        "answer_length",
+                        format!("the answer needs {need} bytes; the entry gives {room}"),
+                    )));
+                }
+            }
+        }
+    }
+
+    fn namespace_call(&self, session_id: u64, request: meta::Request) -> crate::error::Result<meta::Reply> {
+        match self.agent.namespace() {
+            Some(ns) => ns.metadata(session_id, request),
+            None => Err(crate::error::Error::Unavailable("serving no namespace on its data plane")),
+        }
+    }
+
+    /// Read up to `length` bytes of `object` from offset 0 into `region` at `at`,
+    /// chunk by chunk (straight into a mapped region, else through staging and puts).
+    /// The inner result is the backend's: bytes read (short at end of file) or why not.
+    fn read_object_to_host(
+        &mut self,
+        peer: &Peer,
+        region: &HostRegion,
+        at: u64,
+        length: u64,
+        object: &Arc<dyn dpuio_backend::Object>,
+    ) -> Result<Result<u64, dpuio_backend::Error>, DataPlaneError> {
+        let mut done = 0u64;
+        for c in engine::chunks(0, at, length, self.chunk_bytes as u64) {
+            let read = match &region.mapped {
+                Some(m) => object.read_into(m.bytes_mut(c.region_offset as usize, c.length as usize), c.file_offset),
+                None => {
+                    let staging = &mut self.lanes[peer.lane].staging;
+                    let dst = &mut staging.as_mut_slice()[SCRATCH_BYTES..][..c.length as usize];
+                    let read = object.read_at(dst, c.file_offset);
+                    if let Ok(n @ 1..) = read {
+                        peer.endpoint.put(staging, SCRATCH_BYTES, n, region.addr + c.region_offset, &region.key)?;
+                        peer.endpoint.flush(FLUSH_TIMEOUT)?;
+                    }
+                    read
+                }
+            };
+            match read {
+                Ok(n) => {
+                    done += n as u64;
+                    if (n as u64) < c.length {
+                        break; // end of file
+                    }
+                }
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        Ok(Ok(done))
+    }
+
+    /// Copy host memory at `offset` of `region` into `out`, in scratch-sized gets
+    /// where it is not mapped.
+    fn read_host_range(
+        &mut self,
+        peer: &Peer,
+        region: &HostRegion,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), DataPlaneError> {
+        for (i, piece) in out.chunks_mut(SCRATCH_BYTES).enumerate() {
+            self.read_host(peer, region, offset + (i * SCRATCH_BYTES) as u64, piece)?;
+        }
+        Ok(())
+    }
+
+    /// Write `bytes` into `region` at `offset`: a copy into a mapped region, else
+    /// scratch-sized puts, each flushed before the scratch is reused.
+    fn write_host(
+        &mut self,
+        peer: &Peer,
+        region: &HostRegion,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), DataPlaneError> {
+        if let Some(m) = &region.mapped {
+            m.bytes_mut(offset as usize, bytes.len()).copy_from_slice(bytes);
+            return Ok(());
+        }
+        let staging = &mut self.lanes[peer.lane].staging;
+        for (i, piece) in bytes.chunks(SCRATCH_BYTES).enumerate() {
+            staging.write_at(0, piece);
+            let to = region.addr + offset + (i * SCRATCH_BYTES) as u64;
+            peer.endpoint.put(staging, 0, piece.len(), to, &region.key)?;
+            peer.endpoint.flush(FLUSH_TIMEOUT)?;
+        }
+        Ok(())
     }
 
     /// Payload first, then the entry, then its `seq` word: a host that sees the seq

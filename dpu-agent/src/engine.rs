@@ -16,7 +16,7 @@
 //! [`Validated`] request. [`chunks`] splits one into backend operations at chunk
 //! boundaries so large requests pipeline and no single backend call is unbounded.
 
-use dpuio_proto::wire::{Opcode, Status, Submission};
+use dpuio_proto::wire::{MetaSubmission, Opcode, Status, Submission};
 
 /// Which directions the agent may move data for a region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +88,33 @@ pub fn validate(sub: &Submission, session: &impl SessionView, max_io_bytes: u64)
         return Err(Status::OutOfRange);
     }
     Ok(Validated { submission: *sub, region })
+}
+
+/// Check the memory a metadata entry names: its request range must lie in a region
+/// of the session the agent may read, its answer range in one the agent may write,
+/// and the answer no longer than `max_io_bytes`. In order: `TooLarge`, then for the
+/// request and then the answer `BadRegion`, `Access`, `OutOfRange`. What the
+/// operation itself may do (paths, rights, handles) is the namespace's to check, with
+/// the errors gRPC gives.
+pub fn validate_meta(m: &MetaSubmission, session: &impl SessionView, max_io_bytes: u64) -> Result<(), Status> {
+    if u64::from(m.answer_length) > max_io_bytes {
+        return Err(Status::TooLarge);
+    }
+    let within = |id: u32, offset: u64, length: u32, agent_writes: bool| {
+        let region = session.region(id).ok_or(Status::BadRegion)?;
+        let allowed = if agent_writes { region.access.agent_writes } else { region.access.agent_reads };
+        if !allowed {
+            return Err(Status::Access);
+        }
+        match offset.checked_add(u64::from(length)) {
+            Some(end) if end <= region.length => Ok(()),
+            _ => Err(Status::OutOfRange),
+        }
+    };
+    if m.request_length > 0 {
+        within(m.request_region, m.request_offset, m.request_length, false)?;
+    }
+    within(m.answer_region, m.answer_offset, m.answer_length, true)
 }
 
 /// One backend operation of a request: `length` bytes at `file_offset`, to or from
@@ -235,5 +262,38 @@ mod tests {
             }
             assert_eq!(next, off + len);
         }
+    }
+
+    #[test]
+    fn metadata_memory_checks() {
+        use dpuio_proto::wire::MetaOpcode;
+        let s = session();
+        let m = MetaSubmission {
+            opcode: MetaOpcode::Stat,
+            flags: 0,
+            user_data: 1,
+            handle: 0,
+            request_region: 1,
+            answer_region: 2,
+            request_offset: 0,
+            answer_offset: 0,
+            request_length: 10,
+            answer_length: 4096,
+            arg: 0,
+        };
+        let max = 1 << 20;
+        assert_eq!(validate_meta(&m, &s, max), Ok(()));
+        assert_eq!(validate_meta(&m, &s, 4095), Err(Status::TooLarge));
+        assert_eq!(validate_meta(&MetaSubmission { request_region: 9, ..m }, &s, max), Err(Status::BadRegion));
+        assert_eq!(validate_meta(&MetaSubmission { answer_region: 9, ..m }, &s, max), Err(Status::BadRegion));
+        assert_eq!(
+            validate_meta(&MetaSubmission { request_region: 2, ..m }, &s, max),
+            Err(Status::Access),
+            "the agent may not read region 2"
+        );
+        assert_eq!(validate_meta(&MetaSubmission { answer_offset: 1, ..m }, &s, max), Err(Status::OutOfRange));
+        assert_eq!(validate_meta(&MetaSubmission { request_offset: u64::MAX, ..m }, &s, max), Err(Status::OutOfRange));
+        let close = MetaSubmission { request_region: 0, request_length: 0, ..m };
+        assert_eq!(validate_meta(&close, &s, max), Ok(()), "no request range to check");
     }
 }

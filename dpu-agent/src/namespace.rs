@@ -12,10 +12,14 @@
 use std::sync::Arc;
 
 use dpuio_auth::token::Op;
-use dpuio_backend::{Attr, Container, EntryKind, NsPath, OpenOptions};
+use dpuio_backend::{Attr, Container, EntryKind, Layout, NsPath, Object, OpenOptions};
 
+use crate::dataplane::meta;
 use crate::error::{Error, Result};
 use crate::state::{Agent, Session};
+
+/// Entries per Readdir batch when the client does not say.
+const DEFAULT_READDIR_BATCH: u32 = 1024;
 
 /// The path in the request field `field`.
 pub fn path(field: &'static str, raw: &str) -> Result<NsPath> {
@@ -110,6 +114,53 @@ pub fn readdir_target(session: &Session, raw: &str) -> Result<(Arc<dyn Container
     Ok((container, p))
 }
 
+/// Entries in one Readdir batch: what the client asked (0: the default), at most `max`.
+pub fn readdir_batch(asked: u32, max: u32) -> usize {
+    let batch = match asked {
+        0 => DEFAULT_READDIR_BATCH.min(max),
+        n => n.min(max),
+    };
+    batch as usize
+}
+
+/// How Open opens a file: for writing too if `write`; `truncate` needs `write`.
+pub fn open_options(write: bool, truncate: bool) -> Result<OpenOptions> {
+    if truncate && !write {
+        return Err(Error::invalid("truncate", "truncate on open needs ACCESS_READ_WRITE"));
+    }
+    Ok(OpenOptions { write, truncate, ..OpenOptions::default() })
+}
+
+/// How Create opens a file, and its mode bits (0: 0644): for writing, created,
+/// truncated unless `exclusive` (then an existing file is an error).
+pub fn create_options(exclusive: bool, mode: u32, layout: Layout) -> (OpenOptions, u32) {
+    let mode = if mode == 0 { 0o644 } else { mode & 0o7777 };
+    (OpenOptions { write: true, create: true, exclusive, truncate: !exclusive, layout }, mode)
+}
+
+/// Where an open of `raw` with `options` goes, once the session may do it: creating
+/// needs Create, the access asked for Read or Write.
+fn open_target(session: &Session, raw: &str, options: &OpenOptions) -> Result<(Arc<dyn Container>, NsPath)> {
+    let container = session.container()?;
+    let p = path("path", raw)?;
+    if options.create {
+        session.rights.check(Op::Create, &p)?;
+    }
+    session.rights.check(if options.write { Op::Write } else { Op::Read }, &p)?;
+    Ok((container, p))
+}
+
+/// Open the file at `raw` for reading, with the checks of [`open`], as an object that
+/// is no handle of the session: a whole-file read (the data plane's open-read) that
+/// closes it when the object is dropped. Returns it with its attributes.
+pub fn open_read(session: &Session, raw: &str) -> Result<(Arc<dyn Object>, Attr)> {
+    let options = OpenOptions::default();
+    let (container, p) = open_target(session, raw, &options)?;
+    let object = container.open(&p, options, 0)?;
+    let attr = object.stat()?;
+    Ok((object, attr))
+}
+
 /// Open (or create, as `options` say) the file at `raw` as a handle of the session:
 /// creating needs Create, and the access asked for needs Read or Write; a session has
 /// at most `max_handles` open. Returns the handle, the file's attributes and its chunk
@@ -121,12 +172,7 @@ pub fn open(
     mode: u32,
     max_handles: u32,
 ) -> Result<(u64, Attr, u64)> {
-    let container = session.container()?;
-    let p = path("path", raw)?;
-    if options.create {
-        session.rights.check(Op::Create, &p)?;
-    }
-    session.rights.check(if options.write { Op::Write } else { Op::Read }, &p)?;
+    let (container, p) = open_target(session, raw, &options)?;
     if session.io.handle_count() >= max_handles as usize {
         return Err(Error::Limit { what: "open handles in this session", limit: max_handles.into() });
     }
@@ -185,4 +231,45 @@ pub fn sync(session: &Session, handle: u64) -> Result<()> {
     }
     let handle = session.io.handle(handle)?;
     Ok(handle.object.sync()?)
+}
+
+/// Metadata entries of the data plane run through the functions above, exactly as the
+/// gRPC handlers call them: same checks, same limits, same errors. The session is the
+/// one that owns the ring the entry came on.
+impl meta::Namespace for Agent {
+    fn metadata(&self, session_id: u64, request: meta::Request) -> Result<meta::Reply> {
+        use meta::{Reply, Request};
+        let session = self.session(session_id)?;
+        let max_handles = self.session_limits(&session.tenant).0;
+        let opened = |(handle, attr, chunk_bytes)| Reply::Opened { handle, attr, chunk_bytes };
+        Ok(match request {
+            Request::Stat { path } => Reply::Attr(stat(&session, &path)?),
+            Request::StatHandle { handle } => Reply::Attr(stat_handle(&session, handle)?),
+            Request::Open { path, write, truncate } => {
+                opened(open(&session, &path, open_options(write, truncate)?, 0, max_handles)?)
+            }
+            Request::Create { path, exclusive, mode } => {
+                let (options, mode) = create_options(exclusive, mode, Layout::default());
+                opened(open(&session, &path, options, mode, max_handles)?)
+            }
+            Request::Close { handle } => {
+                session.io.close_handle(handle)?;
+                Reply::Closed
+            }
+            Request::OpenRead { path } => {
+                let (object, attr) = open_read(&session, &path)?;
+                Reply::Object { object, attr }
+            }
+            Request::Lookup { paths } => Reply::Lookup(
+                lookup(&session, paths, self.limits().max_lookup_paths)?.into_iter().map(|(_, r)| r).collect(),
+            ),
+            Request::Readdir { path, anchor, max } => {
+                let (container, p) = readdir_target(&session, &path)?;
+                let batch = readdir_batch(max, self.limits().max_readdir_batch);
+                let (entries, anchor) =
+                    container.readdir(&p, (!anchor.is_empty()).then_some(anchor.as_str()), batch)?;
+                Reply::Dir { entries, anchor }
+            }
+        })
+    }
 }

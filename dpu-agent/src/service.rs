@@ -20,9 +20,6 @@ use crate::namespace;
 use crate::runtime::blocking;
 use crate::state::{Agent, Session};
 
-/// Entries per Readdir batch when the client does not say.
-const DEFAULT_READDIR_BATCH: u32 = 1024;
-
 pub fn attr_to_proto(a: &Attr) -> pb::Attr {
     pb::Attr {
         kind: match a.kind {
@@ -262,10 +259,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         // The anchor is the backend's own opaque token; the backend checks it (a name
         // for `local`, an authenticated DFS anchor for `daos`).
         let max = self.agent.limits().max_readdir_batch;
-        let batch = match req.batch_size {
-            0 => DEFAULT_READDIR_BATCH.min(max),
-            n => n.min(max),
-        } as usize;
+        let batch = namespace::readdir_batch(req.batch_size, max);
         // The first batch is fetched before answering, so a missing directory is an
         // error status rather than an error inside the stream.
         let first = {
@@ -308,10 +302,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
             Ok(pb::Access::ReadWrite) => true,
             Err(_) => return Err(Error::invalid("access", format!("unknown access mode {}", req.access)).into()),
         };
-        if req.truncate && !write {
-            return Err(Error::invalid("truncate", "truncate on open needs ACCESS_READ_WRITE").into());
-        }
-        let options = OpenOptions { write, truncate: req.truncate, ..OpenOptions::default() };
+        let options = namespace::open_options(write, req.truncate)?;
         self.open_with(req.session_id, &caller, req.path, options, 0).await
     }
 
@@ -321,14 +312,8 @@ impl pb::namespace_server::Namespace for NamespaceService {
     ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
-        let mode = if req.mode == 0 { 0o644 } else { req.mode & 0o7777 };
-        let options = OpenOptions {
-            write: true,
-            create: true,
-            exclusive: req.exclusive,
-            truncate: !req.exclusive,
-            layout: Layout { chunk_bytes: req.chunk_bytes, object_class: req.object_class },
-        };
+        let layout = Layout { chunk_bytes: req.chunk_bytes, object_class: req.object_class };
+        let (options, mode) = namespace::create_options(req.exclusive, req.mode, layout);
         self.open_with(req.session_id, &caller, req.path, options, mode).await
     }
 

@@ -611,6 +611,9 @@ impl AgentView for Agent {
     fn session_io(&self, id: u64) -> Option<Arc<sessions::Session>> {
         lock(&self.sessions).get(&id).map(|s| s.io.clone())
     }
+    fn namespace(&self) -> Option<&dyn crate::dataplane::meta::Namespace> {
+        Some(self) // the policy of `crate::namespace`, as over gRPC
+    }
 }
 
 #[cfg(test)]

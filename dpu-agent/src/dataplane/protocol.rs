@@ -33,7 +33,7 @@
 //! mapped requests split over the I/O threads (they post their own completions), and
 //! which rings are looked at when ([`super::readiness`]).
 
-use dpuio_proto::wire::{self, Completion, Status, Submission};
+use dpuio_proto::wire::{self, Completion, Entry, MetaSubmission, Status, Submission};
 
 use crate::engine::{self, SessionView};
 
@@ -94,6 +94,10 @@ pub enum Action {
     /// Queue this validated request in the QoS scheduler; its completion goes to
     /// `cq_index` when it has run.
     Queue { sub: Submission, cq_index: u64 },
+    /// Run this metadata entry, whose memory ranges were checked, now (like a gRPC
+    /// namespace call it is not queued behind payload), then report with
+    /// [`Batch::ran`]. Its completion goes to `cq_index`.
+    Meta { meta: MetaSubmission, cq_index: u64 },
     /// Post this completion at `index`: the request's payload first, then the entry,
     /// then its `seq` word.
     Complete { index: u64, completion: Completion },
@@ -179,6 +183,7 @@ impl Batch {
             Next::Act(action) => {
                 self.next = match action {
                     Action::Run { sub, cq_index } => Next::AwaitRun { user_data: sub.user_data, cq_index },
+                    Action::Meta { meta, cq_index } => Next::AwaitRun { user_data: meta.user_data, cq_index },
                     _ => Next::Fetch,
                 };
                 self.wake |= matches!(action, Action::Complete { .. });
@@ -203,9 +208,10 @@ impl Batch {
         self.cursor.sq_head = self.cursor.sq_head.wrapping_add(1);
         self.cursor.cq_tail = self.cursor.cq_tail.wrapping_add(1);
         self.left -= 1;
-        let checked = match Submission::decode(entry) {
+        let checked = match Entry::decode(entry) {
             Err(_) => Err(Status::Malformed),
-            Ok(sub) => engine::validate(&sub, session, max_io_bytes).map(|v| v.submission),
+            Ok(Entry::Io(sub)) => engine::validate(&sub, session, max_io_bytes).map(|v| Entry::Io(v.submission)),
+            Ok(Entry::Meta(m)) => engine::validate_meta(&m, session, max_io_bytes).map(|()| Entry::Meta(m)),
         };
         let refused = |status| Action::Complete {
             index: cq_index,
@@ -214,8 +220,9 @@ impl Batch {
         self.next = Next::Act(match (checked, self.tenant) {
             (Err(status), _) => refused(status),
             (Ok(_), Tenant::Removed) => refused(Status::Cancelled),
-            (Ok(sub), Tenant::Direct { .. }) => Action::Run { sub, cq_index },
-            (Ok(sub), Tenant::Queued { .. }) => Action::Queue { sub, cq_index },
+            (Ok(Entry::Meta(meta)), _) => Action::Meta { meta, cq_index },
+            (Ok(Entry::Io(sub)), Tenant::Direct { .. }) => Action::Run { sub, cq_index },
+            (Ok(Entry::Io(sub)), Tenant::Queued { .. }) => Action::Queue { sub, cq_index },
         });
     }
 

@@ -40,6 +40,11 @@ pub trait AgentView: Send + Sync {
     /// The data-plane half of the attached session `id`.
     fn session_io(&self, id: u64) -> Option<Arc<Session>>;
 
+    /// The namespace policy metadata entries run through (`None`: they are refused).
+    fn namespace(&self) -> Option<&dyn super::meta::Namespace> {
+        None
+    }
+
     /// Every ring of every session, for a full scan.
     fn all_rings(&self) -> Vec<(u64, u32)> {
         self.sessions_io().iter().flat_map(|s| lock(&s.rings).keys().map(|r| (s.id, *r)).collect::<Vec<_>>()).collect()

@@ -1,7 +1,7 @@
 //! The ring protocol against a simulated host ring, with no transport: each test runs
 //! in microseconds.
 
-use dpuio_proto::wire::{Completion, Opcode, SQE_BYTES, Status, Submission};
+use dpuio_proto::wire::{self, Completion, Opcode, SQE_BYTES, Status, Submission};
 
 use super::*;
 use crate::engine::{HandleInfo, RegionAccess, RegionInfo, SessionView};
@@ -161,6 +161,9 @@ impl Driver {
                 Action::Fetch { index } => batch.fetched(&host.sq[host.slot(index)], &FakeSession, MAX_IO),
                 Action::Run { sub, .. } => batch.ran((self.run)(&sub)),
                 Action::Queue { sub, cq_index } => self.queued.push((sub, cq_index)),
+                Action::Meta { meta, .. } => {
+                    batch.ran(Ran::Done { status: Status::Ok, result: u64::from(meta.answer_length) })
+                }
                 Action::Complete { index, completion } => {
                     // Never over a completion the host has not reaped.
                     assert!(index.wrapping_sub(host.cq_head) < u64::from(self.entries), "posted outside the room");
@@ -546,4 +549,70 @@ fn a_backend_failure_mid_transfer_ends_the_request_with_its_status_and_moves_not
             }
         }
     }
+}
+
+fn stat(user_data: u64) -> wire::MetaSubmission {
+    wire::MetaSubmission {
+        opcode: wire::MetaOpcode::Stat,
+        flags: 0,
+        user_data,
+        handle: 0,
+        request_region: REGION,
+        answer_region: REGION,
+        request_offset: 0,
+        answer_offset: 4096,
+        request_length: 8,
+        answer_length: 64,
+        arg: 0,
+    }
+}
+
+#[test]
+fn metadata_entries_run_at_once_even_for_a_queued_tenant() {
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    host.submit(stat(1).encode());
+    host.submit(read(2));
+    let queued = Tenant::Queued { room: 8 };
+    assert_eq!(agent.serve(&mut host, queued), Served::Finished { taken: 2, more: false, wake: true });
+    assert!(matches!(agent.log[1], Action::Meta { cq_index: 0, meta } if meta == stat(1)));
+    assert_eq!(agent.queued.len(), 1, "the read is queued, the stat is not");
+    let c = host.reap();
+    assert_eq!((c[0].user_data, c[0].status, c[0].result), (1, Status::Ok as i32, 64));
+}
+
+#[test]
+fn hostile_metadata_entries_complete_with_their_status() {
+    let (mut host, mut agent) = (HostRing::new(16), Driver::new(16));
+    let s = stat(0);
+    let cases = [
+        (wire::MetaSubmission { user_data: 1, request_region: 9, ..s }.encode(), Status::BadRegion),
+        (wire::MetaSubmission { user_data: 2, answer_region: 9, ..s }.encode(), Status::BadRegion),
+        (wire::MetaSubmission { user_data: 3, answer_offset: (1 << 20) - 63, ..s }.encode(), Status::OutOfRange),
+        (wire::MetaSubmission { user_data: 4, request_offset: u64::MAX - 2, ..s }.encode(), Status::OutOfRange),
+        (wire::MetaSubmission { user_data: 5, answer_length: (1 << 20) + 64, ..s }.encode(), Status::TooLarge),
+        (wire::MetaSubmission { user_data: 6, handle: 7, ..s }.encode(), Status::Malformed),
+        (wire::MetaSubmission { user_data: 7, answer_length: 8, ..s }.encode(), Status::Malformed),
+        (
+            wire::MetaSubmission { user_data: 8, request_length: wire::MAX_META_REQUEST_BYTES + 1, ..s }.encode(),
+            Status::Malformed,
+        ),
+    ];
+    for (entry, _) in &cases {
+        host.submit(*entry);
+    }
+    host.submit(stat(99).encode());
+    assert!(matches!(agent.serve(&mut host, UNLIMITED), Served::Finished { taken: 9, .. }));
+    let got: Vec<(u64, i32)> = host.reap().iter().map(|c| (c.user_data, c.status)).collect();
+    let mut want: Vec<(u64, i32)> = cases.iter().map(|(e, st)| (Submission::peek_user_data(e), *st as i32)).collect();
+    want.push((99, Status::Ok as i32));
+    assert_eq!(got, want);
+    assert_eq!(agent.log.iter().filter(|a| matches!(a, Action::Meta { .. })).count(), 1, "only the good one runs");
+}
+
+#[test]
+fn a_removed_tenants_metadata_entries_are_cancelled() {
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    host.submit(stat(1).encode());
+    assert_eq!(agent.serve(&mut host, Tenant::Removed), Served::Finished { taken: 1, more: false, wake: true });
+    assert_eq!(host.reap()[0].status, Status::Cancelled as i32);
 }
