@@ -10,9 +10,11 @@ use std::path::PathBuf;
 use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::dataplane::{self, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
+use crate::dataplane::{
+    self, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, MetaCall, RegisteredRegion, Request,
+};
 use crate::error::{Error, Result};
-use dpuio_proto::wire::Opcode;
+use dpuio_proto::wire::{self, MetaOpcode, Opcode};
 
 /// Where the CLI and library look for the agent when nothing says otherwise. An
 /// address without a scheme (or `https://`) is reached with mutual TLS; `http://`
@@ -330,6 +332,61 @@ fn attr_from(op: &str, a: Option<pb::Attr>) -> Result<Attr> {
     Ok(Attr { kind, size: a.size, mode: a.mode, mtime_ns: a.mtime_ns, object_id: a.object_id })
 }
 
+/// Attributes from a metadata answer's record.
+fn attr_of(op: &str, r: &wire::AttrRecord) -> Result<Attr> {
+    let kind = match r.kind {
+        wire::KIND_FILE => EntryKind::File,
+        wire::KIND_DIRECTORY => EntryKind::Directory,
+        k => return Err(Error::Protocol { op: op.to_owned(), reason: format!("unknown entry kind {k}") }),
+    };
+    Ok(Attr { kind, size: r.size, mode: r.mode, mtime_ns: r.mtime_ns, object_id: r.object_id })
+}
+
+/// The header of a metadata answer of `n` bytes at `at`.
+fn meta_header(op: &str, mem: &fabric::SharedMemory, at: usize, n: usize) -> Result<wire::MetaHeader> {
+    let mut b = [0u8; wire::META_ANSWER_HEADER_BYTES as usize];
+    if n < b.len() {
+        return Err(Error::Protocol { op: op.to_owned(), reason: format!("an answer of {n} bytes") });
+    }
+    mem.read_at(at, &mut b);
+    wire::MetaHeader::decode(&b)
+        .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "a malformed answer".into() })
+}
+
+/// The records after a lookup's or listing's header, read once out of the answer.
+struct Records {
+    bytes: Vec<u8>,
+    at: usize,
+}
+
+impl Records {
+    fn take(&mut self, op: &str, n: usize) -> Result<&[u8]> {
+        let bad = || Error::Protocol { op: op.to_owned(), reason: "an answer record runs past the answer".into() };
+        let b = self.bytes.get(self.at..self.at.checked_add(n).ok_or_else(bad)?).ok_or_else(bad)?;
+        self.at += n;
+        Ok(b)
+    }
+    fn u16(&mut self, op: &str) -> Result<usize> {
+        let b = self.take(op, 2)?;
+        Ok(usize::from(u16::from_le_bytes([b[0], b[1]])))
+    }
+    fn u32(&mut self, op: &str) -> Result<u32> {
+        let b = self.take(op, 4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn attr(&mut self, op: &str) -> Result<wire::AttrRecord> {
+        let b = self.take(op, wire::ATTR_BYTES)?;
+        Ok(wire::AttrRecord::decode(b).unwrap_or_default())
+    }
+    fn text(&mut self, op: &str, n: usize) -> Result<String> {
+        let s = String::from_utf8_lossy(self.take(op, n)?).into_owned();
+        Ok(s)
+    }
+    fn pad(&mut self) {
+        self.at = wire::pad8(self.at);
+    }
+}
+
 impl Client {
     /// Connect, attach and mount the tenant's container.
     pub async fn connect(options: ConnectOptions) -> Result<Client> {
@@ -440,9 +497,18 @@ impl Client {
         self.inner.namespace.clone()
     }
 
-    /// Attributes of a path.
+    /// The data plane, when this session has one: metadata then goes over the ring.
+    fn ring(&self) -> Option<&Arc<DataPlane>> {
+        self.inner.data.as_ref()
+    }
+
+    /// Attributes of a path (over the ring when the session has a data plane).
     pub async fn stat(&self, path: &str) -> Result<Attr> {
         let op = format!("stat {path}");
+        if let Some(dp) = self.ring() {
+            let call = MetaCall { opcode: MetaOpcode::Stat, flags: 0, handle: 0, strings: &[path], arg: 0 };
+            return dp.metadata(&op, &call, None, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
+        }
         let r = self
             .ns()
             .stat(pb::StatRequest {
@@ -457,6 +523,70 @@ impl Client {
     /// Attributes of many paths in as few calls as the agent's limit allows; each path
     /// gets its own result.
     pub async fn lookup(&self, paths: &[String]) -> Result<Vec<Result<Attr>>> {
+        let mut out = Vec::with_capacity(paths.len());
+        let per_call = (self.limits.max_lookup_paths as usize).max(1);
+        if let Some(dp) = self.ring() {
+            // As many paths per entry as the agent's limit, the request area and (at
+            // a generous 256 bytes a record) the answer area allow.
+            let mut rest = paths;
+            while !rest.is_empty() {
+                let mut n = 0;
+                let mut bytes = 0;
+                while n < rest.len()
+                    && n < per_call
+                    && n < dataplane::META_ANSWER_BYTES / 256
+                    && bytes + 2 + rest[n].len() <= dataplane::META_REQUEST_BYTES
+                {
+                    bytes += 2 + rest[n].len();
+                    n += 1;
+                }
+                if n == 0 {
+                    // One path longer than the request area: let gRPC answer it.
+                    out.extend(Box::pin(self.lookup_grpc(&rest[..1])).await?);
+                    rest = &rest[1..];
+                    continue;
+                }
+                let (chunk, next) = rest.split_at(n);
+                out.extend(self.lookup_ring(dp, chunk)?);
+                rest = next;
+            }
+            return Ok(out);
+        }
+        out.extend(self.lookup_grpc(paths).await?);
+        Ok(out)
+    }
+
+    fn lookup_ring(&self, dp: &Arc<DataPlane>, paths: &[String]) -> Result<Vec<Result<Attr>>> {
+        let strings: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let call =
+            MetaCall { opcode: MetaOpcode::Lookup, flags: 0, handle: 0, strings: &strings, arg: paths.len() as u32 };
+        dp.metadata("lookup", &call, None, |mem, at, n| {
+            let header = meta_header("lookup", mem, at, n)?;
+            if header.count != paths.len() as u64 {
+                return Err(Error::Protocol { op: "lookup".into(), reason: format!("{} results", header.count) });
+            }
+            let mut bytes = vec![0u8; n];
+            mem.read_at(at, &mut bytes);
+            let mut r = Records { bytes, at: wire::META_ANSWER_HEADER_BYTES as usize };
+            paths
+                .iter()
+                .map(|path| {
+                    let op = format!("lookup {path}");
+                    let code = r.u32(&op)?;
+                    let len = r.u32(&op)? as usize;
+                    let attr = r.attr(&op)?;
+                    let message = r.text(&op, len)?;
+                    r.pad();
+                    Ok(match code {
+                        0 => attr_of(&op, &attr),
+                        code => Err(Error::Agent { op, code: tonic::Code::from_i32(code as i32), message }),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    async fn lookup_grpc(&self, paths: &[String]) -> Result<Vec<Result<Attr>>> {
         let mut out = Vec::with_capacity(paths.len());
         let per_call = (self.limits.max_lookup_paths as usize).max(1);
         for chunk in paths.chunks(per_call) {
@@ -500,6 +630,41 @@ impl Client {
         mut each: impl FnMut(Vec<DirEntry>) -> Result<()>,
     ) -> Result<()> {
         let op = format!("readdir {path}");
+        if let Some(dp) = self.ring() {
+            let mut anchor = anchor.unwrap_or_default().to_owned();
+            loop {
+                let call = MetaCall {
+                    opcode: MetaOpcode::Readdir,
+                    flags: 0,
+                    handle: 0,
+                    strings: &[path, &anchor],
+                    arg: batch_size,
+                };
+                let (entries, next) = dp.metadata(&op, &call, None, |mem, at, n| {
+                    let header = meta_header(&op, mem, at, n)?;
+                    let mut bytes = vec![0u8; n];
+                    mem.read_at(at, &mut bytes);
+                    let mut r = Records { bytes, at: wire::META_ANSWER_HEADER_BYTES as usize };
+                    let mut entries = Vec::with_capacity(header.count.min(1 << 16) as usize);
+                    for _ in 0..header.count {
+                        let len = r.u16(&op)?;
+                        r.take(&op, 6)?;
+                        let attr = attr_of(&op, &r.attr(&op)?)?;
+                        let name = r.text(&op, len)?;
+                        r.pad();
+                        entries.push(DirEntry { name, attr });
+                    }
+                    let len = r.u16(&op)?;
+                    let next = r.text(&op, len)?;
+                    Ok((entries, header.more.then_some(next)))
+                })?;
+                each(entries)?;
+                match next {
+                    Some(next) => anchor = next,
+                    None => return Ok(()),
+                }
+            }
+        }
         let mut stream = self
             .ns()
             .readdir(pb::ReaddirRequest {
@@ -540,6 +705,10 @@ impl Client {
     /// Open an existing file.
     pub async fn open(&self, path: &str, access: Access) -> Result<File> {
         let op = format!("open {path}");
+        if self.ring().is_some() {
+            let flags = if access == Access::ReadWrite { wire::META_WRITE } else { 0 };
+            return self.open_ring(&op, path, MetaOpcode::Open, flags, 0);
+        }
         let r = self
             .ns()
             .open(pb::OpenRequest {
@@ -560,6 +729,10 @@ impl Client {
     /// for writing.
     pub async fn create(&self, path: &str, exclusive: bool) -> Result<File> {
         let op = format!("create {path}");
+        if self.ring().is_some() {
+            let flags = if exclusive { wire::META_EXCLUSIVE } else { 0 };
+            return self.open_ring(&op, path, MetaOpcode::Create, flags, 0);
+        }
         let r = self
             .ns()
             .create(pb::CreateRequest {
@@ -571,6 +744,60 @@ impl Client {
             .await
             .map_err(|s| Error::from_status(&op, s))?;
         self.file(&op, path, r.into_inner())
+    }
+
+    /// Open or create over the ring: the handle is an ordinary session handle.
+    fn open_ring(&self, op: &str, path: &str, opcode: MetaOpcode, flags: u16, mode: u32) -> Result<File> {
+        let dp = self.data()?;
+        let call = MetaCall { opcode, flags, handle: 0, strings: &[path], arg: mode };
+        let header = dp.metadata(op, &call, None, |mem, at, n| meta_header(op, mem, at, n))?;
+        Ok(File {
+            inner: self.inner.clone(),
+            handle: header.handle,
+            path: path.to_owned(),
+            attr: attr_of(op, &header.attr)?,
+            chunk_bytes: header.chunk_bytes,
+        })
+    }
+
+    /// The whole file at `path` in one submission where it fits the ring's answer
+    /// area (512 KiB): the agent opens it, reads it into this process's memory and
+    /// closes it. A larger file goes on with an open, reads and a close. Blocking on
+    /// the ring; without a data plane this fails like any data-plane call.
+    pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        let op = format!("read {path}");
+        let dp = self.data()?;
+        let call = MetaCall { opcode: MetaOpcode::OpenRead, flags: 0, handle: 0, strings: &[path], arg: 0 };
+        let (attr, mut data) = dp.metadata(&op, &call, None, |mem, at, n| {
+            let header = meta_header(&op, mem, at, n)?;
+            let start = wire::META_ANSWER_HEADER_BYTES as usize;
+            let mut data = vec![0u8; header.count.min((n - start) as u64) as usize];
+            mem.read_at(at + start, &mut data);
+            Ok((attr_of(&op, &header.attr)?, data))
+        })?;
+        if (data.len() as u64) < attr.size && data.len() == dataplane::META_ANSWER_BYTES - 64 {
+            // Longer than the answer area: read the rest through a handle.
+            let file = self.open_ring(&format!("open {path}"), path, MetaOpcode::Open, 0, 0)?;
+            let rest = file.read_rest(dp, &mut data, attr.size);
+            let closed = file.close_blocking();
+            rest?;
+            closed?;
+        }
+        Ok(data)
+    }
+
+    /// A training sample in one submission: the agent opens `path`, reads it into
+    /// `region` at `offset + 64` (up to `length - 64` bytes) and closes it, and writes
+    /// the file's attributes before it (a 64-byte header). Returns the attributes and
+    /// the bytes read, which start at `offset + 64`. No byte passes through this
+    /// process's CPU. Blocking.
+    pub fn read_sample(&self, path: &str, region: &RegisteredRegion, offset: u64, length: u32) -> Result<(Attr, u64)> {
+        let op = format!("read {path}");
+        let call = MetaCall { opcode: MetaOpcode::OpenRead, flags: 0, handle: 0, strings: &[path], arg: 0 };
+        self.data()?.metadata(&op, &call, Some((region, offset, length)), |mem, at, n| {
+            let header = meta_header(&op, mem, at, n)?;
+            Ok((attr_of(&op, &header.attr)?, header.count))
+        })
     }
 
     fn file(&self, op: &str, path: &str, r: pb::OpenResponse) -> Result<File> {
@@ -703,9 +930,13 @@ impl File {
         self.chunk_bytes
     }
 
-    /// Current attributes.
+    /// Current attributes (over the ring when the session has a data plane).
     pub async fn stat(&self) -> Result<Attr> {
         let op = format!("stat {}", self.path);
+        if let Some(dp) = &self.inner.data {
+            let call = MetaCall { opcode: MetaOpcode::StatHandle, flags: 0, handle: self.handle, strings: &[], arg: 0 };
+            return dp.metadata(&op, &call, None, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
+        }
         let r = self
             .inner
             .namespace
@@ -797,8 +1028,29 @@ impl File {
         self.one("write", self.write_request(region, 0, length, file_offset))
     }
 
-    /// Close the handle; a written file is durable once this returns.
+    /// Read from `data.len()` up to `size` bytes into `data` (the rest of a file
+    /// larger than one open-read answer).
+    fn read_rest(&self, dp: &Arc<DataPlane>, data: &mut Vec<u8>, size: u64) -> Result<()> {
+        dp.read_through_ring(&format!("read {}", self.path), self.handle, data, size)
+    }
+
+    fn close_blocking(self) -> Result<()> {
+        let op = format!("close {}", self.path);
+        let dp = self
+            .inner
+            .data
+            .as_ref()
+            .ok_or_else(|| Error::DataPlane { op: op.clone(), reason: "no data plane".into() })?;
+        let call = MetaCall { opcode: MetaOpcode::Close, flags: 0, handle: self.handle, strings: &[], arg: 0 };
+        dp.metadata(&op, &call, None, |_, _, _| Ok(()))
+    }
+
+    /// Close the handle; a written file is durable once this returns (over the ring
+    /// when the session has a data plane).
     pub async fn close(self) -> Result<()> {
+        if self.inner.data.is_some() {
+            return self.close_blocking();
+        }
         self.inner
             .namespace
             .clone()

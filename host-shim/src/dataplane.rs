@@ -21,7 +21,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use dpuio_proto::v1 as pb;
-use dpuio_proto::wire::{self, Completion, Opcode, Submission};
+use dpuio_proto::wire::{self, Completion, MetaOpcode, MetaSubmission, Opcode, Submission};
 use fabric::any::{self, Spec};
 use fabric::transport::{Endpoint as _, Region as _};
 use fabric::{FabricConfig, ProgressThread, Transport};
@@ -127,6 +127,26 @@ const SPIN_POLLS: u32 = 32;
 /// steps growing from 5 us up to 5 << this (160 us): longer steps saved little CPU
 /// and added up to a step of latency to every request.
 const MAX_SLEEP_SHIFT: u32 = 5;
+
+/// Bytes of each ring's metadata request area (the paths of one entry), after the ring.
+pub(crate) const META_REQUEST_BYTES: usize = 64 * 1024;
+/// Bytes of each ring's metadata answer area: a header, and an open-read's file bytes
+/// (a whole 128 KiB training sample and more), a lookup's records or a listing batch.
+pub(crate) const META_ANSWER_BYTES: usize = 512 * 1024;
+
+/// Where a ring's metadata areas start in its region (page-aligned, after the ring).
+const fn meta_request_offset(entries: u32) -> usize {
+    (wire::ring_bytes(entries) + 4095) & !4095
+}
+
+/// A metadata entry to run ([`DataPlane::metadata`]).
+pub(crate) struct MetaCall<'a> {
+    pub opcode: MetaOpcode,
+    pub flags: u16,
+    pub handle: u64,
+    pub strings: &'a [&'a str],
+    pub arg: u32,
+}
 
 /// What the data plane cost this process so far.
 #[derive(Debug, Clone, Copy, Default)]
@@ -389,7 +409,9 @@ impl DataPlane {
 
     async fn new_ring(&self) -> Result<Ring> {
         let entries = self.options.ring_entries;
-        let mut region = self.register(wire::ring_bytes(entries), pb::RegionAccess::ReadWrite).await?;
+        // The ring, then its metadata areas: one registration serves both.
+        let bytes = meta_request_offset(entries) + META_REQUEST_BYTES + META_ANSWER_BYTES;
+        let mut region = self.register(bytes, pb::RegionAccess::ReadWrite).await?;
         region.region.write_at(0, &wire::RingHeader { entries }.encode());
         let r = self
             .memory
@@ -465,6 +487,115 @@ impl DataPlane {
             done.extend(batch.wait(1, self.options.timeout)?);
         }
         Ok(done)
+    }
+
+    /// Run one metadata entry on a ring of its own and wait for it. Its strings go
+    /// into the ring's request area; the answer lands in the ring's answer area, or in
+    /// `to` (a region, an offset and a length) when given. `parse` reads a successful
+    /// answer (memory, offset, bytes written) while the ring is held. A refusal by the
+    /// namespace is the same [`Error::Agent`] the gRPC call gives. Blocking (a round
+    /// trip of microseconds on shared memory).
+    pub(crate) fn metadata<T>(
+        self: &std::sync::Arc<Self>,
+        op: &str,
+        call: &MetaCall<'_>,
+        to: Option<(&RegisteredRegion, u64, u32)>,
+        parse: impl FnOnce(&fabric::SharedMemory, usize, usize) -> Result<T>,
+    ) -> Result<T> {
+        let request =
+            wire::encode_strings(call.strings).filter(|r| r.len() <= META_REQUEST_BYTES).ok_or_else(|| {
+                Error::DataPlane {
+                    op: op.to_owned(),
+                    reason: format!("the request's paths exceed {META_REQUEST_BYTES} bytes (or one exceeds 65535)"),
+                }
+            })?;
+        let mut batch = self.batch();
+        let ring = batch.ring();
+        let request_at = meta_request_offset(ring.entries);
+        ring.region.region.write_at(request_at, &request);
+        let (answer_region, answer_offset, answer_length) = match to {
+            Some((r, offset, length)) => (r.id, offset, length),
+            None => (ring.region.id, (request_at + META_REQUEST_BYTES) as u64, META_ANSWER_BYTES as u32),
+        };
+        let has_request = !request.is_empty();
+        let entry = MetaSubmission {
+            opcode: call.opcode,
+            flags: call.flags,
+            user_data: 0,
+            handle: call.handle,
+            request_region: if has_request { ring.region.id } else { 0 },
+            answer_region,
+            request_offset: if has_request { request_at as u64 } else { 0 },
+            answer_offset,
+            request_length: request.len() as u32,
+            answer_length,
+            arg: call.arg,
+        };
+        batch.push_raw_entry(&entry.encode())?;
+        batch.submit()?;
+        let done = batch.wait(1, self.options.timeout)?;
+        let result =
+            done.first().ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "no completion".into() })?.result;
+        let mem = match to {
+            Some((r, ..)) => r.memory(),
+            None => batch.ring().mem(),
+        };
+        let at = answer_offset as usize;
+        match result {
+            Ok(n) if n <= u64::from(answer_length) => parse(mem, at, n as usize),
+            Ok(n) => Err(Error::Protocol { op: op.to_owned(), reason: format!("an answer of {n} bytes") }),
+            Err(wire::Status::Refused) => {
+                let mut head = [0u8; 8];
+                mem.read_at(at, &mut head);
+                let len = (u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize)
+                    .min(answer_length as usize - head.len());
+                let mut record = vec![0u8; 8 + len];
+                mem.read_at(at, &mut record);
+                let e = wire::MetaError::decode(&record)
+                    .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "a malformed error record".into() })?;
+                Err(Error::Agent { op: op.to_owned(), code: tonic::Code::from_i32(e.code as i32), message: e.message })
+            }
+            Err(status) => Err(Error::Io { op: op.to_owned(), status }),
+        }
+    }
+
+    /// Read `handle` from `data.len()` up to `size` bytes (or its end) into `data`,
+    /// through the ring's answer area. Blocking.
+    pub(crate) fn read_through_ring(
+        self: &std::sync::Arc<Self>,
+        op: &str,
+        handle: u64,
+        data: &mut Vec<u8>,
+        size: u64,
+    ) -> Result<()> {
+        let mut batch = self.batch();
+        while (data.len() as u64) < size {
+            let ring = batch.ring();
+            let at = meta_request_offset(ring.entries) + META_REQUEST_BYTES;
+            let request = Request {
+                opcode: Opcode::Read,
+                handle,
+                region_id: ring.region.id,
+                region_offset: at as u64,
+                file_offset: data.len() as u64,
+                length: (size - data.len() as u64).min(META_ANSWER_BYTES as u64),
+                sync: false,
+                user_data: 0,
+            };
+            batch.push(&request)?;
+            batch.submit()?;
+            let done = batch.wait(1, self.options.timeout)?;
+            let d =
+                done.first().ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "no completion".into() })?;
+            let n = d.result.map_err(|status| Error::Io { op: op.to_owned(), status })? as usize;
+            if n == 0 {
+                break; // the file shrank
+            }
+            let start = data.len();
+            data.resize(start + n.min(META_ANSWER_BYTES), 0);
+            batch.ring().mem().read_at(at, &mut data[start..]);
+        }
+        Ok(())
     }
 
     pub(crate) fn stats(&self) -> DataPlaneStats {
