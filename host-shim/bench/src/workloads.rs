@@ -490,6 +490,20 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
             step().map_err(|e| bench_error(format!("posix metadata {op}: {e}")))?;
             out.push(meter.finish(&format!("metadata-{op}"), "posix", files as u64, 0));
         }
+        // Small-file samples: open + read + close of a whole 128 KiB file each.
+        let data = sample_bytes();
+        let samples: Vec<PathBuf> = (0..sample_count(files)).map(|i| dir.join(format!("s{i:05}"))).collect();
+        for n in &samples {
+            std::fs::write(n, &data).map_err(bench_error)?;
+        }
+        let meter = Meter::start(setup);
+        for n in &samples {
+            let got = std::fs::read(n).map_err(|e| bench_error(format!("posix sample read: {e}")))?;
+            std::hint::black_box(&got);
+        }
+        let ops = samples.len() as u64;
+        out.push(meter.finish(SAMPLE_WORKLOAD, "posix", ops, ops * SAMPLE_BYTES as u64));
+        let _ = std::fs::remove_dir_all(&dir);
         bar.finish_and_clear();
     }
     if let Some(dfs) = &setup.dfs {
@@ -530,9 +544,43 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
             }
             out.push(meter.finish(&format!("metadata-{op}"), name, files as u64, 0));
         }
+        // Small-file samples: one open-read submission each, into a registered region
+        // (no byte through this process's CPU).
+        let mut region = client.register_region(SAMPLE_BYTES + 4096, dpuio_shim::RegionAccess::ReadWrite).await?;
+        region.memory_mut().write_at(0, &sample_bytes());
+        let samples: Vec<String> = (0..sample_count(files)).map(|i| format!("{dir}/s{i:05}")).collect();
+        for n in &samples {
+            let f = client.create(n, true).await?;
+            f.write_at(&region, SAMPLE_BYTES as u64, 0)?;
+            f.close().await?;
+        }
+        let meter = Meter::start(setup);
+        for n in &samples {
+            let (_, read) = client.read_sample(n, &region, 0, (SAMPLE_BYTES + 4096) as u32)?;
+            if read != SAMPLE_BYTES as u64 {
+                return Err(bench_error(format!("sample {n}: read {read} of {SAMPLE_BYTES} bytes")));
+            }
+        }
+        let ops = samples.len() as u64;
+        out.push(meter.finish(SAMPLE_WORKLOAD, name, ops, ops * SAMPLE_BYTES as u64));
+        let _ = client.remove(&dir, true).await;
+        client.deregister_region(region).await?;
         bar.finish_and_clear();
     }
     Ok(out)
+}
+
+/// The small-file sample row of the metadata workload: a whole 128 KiB file opened,
+/// read and closed per operation (a training sample).
+const SAMPLE_WORKLOAD: &str = "metadata-sample128k";
+const SAMPLE_BYTES: usize = 128 * 1024;
+
+fn sample_count(files: usize) -> usize {
+    files.clamp(1, 1000)
+}
+
+fn sample_bytes() -> Vec<u8> {
+    (0..SAMPLE_BYTES).map(|i| (i * 7 + 3) as u8).collect()
 }
 
 /// BENCH_DIR in the container, through libdfs.
@@ -973,7 +1021,7 @@ fn report(totals: &[Figures], args: &BenchArgs) {
             let base = baseline(totals, t);
             let bytes = t.bytes > 0;
             println!(
-                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"threads\":{},\"gib_per_s\":{},\"iops\":{:.0},\"p50_us\":{},\"p99_us\":{},\"host_cpu_s_per_gib\":{},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"au\":{},\"accelerators\":{},\"seconds\":{:.2}}}",
+                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"threads\":{},\"gib_per_s\":{},\"iops\":{:.0},\"p50_us\":{},\"p99_us\":{},\"host_cpu_s_per_gib\":{},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"host_cpu_us_per_op\":{:.2},\"au\":{},\"accelerators\":{},\"seconds\":{:.2}}}",
                 t.workload,
                 t.path,
                 t.block_bytes,
@@ -987,6 +1035,7 @@ fn report(totals: &[Figures], args: &BenchArgs) {
                 opt(t.agent_cpu_s_per_gib().filter(|_| bytes), 5),
                 opt(base.map(|p| rate(t) / rate(p)), 3),
                 opt(base.filter(|_| bytes).map(|p| t.host_cpu_s_per_gib() / p.host_cpu_s_per_gib()), 4),
+                t.host_cpu.as_secs_f64() * 1e6 / t.ops.max(1) as f64,
                 opt(t.au, 3),
                 t.accelerators.map_or("null".into(), |a| a.to_string()),
                 t.wall.as_secs_f64(),
