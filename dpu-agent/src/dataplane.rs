@@ -163,6 +163,15 @@ impl HostRing {
     pub fn region_id(&self) -> u32 {
         self.region.id
     }
+
+    /// Tell a host waiting on this ring that it is no longer served (its session
+    /// ended), where the ring is mapped (see `wire::RING_CLOSED_OFFSET`).
+    pub fn mark_closed(&self) {
+        if let Some(m) = &self.region.mapped {
+            m.store_u32_release(self.offset as usize + wire::RING_CLOSED_OFFSET, 1);
+            wake_waiters(self);
+        }
+    }
 }
 
 /// The agent's data plane: one worker per provider and transport it offers (UCX, and

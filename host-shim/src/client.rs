@@ -444,7 +444,7 @@ impl Client {
             }
             None => None,
         };
-        let keepalive = tokio::spawn(keep_alive(session.clone(), session_id, attached.lease_ms));
+        let keepalive = tokio::spawn(keep_alive(session.clone(), session_id, attached.lease_ms, data.clone()));
         Ok(Client {
             inner: Arc::new(Inner { session_id, session, namespace, keepalive, data }),
             tenant: attached.tenant,
@@ -498,8 +498,9 @@ impl Client {
     }
 
     /// The data plane, when this session has one: metadata then goes over the ring.
+    /// (Not once the session is known to have ended: gRPC then says why.)
     fn ring(&self) -> Option<&Arc<DataPlane>> {
-        self.inner.data.as_ref()
+        self.inner.data.as_ref().filter(|d| !d.is_ended())
     }
 
     /// Attributes of a path (over the ring when the session has a data plane).
@@ -507,7 +508,10 @@ impl Client {
         let op = format!("stat {path}");
         if let Some(dp) = self.ring() {
             let call = MetaCall { opcode: MetaOpcode::Stat, flags: 0, handle: 0, strings: &[path], arg: 0 };
-            return dp.metadata(&op, &call, None, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
+            let r = dp.metadata(&op, &call, None, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
+            if r.is_ok() || !dp.is_ended() {
+                return r;
+            } // the session ended while waiting: gRPC says why
         }
         let r = self
             .ns()
@@ -1061,15 +1065,21 @@ impl File {
     }
 }
 
-async fn keep_alive(mut session: SessionClient<Channel>, session_id: u64, lease_ms: u64) {
+async fn keep_alive(mut session: SessionClient<Channel>, session_id: u64, lease_ms: u64, data: Option<Arc<DataPlane>>) {
     // Renew at a third of the lease so one lost renewal does not end the session.
     let period = Duration::from_millis((lease_ms / 3).max(100));
     loop {
         tokio::time::sleep(period).await;
         if let Err(status) = session.keep_alive(pb::KeepAliveRequest { session_id }).await
-            && status.code() == tonic::Code::FailedPrecondition
+            && matches!(status.code(), tonic::Code::FailedPrecondition | tonic::Code::Unauthenticated)
         {
-            return; // the session is gone; calls will say so
+            // The session is gone (detached, lease lapsed, tenant removed): the agent
+            // no longer serves its rings, so ring calls waiting now say why instead
+            // of waiting out their timeout; gRPC calls say so themselves.
+            if let Some(data) = data {
+                data.session_ended(status);
+            }
+            return;
         }
     }
 }

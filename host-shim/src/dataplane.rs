@@ -276,6 +276,8 @@ pub(crate) struct DataPlane {
     rings: Mutex<Vec<Ring>>,
     ring_freed: Condvar,
     options: DataPlaneOptions,
+    /// Set when the keep-alive learns the session is gone: why (the agent's answer).
+    ended: Mutex<Option<tonic::Status>>,
 }
 
 /// The host's transport before Attach: its worker address goes into the request.
@@ -341,6 +343,7 @@ impl Prepared {
             rings: Mutex::new(Vec::new()),
             ring_freed: Condvar::new(),
             options: self.options,
+            ended: Mutex::new(None),
         };
         for _ in 0..dp.options.rings {
             let ring = dp.new_ring().await?;
@@ -475,6 +478,9 @@ impl DataPlane {
     /// Submit `requests` (any number: they go in ring-sized waves) and wait for all of
     /// them. Blocking; never call from an async task (use `spawn_blocking`).
     pub(crate) fn run(self: &std::sync::Arc<Self>, requests: &[Request]) -> Result<Vec<Done>> {
+        if let Some(status) = self.ended() {
+            return Err(Error::from_status("submit", status));
+        }
         let mut batch = self.batch();
         let mut done = Vec::with_capacity(requests.len());
         let mut next = 0;
@@ -509,6 +515,9 @@ impl DataPlane {
                     reason: format!("the request's paths exceed {META_REQUEST_BYTES} bytes (or one exceeds 65535)"),
                 }
             })?;
+        if let Some(status) = self.ended() {
+            return Err(Error::from_status(op, status)); // before taking a ring it would lose
+        }
         let mut batch = self.batch();
         let ring = batch.ring();
         let request_at = meta_request_offset(ring.entries);
@@ -596,6 +605,20 @@ impl DataPlane {
             batch.ring().mem().read_at(at, &mut data[start..]);
         }
         Ok(())
+    }
+
+    /// The session ended on the agent (`status` says why): waits on its rings stop.
+    pub(crate) fn session_ended(&self, status: tonic::Status) {
+        *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+    }
+
+    /// Whether the session is known to have ended on the agent.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended().is_some()
+    }
+
+    fn ended(&self) -> Option<tonic::Status> {
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub(crate) fn stats(&self) -> DataPlaneStats {
@@ -733,6 +756,17 @@ impl Batch {
                 std::hint::spin_loop();
                 continue;
             }
+            if let Some(status) = self.dp.ended() {
+                return Err(Error::from_status("wait for completions", status));
+            }
+            if self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET) != 0 {
+                // The session ended on the agent; gRPC calls now say why.
+                self.dp.session_ended(tonic::Status::failed_precondition("the session ended"));
+                return Err(Error::DataPlane {
+                    op: "wait for completions".into(),
+                    reason: "the agent no longer serves this session's rings (the session ended)".into(),
+                });
+            }
             if Instant::now() > deadline {
                 return Err(Error::DataPlane {
                     op: "wait for completions".into(),
@@ -760,6 +794,11 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
+        if self.dp.ended().is_some() {
+            // The agent no longer serves this session's rings: nothing will complete.
+            let _ = self.ring.take().map(std::mem::forget);
+            return;
+        }
         let submitted = self.in_flight() - self.staged as usize;
         if submitted > 0 && self.wait(submitted, self.dp.options.timeout).is_err() {
             // The agent may still write into this ring: never hand it out again.

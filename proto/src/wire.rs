@@ -46,6 +46,10 @@ pub const AGENT_WAKES_OFFSET: usize = 136;
 /// between publishing `sq_tail` and reading this word, the agent between clearing it
 /// and its last look at `sq_tail`, so a submission is never left unseen.
 pub const AGENT_POLLING_OFFSET: usize = 140;
+/// Agent-owned u32 (in the `sq_head` line): non-zero once the agent no longer serves
+/// this ring (its session ended: detached, lease lapsed, tenant removed), so a host
+/// waiting on it stops (shared memory only; elsewhere the host's keep-alive learns it).
+pub const RING_CLOSED_OFFSET: usize = 144;
 /// Host-owned (in the `cq_head` line): non-zero while a host thread sleeps on
 /// [`CQ_FUTEX_OFFSET`] waiting for completions.
 pub const CQ_WAITERS_OFFSET: usize = 264;

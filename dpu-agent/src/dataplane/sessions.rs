@@ -212,8 +212,11 @@ impl Session {
 
     /// Empty every table (the session ends): the written handles are synced.
     pub fn close_all(&self) -> Result<()> {
-        // Rings and regions first, so the engine stops touching this host's memory.
-        lock(&self.rings).clear();
+        // Rings and regions first, so the engine stops touching this host's memory;
+        // a host thread waiting on a ring learns it will not be answered.
+        for ring in lock(&self.rings).drain().map(|(_, r)| r) {
+            ring.mark_closed();
+        }
         lock(&self.regions).clear();
         lock(&self.peer).take();
         let handles: Vec<Arc<Handle>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
