@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dpuio_backend::Backend;
 use dpuio_backend::local::LocalBackend;
@@ -64,7 +64,13 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
             fabric::config::check_interface(name).map_err(ServeError::Interface)?;
         }
         let dp = Arc::new(DataPlane::open(&data_plane.lanes()).map_err(ServeError::DataPlane)?);
-        dp.start(agent.clone(), chunk_bytes as usize, data_plane.io_threads as usize).map_err(ServeError::DataPlane)?;
+        dp.start(
+            agent.clone(),
+            chunk_bytes as usize,
+            data_plane.io_threads as usize,
+            Duration::from_micros(data_plane.idle_poll_us.into()),
+        )
+        .map_err(ServeError::DataPlane)?;
         tracing::info!(transport = %dp.describe(), "data plane up");
         agent.set_dataplane(dp);
     }

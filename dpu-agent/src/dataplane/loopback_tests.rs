@@ -95,7 +95,7 @@ impl Rig {
     }
 
     fn start(&self, chunk_bytes: usize, io_threads: usize) {
-        self.dp.start(self.agent.clone(), chunk_bytes, io_threads).unwrap();
+        self.dp.start(self.agent.clone(), chunk_bytes, io_threads, Duration::from_micros(50)).unwrap();
     }
 
     /// A file holding `bytes`, opened for reading and writing.
