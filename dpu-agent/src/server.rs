@@ -228,7 +228,7 @@ fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::
 
 fn shutdown_signal(agent: Arc<Agent>) -> Result<impl std::future::Future<Output = ()>, ServeError> {
     use tokio::signal::unix::{SignalKind, signal};
-    fabric::restore_default_termination_signals();
+    fabric::drop_load_time_signal_handlers();
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
     Ok(async move {

@@ -333,6 +333,9 @@ fn attr_from(op: &str, a: Option<pb::Attr>) -> Result<Attr> {
 impl Client {
     /// Connect, attach and mount the tenant's container.
     pub async fn connect(options: ConnectOptions) -> Result<Client> {
+        // A process linking the data plane carries libfabric's dependencies' load-time
+        // handlers (SIGTERM and crashes exit 1): this host process ends as signalled.
+        fabric::drop_load_time_signal_handlers();
         let channel = connect_channel(&options.agent, &options.tls, options.connect_timeout).await?;
         let mut session = SessionClient::new(channel.clone());
         let mut namespace = NamespaceClient::new(channel.clone());
