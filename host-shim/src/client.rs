@@ -300,7 +300,40 @@ fn connect_error(address: &str, source: &tonic::transport::Error) -> Error {
             ),
         };
     }
+    if reason.contains("InvalidContentType") || reason.contains("corrupt message") {
+        return Error::Tls {
+            reason: format!(
+                "the agent at {address} does not speak TLS ({reason}): an agent with [tls] mode = \"off\" is reached \
+                 with http://{address}"
+            ),
+        };
+    }
     Error::Connect { address: address.to_owned(), reason }
+}
+
+/// Why Attach, the first call on a channel, failed. A plaintext client (`http://`)
+/// reaching an agent that serves mutual TLS gets only "operation was canceled", "h2
+/// protocol error" or "transport error" from tonic (which one depends on timing): the
+/// agent drops the connection at the HTTP/2 preface, before any answer.
+fn attach_error(address: &str, status: tonic::Status) -> Error {
+    let dropped = matches!(
+        status.code(),
+        tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Internal
+    ) && ["transport error", "h2 protocol error", "operation was canceled"]
+        .iter()
+        .any(|m| status.message().contains(m));
+    if dropped && address.starts_with("http://") {
+        return Error::Connect {
+            address: address.to_owned(),
+            reason: format!(
+                "the agent closed the connection without an answer ({}); it most likely serves mutual TLS: \
+                 connect to HOST:PORT without http:// with a client bundle (--cert/--key/--ca, or \
+                 DPUIO_CONFIG_DIR); http:// is for agents with [tls] mode = \"off\"",
+                status.message()
+            ),
+        };
+    }
+    Error::from_status("attach", status)
 }
 
 /// An error and its sources on one line: tonic's transport errors say little at the top.
@@ -371,7 +404,7 @@ impl Client {
                 {
                     continue;
                 }
-                Err(s) => return Err(Error::from_status("attach", s)),
+                Err(s) => return Err(attach_error(&options.agent, s)),
             }
         };
         let session_id = attached.session_id;

@@ -148,3 +148,26 @@ fn plaintext_beyond_loopback_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a loopback address") && err.contains("mode = \"mtls\""), "{err}");
 }
+
+/// A client speaking the other protocol than the agent hears why, and what to change:
+/// plaintext (`http://`) against mutual TLS, and TLS against a plaintext agent.
+#[test]
+fn plaintext_and_tls_mismatches_say_what_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls_agent = AgentProcess::start(&dir.path().join("tls"), &[]);
+    assert!(!tls_agent.plaintext);
+    let out = tls_agent.cli(&["--agent", &format!("http://{}", tls_agent.addr), "ls", "/"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mutual TLS") && err.contains("without http://"), "{err}");
+
+    let config = dir.path().join("plain.toml");
+    std::fs::write(&config, "[tls]\nmode = \"off\"\n").unwrap();
+    let plain_agent = AgentProcess::start(&dir.path().join("plain"), &["--config", config.to_str().unwrap()]);
+    assert!(plain_agent.plaintext);
+    // The TLS agent's bundle, presented to the plaintext one.
+    let out = tls_agent.cli(&["--agent", &plain_agent.addr, "ls", "/"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not speak TLS") && err.contains("http://"), "{err}");
+}
