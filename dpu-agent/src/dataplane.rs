@@ -251,6 +251,17 @@ impl DataPlane {
             .join("; ")
     }
 
+    /// One line for the start-up log: per worker, what it offers and its address
+    /// length, e.g. `ucx (address 179 bytes), ofi (shm) (address 37 bytes)`;
+    /// [`DataPlane::describe`] has the transports' own (multi-line) account.
+    pub fn summary(&self) -> String {
+        self.workers
+            .iter()
+            .map(|w| format!("{} (address {} bytes)", offer_name(&w.worker), w.address.len()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// What this agent offers, as `provider` or `provider (libfabric provider)`.
     pub fn offers(&self) -> String {
         self.workers.iter().map(|w| offer_name(&w.worker)).collect::<Vec<_>>().join(", ")

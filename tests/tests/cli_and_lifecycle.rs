@@ -30,6 +30,28 @@ fn cli_mkdir_then_ls() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("INVALID_ARGUMENT"));
 }
 
+/// `dpuio ls -l | head`: a reader that goes away is no error worth a word (and no
+/// panic): the commands printing to stdout stop quietly with 141, as coreutils do.
+#[test]
+fn cli_output_into_a_closed_pipe_is_quiet() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(dir.path(), &[]);
+    for i in 0..50 {
+        agent.seed_file(&format!("/f{i:03}"), b"x");
+    }
+    agent.seed_file("/big", &vec![7u8; 1 << 20]);
+    for args in [&["ls", "-l", "/"][..], &["ls", "/"], &["stat", "/f000", "/f001"], &["cat", "/big"], &["delegate"]] {
+        let mut child =
+            agent.command("dpuio").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take()); // closed before the first line is printed
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+}
+
 /// What the CLI says when the agent is not there, the client bundle is not usable, or
 /// both. Reachability comes first (the same rule as the library, the C ABI and Python):
 /// with no agent the error is "cannot reach the agent" and names the bundle problem too;

@@ -91,6 +91,7 @@ impl Rig {
         let worker = LoopbackWorker::new(PeerAccess::PutGet).unwrap();
         let dp = Arc::new(DataPlane::with_workers(vec![any::Worker::LoopbackForTests(worker)]).unwrap());
         assert!(dp.describe().starts_with("loopback [loopback test double"), "{}", dp.describe());
+        assert!(dp.summary().starts_with("loopback (address ") && !dp.summary().contains('\n'), "{}", dp.summary());
         Rig { agent, dp, container, _dir: dir }
     }
 

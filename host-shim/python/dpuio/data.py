@@ -361,7 +361,7 @@ class CheckpointWriter(io.RawIOBase):
         chunk, n, at = self._chunk, self._fill, self._offset
         self._view.release()
         self._chunk = self._view = None
-        self._in_flight.append((self._pool.submit(self._file.write_from, chunk, n, at), chunk))
+        self._in_flight.append((self._pool.submit(self._file.write_from, chunk, at, length=n), chunk))
         self._offset += n
         self._fill = 0
 
