@@ -27,7 +27,13 @@ import threading
 import weakref
 from collections import OrderedDict, namedtuple
 
-from . import _native
+# libfabric's PSM dependency (libinfinipath) installs handlers for SIGINT, SIGTERM and
+# crashes when it is loaded, which print a backtrace and exit(1): Ctrl-C would be no
+# KeyboardInterrupt and SIGTERM no signal death. It reads this before installing them,
+# and the native module loads it (see docs/dataplane.md, "Signals").
+os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
+
+from . import _native  # noqa: E402 (after the environment above)
 from ._errors import *  # noqa: F401,F403 (the public error classes)
 from ._errors import Closed, InvalidArgument, NotFound, __all__ as _error_names
 from ._native import File, Region

@@ -292,3 +292,26 @@ def test_a_vanished_agent_gives_errors_not_crashes(agent):
     assert c.closed
     with pytest.raises(dpuio.Closed):
         c.stat("/")
+
+
+def test_importing_dpuio_leaves_sigint_and_sigterm_to_the_program():
+    """libfabric's PSM dependency catches SIGINT/SIGTERM at load time and exits 1; the
+    package keeps it from doing so: Ctrl-C is a KeyboardInterrupt, SIGTERM a signal death."""
+    import signal
+    import subprocess
+    import sys
+
+    program = (
+        "import os, signal, time\n"
+        "import dpuio\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT); time.sleep(2)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('KeyboardInterrupt')\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(2)\n"
+        "print('survived SIGTERM')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "IPATH_NO_BACKTRACE"}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout == "KeyboardInterrupt\n", (done.stdout, done.stderr)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr)
