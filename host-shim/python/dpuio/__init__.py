@@ -141,6 +141,22 @@ class _RegionCache:
         return self._free_bytes
 
 
+def _seek_position(current, size, offset, whence):
+    """Where ``seek(offset, whence)`` leads from ``current`` in a file of ``size`` bytes
+    (the arithmetic of every seekable file object here)."""
+    if whence == io.SEEK_SET:
+        pos = offset
+    elif whence == io.SEEK_CUR:
+        pos = current + offset
+    elif whence == io.SEEK_END:
+        pos = size + offset
+    else:
+        raise InvalidArgument(f"invalid whence {whence}")
+    if pos < 0:
+        raise InvalidArgument(f"negative seek position {pos}")
+    return pos
+
+
 class RegionFile(io.RawIOBase):
     """A read-only, seekable file object over bytes in memory, typically a region the
     agent filled: ``numpy.load`` takes it for ``.npy`` and ``.npz`` (a zip archive,
@@ -190,18 +206,8 @@ class RegionFile(io.RawIOBase):
 
     def seek(self, offset, whence=io.SEEK_SET):
         self._check()
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = len(self._view) + offset
-        else:
-            raise ValueError(f"invalid whence {whence}")
-        if pos < 0:
-            raise ValueError(f"negative seek position {pos}")
-        self._pos = pos
-        return pos
+        self._pos = _seek_position(self._pos, len(self._view), offset, whence)
+        return self._pos
 
     def readinto(self, b):
         self._check()
