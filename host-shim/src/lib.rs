@@ -10,6 +10,7 @@
 //! reason).
 #![forbid(unsafe_code)]
 
+pub mod blocking;
 pub mod cli;
 mod client;
 mod dataplane;
