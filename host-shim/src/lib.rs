@@ -15,6 +15,7 @@ pub mod cli;
 mod client;
 mod dataplane;
 mod error;
+pub mod posix;
 
 pub use client::{
     Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool, TlsOptions,
