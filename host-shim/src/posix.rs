@@ -435,6 +435,12 @@ impl Mount {
         }
     }
 
+    /// Rename, failing with `EEXIST` if `to` exists (`RENAME_NOREPLACE`).
+    pub fn rename_noreplace(&self, from: &str, to: &str) -> Result<()> {
+        let client = self.session.client()?;
+        self.call(client.rename(from, to))
+    }
+
     pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
         let client = self.session.client()?;
         self.call(client.truncate(path, size))
