@@ -26,14 +26,17 @@ fn preload_library() -> PathBuf {
 }
 
 /// `program` with the preload library, the mount prefix and this agent's address and
-/// client bundle, and nothing of the user's environment.
+/// client bundle, and nothing of the user's environment. UCX's mmap hooks are off, as
+/// docs/unmodified-apps.md asks of programs that `mmap` dpuio files: UCX rewrites the
+/// `mmap` relocations of loaded objects and would route `mmap` around the library.
 fn preloaded(agent: &AgentProcess, program: &str) -> Command {
     let mut c = Command::new(program);
     hermetic(&mut c, &agent.data_dir.join(".home"));
     c.env("DPUIO_AGENT", agent.url())
         .env("DPUIO_CONFIG_DIR", agent.client_dir())
         .env("LD_PRELOAD", preload_library())
-        .env("DPUIO_MOUNT", MOUNT);
+        .env("DPUIO_MOUNT", MOUNT)
+        .env("UCX_MEM_MMAP_HOOK_MODE", "none");
     c
 }
 
@@ -165,6 +168,34 @@ with open(m + "/out/w.txt") as f:
     assert f.read() == "line\n" * 1000
 os.rename(m + "/out/w.txt", m + "/out/renamed.txt")
 print("size", os.stat(m + "/out/renamed.txt").st_size)
+
+# mmap: a read-only map is the file's bytes; a writable shared one is refused (ENODEV).
+import errno, mmap
+fd = os.open(m + "/ds/a.bin", os.O_RDONLY)
+with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+    print("mmap sha", hashlib.sha256(mm[:]).hexdigest())
+rw = os.open(m + "/ds/b.txt", os.O_RDWR)
+try:
+    mmap.mmap(rw, 0, access=mmap.ACCESS_WRITE)
+    raise AssertionError("writable shared mmap of a dpuio file was allowed")
+except OSError as e:
+    assert e.errno == errno.ENODEV, e
+os.close(rw)
+
+# fork: the child reattaches, reads an inherited descriptor and opens files of its own.
+head = os.pread(fd, 16, 0)
+pid = os.fork()
+if pid == 0:
+    try:
+        ok = os.pread(fd, 16, 0) == head and open(m + "/ds/b.txt").read() == "b\n"
+        os._exit(0 if ok else 3)
+    except BaseException as e:
+        print("child:", e)
+        os._exit(4)
+_, status = os.waitpid(pid, 0)
+print("fork child exit", os.waitstatus_to_exitcode(status))
+print("parent still reads", os.pread(fd, 16, 0) == head)
+os.close(fd)
 "#
     );
     let out = ok(preloaded(&agent, python().to_str().unwrap()).arg("-c").arg(&script));
@@ -177,6 +208,8 @@ print("size", os.stat(m + "/out/renamed.txt").st_size)
     assert!(out.contains("listdir ['a.bin', 'b.txt']"), "{out}");
     assert!(out.contains(&format!("scandir [('a.bin', False, {}), ('b.txt', False, 2)]", data.len())), "{out}");
     assert!(out.contains("size 5000"), "{out}");
+    assert!(out.contains(&format!("mmap sha {want_sha}")), "{out}");
+    assert!(out.contains("fork child exit 0") && out.contains("parent still reads True"), "{out}");
     assert_eq!(get(&agent, &scratch, "/out/renamed.txt"), "line\n".repeat(1000).into_bytes());
 
     // numpy: np.save/np.load by path, and an .npz (a zip read with seeks).
@@ -196,6 +229,8 @@ assert (a == b).all() and b.dtype == np.float32, "npy round trip"
 np.savez(m + "/out/c.npz", x=a[:10], y=np.ones(7))
 z = np.load(m + "/out/c.npz")
 assert (z["x"] == a[:10]).all() and (z["y"] == 1).all(), "npz round trip"
+c = np.load(m + "/out/a.npy", mmap_mode="r")
+assert (c[999] == a[999]).all(), "np.load with mmap_mode"
 print("numpy ok")
 "#
     );
