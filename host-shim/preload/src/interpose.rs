@@ -537,6 +537,86 @@ pub unsafe extern "C" fn preadv64(fd: c_int, iov: *const libc::iovec, count: c_i
     libc_call!(preadv64(fd, iov, count, offset) as fn(c_int, *const libc::iovec, c_int, off_t) -> ssize_t)
 }
 
+/// `preadv2`/`pwritev2` (Python's `os.preadv` uses them): an offset of -1 means the
+/// descriptor's own; the RWF_* hints mean nothing here.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn preadv2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    count: c_int,
+    offset: off_t,
+    flags: c_int,
+) -> ssize_t {
+    if let Some(n) = node(fd) {
+        // SAFETY: the caller's vectors.
+        let v = unsafe { iovecs(iov, count) };
+        return dpuio(|| do_readv(&n, v, (offset >= 0).then_some(offset as u64)));
+    }
+    libc_call!(preadv2(fd, iov, count, offset, flags) as fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwritev2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    count: c_int,
+    offset: off_t,
+    flags: c_int,
+) -> ssize_t {
+    if let Some(n) = node(fd) {
+        // SAFETY: the caller's vectors.
+        let v = unsafe { iovecs(iov, count) };
+        return dpuio(|| do_writev(&n, v, (offset >= 0).then_some(offset as u64)));
+    }
+    libc_call!(pwritev2(fd, iov, count, offset, flags) as fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn preadv64v2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    count: c_int,
+    offset: off_t,
+    flags: c_int,
+) -> ssize_t {
+    if let Some(n) = node(fd) {
+        // SAFETY: the caller's vectors.
+        let v = unsafe { iovecs(iov, count) };
+        return dpuio(|| do_readv(&n, v, (offset >= 0).then_some(offset as u64)));
+    }
+    libc_call!(
+        preadv64v2(fd, iov, count, offset, flags) as fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwritev64v2(
+    fd: c_int,
+    iov: *const libc::iovec,
+    count: c_int,
+    offset: off_t,
+    flags: c_int,
+) -> ssize_t {
+    if let Some(n) = node(fd) {
+        // SAFETY: the caller's vectors.
+        let v = unsafe { iovecs(iov, count) };
+        return dpuio(|| do_writev(&n, v, (offset >= 0).then_some(offset as u64)));
+    }
+    libc_call!(
+        pwritev64v2(fd, iov, count, offset, flags) as fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwritev64(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
+    if let Some(n) = node(fd) {
+        // SAFETY: the caller's vectors.
+        let v = unsafe { iovecs(iov, count) };
+        return dpuio(|| do_writev(&n, v, Some(offset.max(0) as u64)));
+    }
+    libc_call!(pwritev64(fd, iov, count, offset) as fn(c_int, *const libc::iovec, c_int, off_t) -> ssize_t)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
     if let Some(n) = node(fd) {
