@@ -71,11 +71,13 @@ pub unsafe fn dpuio_path(path: *const c_char) -> Option<String> {
     mount_relative(prefix, std::str::from_utf8(bytes).ok()?)
 }
 
+/// The mount of this process, if attached (a forked child may see its parent's).
+static MOUNT: Mutex<Option<&'static Mount>> = Mutex::new(None);
+
 /// The mount of this process, attached on first use and again in a forked child (the
 /// parent's is leaked there: its runtime threads and transport state are the
 /// parent's).
 pub fn mount() -> Result<&'static Mount, PosixError> {
-    static MOUNT: Mutex<Option<&'static Mount>> = Mutex::new(None);
     let mut mount = MOUNT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(m) = *mount
         && !m.is_foreign()
@@ -88,7 +90,29 @@ pub fn mount() -> Result<&'static Mount, PosixError> {
     })?;
     let m: &'static Mount = Box::leak(Box::new(attached));
     *mount = Some(m);
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a function with no preconditions; handlers survive fork, and
+    // the handler itself checks whose mount it finds.
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(detach_at_exit);
+    });
     Ok(m)
+}
+
+/// At exit, end the session now rather than leave it (and its open handles) to the
+/// lease: short-lived programs (`find -exec`, shell loops) would otherwise pile up
+/// sessions at the agent. Written handles are synced by the agent on detach.
+extern "C" fn detach_at_exit() {
+    let mount = MOUNT.try_lock().ok().and_then(|m| *m);
+    if let Some(m) = mount.filter(|m| !m.is_foreign()) {
+        // On a thread of its own: glibc has destroyed this thread's thread-locals
+        // (tokio's runtime context among them) before it runs atexit handlers.
+        let detach =
+            std::thread::Builder::new().name("dpuio-detach".into()).spawn(move || inside(|| m.session().detach()));
+        if let Ok(thread) = detach {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// What a descriptor stands for.
