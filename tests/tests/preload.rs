@@ -161,6 +161,24 @@ with open(m + "/ds/a.bin", "rb") as f:
     print("sha", hashlib.sha256(f.read()).hexdigest())
 print("listdir", sorted(os.listdir(m + "/ds")))
 print("scandir", sorted((e.name, e.is_dir(), e.stat().st_size) for e in os.scandir(m + "/ds")))
+# getdents64 called directly, with a buffer that holds two records at a time.
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+dfd = os.open(m + "/ds", os.O_RDONLY | os.O_DIRECTORY)
+buf = ctypes.create_string_buffer(64)
+names = []
+while True:
+    n = libc.getdents64(dfd, buf, 64)
+    assert n >= 0, os.strerror(ctypes.get_errno())
+    if n == 0:
+        break
+    raw, off = buf.raw[:n], 0
+    while off < n:
+        reclen = struct.unpack_from("H", raw, off + 16)[0]
+        names.append(raw[off + 19:off + reclen].split(b"\0")[0].decode())
+        off += reclen
+os.close(dfd)
+print("getdents64", sorted(names))
 os.mkdir(m + "/out")
 with open(m + "/out/w.txt", "w") as f:
     f.write("line\n" * 1000)
@@ -208,6 +226,7 @@ os.close(fd)
     assert!(out.contains("listdir ['a.bin', 'b.txt']"), "{out}");
     assert!(out.contains(&format!("scandir [('a.bin', False, {}), ('b.txt', False, 2)]", data.len())), "{out}");
     assert!(out.contains("size 5000"), "{out}");
+    assert!(out.contains("getdents64 ['.', '..', 'a.bin', 'b.txt']"), "{out}");
     assert!(out.contains(&format!("mmap sha {want_sha}")), "{out}");
     assert!(out.contains("fork child exit 0") && out.contains("parent still reads True"), "{out}");
     assert_eq!(get(&agent, &scratch, "/out/renamed.txt"), "line\n".repeat(1000).into_bytes());

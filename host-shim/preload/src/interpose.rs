@@ -258,7 +258,8 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if !is_inside() && is_marked(fd) {
         // The agent's handle closes when the last descriptor of it goes (dup).
         let gone = remove(fd);
-        inside(|| drop(gone));
+        let listing = listings().lock().unwrap_or_else(|p| p.into_inner()).remove(&fd);
+        inside(|| drop((gone, listing)));
     }
     libc_call!(close(fd) as fn(c_int) -> c_int)
 }
@@ -673,11 +674,15 @@ pub unsafe extern "C" fn pwritev(fd: c_int, iov: *const libc::iovec, count: c_in
     libc_call!(pwritev(fd, iov, count, offset) as fn(c_int, *const libc::iovec, c_int, off_t) -> ssize_t)
 }
 
-fn do_lseek(n: &Node, offset: off_t, whence: c_int) -> Result<off_t, PosixError> {
+fn do_lseek(fd: c_int, n: &Node, offset: off_t, whence: c_int) -> Result<off_t, PosixError> {
     let f = match n {
         Node::File(f) => f,
-        // Rewinding a directory descriptor (fts does) is harmless; nothing else is kept.
-        Node::Directory { .. } => return Ok(0),
+        // Rewinding a directory descriptor starts its getdents64 listing again.
+        Node::Directory { .. } => {
+            let listing = listings().lock().unwrap_or_else(|p| p.into_inner()).remove(&fd);
+            drop(listing);
+            return Ok(0);
+        }
     };
     let size = || -> Result<i64, PosixError> { Ok(mount()?.fstat(&*f.handle()?)?.size as i64) };
     let current = f.offset.load(Ordering::Acquire) as i64;
@@ -711,7 +716,7 @@ fn do_lseek(n: &Node, offset: off_t, whence: c_int) -> Result<off_t, PosixError>
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lseek(fd: c_int, offset: off_t, whence: c_int) -> off_t {
     if let Some(n) = node(fd) {
-        return dpuio(|| do_lseek(&n, offset, whence));
+        return dpuio(|| do_lseek(fd, &n, offset, whence));
     }
     libc_call!(lseek(fd, offset, whence) as fn(c_int, off_t, c_int) -> off_t)
 }
@@ -719,7 +724,7 @@ pub unsafe extern "C" fn lseek(fd: c_int, offset: off_t, whence: c_int) -> off_t
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn lseek64(fd: c_int, offset: off_t, whence: c_int) -> off_t {
     if let Some(n) = node(fd) {
-        return dpuio(|| do_lseek(&n, offset, whence));
+        return dpuio(|| do_lseek(fd, &n, offset, whence));
     }
     libc_call!(lseek64(fd, offset, whence) as fn(c_int, off_t, c_int) -> off_t)
 }
@@ -1157,6 +1162,8 @@ struct Dir {
     dots: u8,
     entry: libc::dirent64,
     position: i64,
+    /// `entry` holds an entry not yet handed out (it did not fit a `getdents64` buffer).
+    held: bool,
 }
 
 static OPEN_DIRS: AtomicUsize = AtomicUsize::new(0);
@@ -1182,7 +1189,8 @@ fn our_dir<'a>(d: *mut c_void) -> Option<&'a mut Dir> {
 fn new_dir(fd: c_int, path: String) -> *mut c_void {
     // SAFETY: all-zero bytes are a valid dirent64.
     let entry: libc::dirent64 = unsafe { std::mem::zeroed() };
-    let d = Box::into_raw(Box::new(Dir { fd, path, stream: None, dots: 2, entry, position: 0 })).cast::<c_void>();
+    let d = Box::into_raw(Box::new(Dir { fd, path, stream: None, dots: 2, entry, position: 0, held: false }))
+        .cast::<c_void>();
     dirs().lock().unwrap_or_else(|p| p.into_inner()).insert(d as usize);
     OPEN_DIRS.fetch_add(1, Ordering::AcqRel);
     d
@@ -1312,6 +1320,68 @@ pub unsafe extern "C" fn rewinddir(d: *mut c_void) {
         // SAFETY: the caller's stream, to libc's function.
         unsafe { f(d) }
     }
+}
+
+/// Listings of directory descriptors read with `getdents64` rather than a `DIR*`.
+fn listings() -> &'static Mutex<std::collections::HashMap<c_int, Box<Dir>>> {
+    static LISTINGS: OnceLock<Mutex<std::collections::HashMap<c_int, Box<Dir>>>> = OnceLock::new();
+    LISTINGS.get_or_init(|| Mutex::new(std::collections::HashMap::new()))
+}
+
+/// Offset of `d_name` in a kernel `linux_dirent64` record.
+const DIRENT_NAME_OFFSET: usize = 19;
+
+fn do_getdents(fd: c_int, path: &str, out: &mut [u8]) -> Result<isize, PosixError> {
+    let mut listings = listings().lock().unwrap_or_else(|p| p.into_inner());
+    let d = listings.entry(fd).or_insert_with(|| {
+        // SAFETY: all-zero bytes are a valid dirent64.
+        let entry: libc::dirent64 = unsafe { std::mem::zeroed() };
+        Box::new(Dir { fd, path: path.to_owned(), stream: None, dots: 2, entry, position: 0, held: false })
+    });
+    let mut used = 0;
+    loop {
+        if !d.held {
+            if !next_entry(d)? {
+                break;
+            }
+            d.held = true;
+        }
+        let name: Vec<u8> = d.entry.d_name.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+        let reclen = (DIRENT_NAME_OFFSET + name.len() + 1).next_multiple_of(8);
+        if used + reclen > out.len() {
+            if used == 0 {
+                return Err(errno_error(libc::EINVAL, "getdents64: buffer too small for the next entry"));
+            }
+            break;
+        }
+        let record = &mut out[used..used + reclen];
+        record.fill(0);
+        record[0..8].copy_from_slice(&d.entry.d_ino.to_ne_bytes());
+        record[8..16].copy_from_slice(&d.entry.d_off.to_ne_bytes());
+        record[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
+        record[18] = d.entry.d_type;
+        record[DIRENT_NAME_OFFSET..DIRENT_NAME_OFFSET + name.len()].copy_from_slice(&name);
+        used += reclen;
+        d.held = false;
+    }
+    Ok(used as isize)
+}
+
+/// Direct readers of directory descriptors (glibc's own `readdir` uses an internal
+/// call; this is for programs that call `getdents64` themselves).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
+    if let Some(n) = node(fd) {
+        return match &*n {
+            Node::Directory { path, .. } => {
+                // SAFETY: the caller's buffer of `len` bytes.
+                let out = unsafe { buffer(buf, len) };
+                dpuio(|| do_getdents(fd, path, out))
+            }
+            Node::File(_) => fail(libc::ENOTDIR),
+        };
+    }
+    libc_call!(getdents64(fd, buf, len) as fn(c_int, *mut c_void, size_t) -> ssize_t)
 }
 
 // ---- stdio --------------------------------------------------------------------------
