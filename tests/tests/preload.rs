@@ -337,15 +337,8 @@ fn fio_verifies_what_it_wrote_through_the_preload() {
     let dir = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
     ok_stdout(&agent.cli(&["mkdir", "-p", "/fio"]));
-    let common = [
-        "--name=dpuio",
-        "--ioengine=psync",
-        "--size=16m",
-        "--bs=256k",
-        "--verify=crc32c",
-        "--fallocate=none",
-        "--output-format=terse",
-    ];
+    let common =
+        ["--name=dpuio", "--ioengine=psync", "--size=16m", "--bs=256k", "--verify=crc32c", "--output-format=terse"];
     // Write with verification headers, then a separate read-only job that verifies.
     ok(preloaded(&agent, "fio").args(common).arg(format!("--filename={MOUNT}/fio/file")).arg("--rw=write"));
     ok(preloaded(&agent, "fio")

@@ -793,6 +793,69 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, size: off_t) -> c_int {
     libc_call!(truncate64(path, size) as fn(*const c_char, off_t) -> c_int)
 }
 
+/// Reserve space: dpuio allocates on write, so only a size that grows is kept (as
+/// `posix_fallocate` promises); `FALLOC_FL_KEEP_SIZE` is a no-op, other modes (punching
+/// holes, collapsing ranges) are `EOPNOTSUPP`.
+fn do_fallocate(n: &Node, mode: c_int, offset: off_t, len: off_t) -> Result<c_int, PosixError> {
+    if offset < 0 || len <= 0 {
+        return Err(errno_error(libc::EINVAL, "fallocate: bad offset or length"));
+    }
+    let f = file_of(n)?;
+    match mode {
+        0 => {
+            let handle = f.handle()?;
+            let m = mount()?;
+            let end = (offset as u64).saturating_add(len as u64);
+            if m.fstat(&handle)?.size < end {
+                m.ftruncate(&handle, end)?;
+            }
+            Ok(0)
+        }
+        libc::FALLOC_FL_KEEP_SIZE => Ok(0),
+        _ => Err(errno_error(libc::EOPNOTSUPP, "fallocate: mode not supported by dpuio")),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
+    if let Some(n) = node(fd) {
+        return dpuio(|| do_fallocate(&n, mode, offset, len));
+    }
+    libc_call!(fallocate(fd, mode, offset, len) as fn(c_int, c_int, off_t, off_t) -> c_int)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
+    if let Some(n) = node(fd) {
+        return dpuio(|| do_fallocate(&n, mode, offset, len));
+    }
+    libc_call!(fallocate64(fd, mode, offset, len) as fn(c_int, c_int, off_t, off_t) -> c_int)
+}
+
+/// `posix_fallocate` returns the error number rather than setting `errno`.
+fn posix_fallocate_result(n: &Node, offset: off_t, len: off_t) -> c_int {
+    inside(|| match do_fallocate(n, 0, offset, len) {
+        Ok(_) => 0,
+        Err(e) => e.errno,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_fallocate(fd: c_int, offset: off_t, len: off_t) -> c_int {
+    if let Some(n) = node(fd) {
+        return posix_fallocate_result(&n, offset, len);
+    }
+    libc_call!(posix_fallocate(fd, offset, len) as fn(c_int, off_t, off_t) -> c_int)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_fallocate64(fd: c_int, offset: off_t, len: off_t) -> c_int {
+    if let Some(n) = node(fd) {
+        return posix_fallocate_result(&n, offset, len);
+    }
+    libc_call!(posix_fallocate64(fd, offset, len) as fn(c_int, off_t, off_t) -> c_int)
+}
+
 /// `cp` tries the kernel's copy first; between two file systems it says `EXDEV`,
 /// after which programs fall back to read and write.
 #[unsafe(no_mangle)]
