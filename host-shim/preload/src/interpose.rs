@@ -129,14 +129,31 @@ fn errno_error(errno: c_int, message: impl Into<String>) -> PosixError {
     PosixError { errno, message: message.into() }
 }
 
-/// A kernel descriptor that reserves a number for a dpuio file: `O_PATH` of
-/// `/dev/null`, so that any call reaching the kernel with it fails (`EBADF`) rather
-/// than reading or writing something else.
-fn placeholder(flags: c_int) -> Result<c_int, PosixError> {
+/// A kernel descriptor that reserves a number for a dpuio file or directory: an
+/// `O_PATH` descriptor, so that any call reaching the kernel with it fails (`EBADF`)
+/// rather than reading or writing something else. It refers to an empty memfd named
+/// after what it stands for ([`label`]), so that a program this one execs finds its
+/// inherited dpuio descriptors again ([`inherit`]); `/dev/null` where memfds or `/proc`
+/// are missing (then inherited descriptors stay `EBADF` after exec).
+fn placeholder(flags: c_int, label: &str) -> Result<c_int, PosixError> {
     let cloexec = flags & libc::O_CLOEXEC;
-    let fd = libc_call!(
-        open64(c"/dev/null".as_ptr(), libc::O_PATH | cloexec, 0) as fn(*const c_char, c_int, mode_t) -> c_int
-    );
+    let open = |path: &CStr| {
+        libc_call!(open64(path.as_ptr(), libc::O_PATH | cloexec, 0) as fn(*const c_char, c_int, mode_t) -> c_int)
+    };
+    if let Ok(name) = std::ffi::CString::new(label) {
+        // SAFETY: a NUL-terminated name; the memfd is closed below, its O_PATH
+        // descriptor keeps the inode (and its name) alive.
+        let memfd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if memfd >= 0 {
+            let proc_path = std::ffi::CString::new(format!("/proc/self/fd/{memfd}")).unwrap_or_default();
+            let fd = open(&proc_path);
+            libc_call!(close(memfd) as fn(c_int) -> c_int);
+            if fd >= 0 {
+                return Ok(fd);
+            }
+        }
+    }
+    let fd = open(c"/dev/null");
     if fd < 0 {
         // SAFETY: reads this thread's errno.
         return Err(errno_error(unsafe { *libc::__errno_location() }, "reserve a descriptor"));
@@ -144,8 +161,51 @@ fn placeholder(flags: c_int) -> Result<c_int, PosixError> {
     Ok(fd)
 }
 
+/// Prefix of a placeholder memfd's name: `dpuio:d:PATH` for a directory,
+/// `dpuio:FLAGS:PATH` for a file (FLAGS: its access mode and `O_APPEND`, in hex).
+const LABEL: &str = "dpuio:";
+
+fn label(node: &Node, flags: c_int) -> String {
+    match node {
+        Node::Directory { path, .. } => format!("{LABEL}d:{path}"),
+        Node::File(f) => format!("{LABEL}{:x}:{}", flags & (libc::O_ACCMODE | libc::O_APPEND), f.path),
+    }
+}
+
+/// What a placeholder's `/proc/self/fd` link names, if it is one of ours.
+fn parse_label(link: &str) -> Option<Node> {
+    let rest = link.strip_prefix("/memfd:")?.strip_suffix(" (deleted)")?.strip_prefix(LABEL)?;
+    let (kind, path) = rest.split_once(':')?;
+    if !path.starts_with('/') {
+        return None;
+    }
+    if kind == "d" {
+        let attr = Attr { kind: EntryKind::Directory, size: 0, mode: 0, mtime_ns: 0, object_id: 0 };
+        return Some(Node::Directory { path: path.to_owned(), attr });
+    }
+    let flags = c_int::from_str_radix(kind, 16).ok()?;
+    Some(Node::File(Arc::new(FileState::inherited(path.to_owned(), open_flags(flags)))))
+}
+
+/// After exec: find the dpuio descriptors this program inherited (their placeholders
+/// survive exec unless close-on-exec) and mark them; each reopens its file by path on
+/// first use, at offset 0 (or the end, with `O_APPEND`), as `cat < /mnt/dpuio/f` or
+/// `prog > /mnt/dpuio/out` in a shell need.
+pub fn inherit() {
+    inside(|| {
+        let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return };
+        for entry in entries.flatten() {
+            let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<c_int>().ok()) else { continue };
+            let Ok(link) = std::fs::read_link(entry.path()) else { continue };
+            if let Some(node) = link.to_str().and_then(parse_label) {
+                insert(fd, Arc::new(node));
+            }
+        }
+    });
+}
+
 fn install(node: Node, flags: c_int) -> Result<c_int, PosixError> {
-    let fd = placeholder(flags)?;
+    let fd = placeholder(flags, &label(&node, flags))?;
     if !insert(fd, Arc::new(node)) {
         libc_call!(close(fd) as fn(c_int) -> c_int);
         return Err(errno_error(libc::EMFILE, "descriptor number too large for dpuio"));
@@ -1688,6 +1748,23 @@ mod tests {
         assert!(!f.read && f.write && f.create && f.exclusive && !f.truncate);
         let f = open_flags(libc::O_RDWR | libc::O_APPEND | libc::O_TRUNC);
         assert!(f.read && f.write && f.append && f.truncate);
+    }
+
+    #[test]
+    fn placeholder_labels_name_what_an_exec_inherits() {
+        let attr = Attr { kind: EntryKind::Directory, size: 0, mode: 0, mtime_ns: 0, object_id: 0 };
+        let dir = Node::Directory { path: "/a/b".into(), attr };
+        assert_eq!(label(&dir, libc::O_RDONLY), "dpuio:d:/a/b");
+        let link = |label: &str| format!("/memfd:{label} (deleted)");
+        assert!(matches!(parse_label(&link("dpuio:d:/a/b")), Some(Node::Directory { path, .. }) if path == "/a/b"));
+        let Some(Node::File(f)) = parse_label(&link("dpuio:401:/x y/z")) else { panic!("a file label") };
+        assert_eq!(f.path, "/x y/z");
+        assert!(f.flags.write && !f.flags.read && f.flags.append && !f.flags.create);
+        for other in
+            ["/dev/null", "/memfd:other (deleted)", "/memfd:dpuio:zz:/p (deleted)", "/memfd:dpuio:0:rel (deleted)"]
+        {
+            assert!(parse_label(other).is_none(), "{other}");
+        }
     }
 
     #[test]

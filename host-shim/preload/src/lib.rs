@@ -23,3 +23,15 @@
 
 mod interpose;
 mod state;
+
+/// Runs when the library is loaded, before `main`: a program started by `exec` from a
+/// preloaded one picks up the dpuio descriptors it inherited.
+extern "C" fn on_load() {
+    if state::prefix().is_some() {
+        interpose::inherit();
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

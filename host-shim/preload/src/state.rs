@@ -146,7 +146,12 @@ impl FileState {
         }
     }
 
-    /// The handle of this process (reopened after fork).
+    /// A file inherited across exec: reopened by path on first use.
+    pub fn inherited(path: String, flags: OpenFlags) -> FileState {
+        FileState { path, flags, offset: AtomicU64::new(0), handle: Mutex::new(None) }
+    }
+
+    /// The handle of this process (reopened after fork or exec).
     pub fn handle(&self) -> Result<Arc<OpenFile>, PosixError> {
         let mut handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         match handle.as_ref() {
