@@ -6,11 +6,12 @@
 //! else goes on to the next definition, libc's, found with `dlsym(RTLD_NEXT)`.
 //!
 //! Descriptors are real kernel descriptors: each dpuio file or directory holds an
-//! `O_PATH` descriptor of `/dev/null` that reserves its number (so `select` limits,
-//! close-on-exec and numbering stay the kernel's) and a table maps the number to the
-//! open dpuio file. A call that reaches the kernel with such a descriptor anyway (a
-//! static binary, glibc-internal I/O, `io_uring`, an exec'd program) fails with `EBADF`,
-//! never with wrong data.
+//! `O_PATH` descriptor of an empty memfd named after it, which reserves its number (so
+//! `select` limits, close-on-exec and numbering stay the kernel's) and lets a program
+//! started by `exec` find its inherited dpuio descriptors; a table maps the number to
+//! the open dpuio file. A call that reaches the kernel with such a descriptor anyway (a
+//! static binary, glibc-internal I/O, `io_uring`) fails with `EBADF`, never with wrong
+//! data.
 //!
 //! What it deliberately does not do: interpose `malloc` or anything the runtime needs
 //! before it is up; resolve relative paths against a working directory inside the
