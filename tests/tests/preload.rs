@@ -349,3 +349,58 @@ fn fio_verifies_what_it_wrote_through_the_preload() {
     // And random writes verified in the same job.
     ok(preloaded(&agent, "fio").args(common).arg(format!("--filename={MOUNT}/fio/rand")).arg("--rw=randwrite"));
 }
+
+/// Where the second 64 KiB block of an encrypted file is stored: after the 256-byte
+/// header and the first block with its 12-byte nonce and 16-byte tag (as in
+/// tests/encryption.rs).
+const SECOND_BLOCK: usize = 256 + 65536 + 28;
+
+#[test]
+fn tampered_data_is_eio_and_none_of_it_is_released() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("tenant.key");
+    std::fs::write(&key, (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect::<Vec<u8>>()).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let data_dir = dir.path().join("data");
+    let storage = dpuio_tests::StorageUnderTest::new("preload-integrity", &data_dir);
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}[[tenants]]\nname = \"default\"\ncontainer = \"{}\"\n[tenants.encryption]\nkey_file = \"{}\"\nblock_bytes = 65536\n",
+            storage.backend_config(),
+            storage.container("default"),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&data_dir, &["--config", config.to_str().unwrap()]);
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let plain = random_bytes(300_000);
+    put(&agent, &scratch, "/enc.bin", &plain);
+    let catted = run(preloaded(&agent, "cat").arg(format!("{MOUNT}/enc.bin")));
+    assert!(catted.status.success() && catted.stdout == plain, "an intact encrypted file reads back");
+
+    storage.alter_stored("default", "/enc.bin", |bytes| bytes[SECOND_BLOCK + 100] ^= 1);
+    let catted = run(preloaded(&agent, "cat").arg(format!("{MOUNT}/enc.bin")));
+    let stderr = String::from_utf8_lossy(&catted.stderr);
+    assert!(!catted.status.success() && stderr.contains("Input/output error"), "cat: {stderr}");
+    assert!(catted.stdout.is_empty(), "cat released {} bytes of a read that failed", catted.stdout.len());
+    let script = format!(
+        r#"
+import errno, os
+fd = os.open("{MOUNT}/enc.bin", os.O_RDONLY)
+assert len(os.pread(fd, 65536, 0)) == 65536, "the intact first block reads"
+try:
+    os.pread(fd, 65536, 65536)
+    raise AssertionError("the tampered block was released")
+except OSError as e:
+    assert e.errno == errno.EIO, e
+print("EIO ok")
+"#
+    );
+    let out = ok(preloaded(&agent, python().to_str().unwrap()).arg("-c").arg(&script));
+    assert!(out.contains("EIO ok"), "{out}");
+}
