@@ -102,8 +102,11 @@ fn coreutils_read_and_write_dpuio_files_unmodified() {
     assert_eq!(ok(preloaded(&agent, "cat").arg(format!("{MOUNT}/data/small.txt"))), "hello, dpuio\n");
     let want = sha256(Command::new("sha256sum").arg(&local_big));
     assert_eq!(sha256(preloaded(&agent, "sha256sum").arg(format!("{MOUNT}/data/big.bin"))), want);
-    let catted = run(preloaded(&agent, "cat").arg(format!("{MOUNT}/data/big.bin")));
+    let catted = run(preloaded(&agent, "cat").arg(format!("{MOUNT}/data/big.bin")).env("DPUIO_PRELOAD_STATS", "1"));
     assert!(catted.status.success() && catted.stdout == big, "cat of a 9 MiB file differs");
+    // The copy is reported: every byte read was copied once from a region.
+    let stats = String::from_utf8_lossy(&catted.stderr);
+    assert!(stats.contains(&format!("read {} bytes, wrote 0 bytes (one copy each)", big.len())), "{stats}");
 
     // Paths outside the prefix still reach the local file system.
     assert_eq!(sha256(preloaded(&agent, "sha256sum").arg(&local_big)), want);

@@ -107,12 +107,37 @@ extern "C" fn detach_at_exit() {
     if let Some(m) = mount.filter(|m| !m.is_foreign()) {
         // On a thread of its own: glibc has destroyed this thread's thread-locals
         // (tokio's runtime context among them) before it runs atexit handlers.
-        let detach =
-            std::thread::Builder::new().name("dpuio-detach".into()).spawn(move || inside(|| m.session().detach()));
+        let detach = std::thread::Builder::new().name("dpuio-detach".into()).spawn(move || {
+            inside(|| {
+                report(m);
+                m.session().detach()
+            })
+        });
         if let Ok(thread) = detach {
             let _ = thread.join();
         }
     }
+}
+
+/// With `DPUIO_PRELOAD_STATS` set, one line on stderr at exit: the bytes this process
+/// moved through dpuio (each copied once between a staging region and the program's
+/// buffer) and the host CPU the whole process used, for judging what the copy costs.
+fn report(m: &Mount) {
+    if std::env::var_os("DPUIO_PRELOAD_STATS").is_none() {
+        return;
+    }
+    let stats = m.stats();
+    let cpu = dpuio_shim::process_cpu_time();
+    let progress = m.session().client().map(|c| c.data_plane_stats().progress_cpu).unwrap_or_default();
+    eprintln!(
+        "dpuio-preload: pid {} read {} bytes, wrote {} bytes (one copy each); process CPU {:.3} s \
+         (data-plane progress thread {:.3} s)",
+        std::process::id(),
+        stats.bytes_read,
+        stats.bytes_written,
+        cpu.as_secs_f64(),
+        progress.as_secs_f64()
+    );
 }
 
 /// What a descriptor stands for.
