@@ -182,6 +182,20 @@ while True:
         off += reclen
 os.close(dfd)
 print("getdents64", sorted(names))
+# telldir/seekdir on a DIR* of the library's own.
+libc.opendir.restype = libc.readdir.restype = ctypes.c_void_p
+libc.readdir.argtypes = libc.telldir.argtypes = libc.closedir.argtypes = [ctypes.c_void_p]
+libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+libc.telldir.restype = ctypes.c_long
+d = libc.opendir((m + "/ds").encode())
+name = lambda e: ctypes.string_at(e + 19).decode()
+first = name(libc.readdir(d))
+mark = libc.telldir(d)
+after = [name(libc.readdir(d)) for _ in range(3)]
+libc.seekdir(d, mark)
+again = [name(libc.readdir(d)) for _ in range(3)]
+assert libc.readdir(d) is None and libc.closedir(d) == 0
+print("seekdir", after == again, first)
 os.mkdir(m + "/out")
 with open(m + "/out/w.txt", "w") as f:
     f.write("line\n" * 1000)
@@ -230,6 +244,7 @@ os.close(fd)
     assert!(out.contains(&format!("scandir [('a.bin', False, {}), ('b.txt', False, 2)]", data.len())), "{out}");
     assert!(out.contains("size 5000"), "{out}");
     assert!(out.contains("getdents64 ['.', '..', 'a.bin', 'b.txt']"), "{out}");
+    assert!(out.contains("seekdir True ."), "{out}");
     assert!(out.contains(&format!("mmap sha {want_sha}")), "{out}");
     assert!(out.contains("fork child exit 0") && out.contains("parent still reads True"), "{out}");
     assert_eq!(get(&agent, &scratch, "/out/renamed.txt"), "line\n".repeat(1000).into_bytes());

@@ -1436,6 +1436,7 @@ pub unsafe extern "C" fn rewinddir(d: *mut c_void) {
             dir.stream = None;
             dir.dots = 2;
             dir.position = 0;
+            dir.held = false;
         });
         return;
     }
@@ -1443,6 +1444,86 @@ pub unsafe extern "C" fn rewinddir(d: *mut c_void) {
         // SAFETY: the caller's stream, to libc's function.
         unsafe { f(d) }
     }
+}
+
+// Every libc function that takes a `DIR*` must be here: handed one of ours, libc's
+// would read a `Dir` as its own structure.
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn telldir(d: *mut c_void) -> std::ffi::c_long {
+    if let Some(dir) = our_dir(d) {
+        return dir.position as std::ffi::c_long;
+    }
+    libc_call!(telldir(d) as fn(*mut c_void) -> std::ffi::c_long)
+}
+
+/// Back to a position `telldir` gave: start over and skip that many entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn seekdir(d: *mut c_void, position: std::ffi::c_long) {
+    if let Some(dir) = our_dir(d) {
+        inside(|| {
+            dir.stream = None;
+            dir.dots = 2;
+            dir.position = 0;
+            dir.held = false;
+            while (dir.position as std::ffi::c_long) < position {
+                if !matches!(next_entry(dir), Ok(true)) {
+                    break;
+                }
+            }
+        });
+        return;
+    }
+    if let Some(f) = real!(seekdir as fn(*mut c_void, std::ffi::c_long) -> ()) {
+        // SAFETY: the caller's stream, to libc's function.
+        unsafe { f(d, position) }
+    }
+}
+
+/// The reentrant form: the entry is copied into the caller's `entry`.
+unsafe fn our_readdir_r(dir: &mut Dir, entry: *mut libc::dirent64, result: *mut *mut libc::dirent64) -> c_int {
+    inside(|| match next_entry(dir) {
+        Ok(true) => {
+            // SAFETY: the caller's dirent and result pointers (readdir_r's contract).
+            unsafe {
+                *entry = dir.entry;
+                *result = entry;
+            }
+            0
+        }
+        Ok(false) => {
+            // SAFETY: as above.
+            unsafe { *result = std::ptr::null_mut() };
+            0
+        }
+        Err(e) => e.errno,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readdir_r(
+    d: *mut c_void,
+    entry: *mut libc::dirent64,
+    result: *mut *mut libc::dirent64,
+) -> c_int {
+    if let Some(dir) = our_dir(d) {
+        // SAFETY: the caller's arguments.
+        return unsafe { our_readdir_r(dir, entry, result) };
+    }
+    libc_call!(readdir_r(d, entry, result) as fn(*mut c_void, *mut libc::dirent64, *mut *mut libc::dirent64) -> c_int)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readdir64_r(
+    d: *mut c_void,
+    entry: *mut libc::dirent64,
+    result: *mut *mut libc::dirent64,
+) -> c_int {
+    if let Some(dir) = our_dir(d) {
+        // SAFETY: the caller's arguments.
+        return unsafe { our_readdir_r(dir, entry, result) };
+    }
+    libc_call!(readdir64_r(d, entry, result) as fn(*mut c_void, *mut libc::dirent64, *mut *mut libc::dirent64) -> c_int)
 }
 
 /// Listings of directory descriptors read with `getdents64` rather than a `DIR*`.
