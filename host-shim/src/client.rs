@@ -506,7 +506,7 @@ impl Client {
                 out.push(match result.result {
                     Some(pb::lookup_result::Result::Attr(a)) => attr_from(&op, Some(a)),
                     Some(pb::lookup_result::Result::Error(message)) => {
-                        Err(Error::Agent { op, code: tonic::Code::from_i32(result.code), message })
+                        Err(Error::Agent { op, code: tonic::Code::from_i32(result.code), message, reason: None })
                     }
                     None => Err(Error::Protocol { op, reason: "empty result".into() }),
                 });

@@ -10,10 +10,12 @@
 //! reason).
 #![forbid(unsafe_code)]
 
+pub mod blocking;
 pub mod cli;
 mod client;
 mod dataplane;
 mod error;
+pub mod posix;
 
 pub use client::{
     Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool, TlsOptions,
