@@ -357,15 +357,17 @@ fn fio_verifies_what_it_wrote_through_the_preload() {
     ok_stdout(&agent.cli(&["mkdir", "-p", "/fio"]));
     let common =
         ["--name=dpuio", "--ioengine=psync", "--size=16m", "--bs=256k", "--verify=crc32c", "--output-format=terse"];
+    // fio keeps its verify state in the working directory: the test's own.
+    let fio = || {
+        let mut c = preloaded(&agent, "fio");
+        c.current_dir(dir.path());
+        c
+    };
     // Write with verification headers, then a separate read-only job that verifies.
-    ok(preloaded(&agent, "fio").args(common).arg(format!("--filename={MOUNT}/fio/file")).arg("--rw=write"));
-    ok(preloaded(&agent, "fio")
-        .args(common)
-        .arg(format!("--filename={MOUNT}/fio/file"))
-        .arg("--rw=read")
-        .arg("--verify_only"));
+    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/file")).arg("--rw=write"));
+    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/file")).arg("--rw=read").arg("--verify_only"));
     // And random writes verified in the same job.
-    ok(preloaded(&agent, "fio").args(common).arg(format!("--filename={MOUNT}/fio/rand")).arg("--rw=randwrite"));
+    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/rand")).arg("--rw=randwrite"));
 }
 
 /// Where the second 64 KiB block of an encrypted file is stored: after the 256-byte
