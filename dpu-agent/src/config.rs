@@ -154,6 +154,13 @@ pub struct DataPlaneConfig {
     /// uses every interface, libfabric tcp its first). Its form is checked here, that
     /// it exists when the agent starts (a config is often checked on another machine).
     pub interface: Option<String>,
+    /// How long (microseconds) the engine keeps polling its rings after its last piece
+    /// of work before it sleeps. While it polls, a host submitting its next request
+    /// rings no doorbell and waits for no wake-up of the agent, which saves the host a
+    /// system call per request; polling costs the agent a core meanwhile. On a DPU,
+    /// whose cores serve nothing else, a millisecond or more is the better choice; on
+    /// a machine shared with the jobs it serves, keep it short.
+    pub idle_poll_us: u32,
 }
 
 impl Default for DataPlaneConfig {
@@ -165,6 +172,7 @@ impl Default for DataPlaneConfig {
             providers: None,
             io_threads: cores.clamp(1, 16),
             interface: None,
+            idle_poll_us: 50,
         }
     }
 }
@@ -570,7 +578,11 @@ impl Checker {
         };
 
         if let Some(dp) = self.section(root, "data_plane") {
-            self.unknown_keys("data_plane", dp, &["enabled", "transports", "providers", "io_threads", "interface"]);
+            self.unknown_keys(
+                "data_plane",
+                dp,
+                &["enabled", "transports", "providers", "io_threads", "interface", "idle_poll_us"],
+            );
             match dp.get("providers") {
                 None => {}
                 Some(toml::Value::Array(items)) => {
@@ -596,6 +608,9 @@ impl Checker {
             }
             if let Some(n) = self.integer(dp, "data_plane", "io_threads", 1, 256) {
                 config.data_plane.io_threads = n as u32;
+            }
+            if let Some(us) = self.integer(dp, "data_plane", "idle_poll_us", 0, 1_000_000) {
+                config.data_plane.idle_poll_us = us as u32;
             }
             if let Some(name) = self.string(dp, "data_plane", "interface") {
                 match fabric::config::check_interface_name(&name) {
@@ -1029,6 +1044,8 @@ mod tests {
             lease_ms = 5000
             [backend]
             kind = "local"
+            [data_plane]
+            idle_poll_us = 2000
             [limits]
             max_sessions = 8
             max_io_bytes = 1048576
@@ -1047,6 +1064,7 @@ mod tests {
         assert_eq!(config.limits.max_io_bytes, 1 << 20);
         assert_eq!(config.tenants.len(), 2);
         assert_eq!(config.lease_ms, 5000);
+        assert_eq!(config.data_plane.idle_poll_us, 2000);
     }
 
     #[test]
@@ -1243,14 +1261,20 @@ mod tests {
             [limits]
             max_sessions = 0
             max_io_bytes = -1
+            [data_plane]
+            idle_poll_us = 2000000
             [tls]
             mode = "off"
             "#,
         );
         let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
-        assert_eq!(keys, ["limits.max_sessions", "limits.max_io_bytes", "tls.mode"], "{found:?}");
+        assert_eq!(
+            keys,
+            ["data_plane.idle_poll_us", "limits.max_sessions", "limits.max_io_bytes", "tls.mode"],
+            "{found:?}"
+        );
         assert!(found[0].reason.contains("out of range"));
-        assert!(found[2].reason.contains("loopback"), "{found:?}");
+        assert!(found[3].reason.contains("loopback"), "{found:?}");
         // With mTLS (the default) any address is fine.
         assert!(Config::parse("[agent]\nlisten = \"0.0.0.0:7300\"\n").is_ok());
     }

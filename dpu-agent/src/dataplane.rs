@@ -261,6 +261,17 @@ impl DataPlane {
             .join("; ")
     }
 
+    /// One line for the start-up log: per worker, what it offers and its address
+    /// length, e.g. `ucx (address 179 bytes), ofi (shm) (address 37 bytes)`;
+    /// [`DataPlane::describe`] has the transports' own (multi-line) account.
+    pub fn summary(&self) -> String {
+        self.workers
+            .iter()
+            .map(|w| format!("{} (address {} bytes)", offer_name(&w.worker), w.address.len()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// What this agent offers, as `provider` or `provider (libfabric provider)`.
     pub fn offers(&self) -> String {
         self.workers.iter().map(|w| offer_name(&w.worker)).collect::<Vec<_>>().join(", ")
@@ -272,6 +283,7 @@ impl DataPlane {
         agent: Arc<Agent>,
         chunk_bytes: usize,
         io_threads: usize,
+        idle_poll: Duration,
     ) -> Result<(), DataPlaneError> {
         let mut lanes = Vec::new();
         for w in &self.workers {
@@ -293,8 +305,16 @@ impl DataPlane {
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot start an I/O thread: {e}")))?;
             self.io_threads.lock().unwrap_or_else(|p| p.into_inner()).push(thread);
         }
-        let mut engine =
-            Engine { agent, lanes, chunk_bytes, stop: self.stop.clone(), jobs, io_overlaps, qos: self.qos.clone() };
+        let mut engine = Engine {
+            agent,
+            lanes,
+            chunk_bytes,
+            stop: self.stop.clone(),
+            jobs,
+            io_overlaps,
+            qos: self.qos.clone(),
+            idle_poll,
+        };
         let thread = std::thread::Builder::new()
             .name("dpuio-engine".into())
             .spawn(move || engine.run())
@@ -483,6 +503,9 @@ struct Engine {
     /// I/O): hand them every piece, none inline.
     io_overlaps: bool,
     qos: Arc<Mutex<Scheduler<Queued>>>,
+    /// How long to keep polling after the last piece of work before sleeping (a
+    /// doorbell arriving meanwhile costs no wake-up): `[data_plane] idle_poll_us`.
+    idle_poll: Duration,
 }
 
 /// A ring being served, with what its entries need: session, peer and tenant.
@@ -511,9 +534,6 @@ const IO_QUEUE: usize = 1024;
 /// their pieces run concurrently anyway, and a smaller piece only adds a storage call
 /// (over DAOS, an RPC) per piece.
 const SPLIT_BYTES: u64 = 256 * 1024;
-/// How long the engine keeps polling after its last piece of work before it sleeps:
-/// a doorbell arriving meanwhile costs no wake-up (on a DPU the agent owns its cores).
-const ENGINE_SPIN: Duration = Duration::from_micros(50);
 
 /// A mapped request in flight on the I/O workers.
 struct InFlight {
@@ -698,7 +718,7 @@ impl Engine {
             ready.poll_hot(|ring| ring_has_work(ring));
             ready.unpark(|tenant| tenant.room());
             let queued_wait = self.queued_wait();
-            let spin = if self.polls_for_doorbells() { NO_FD_SPIN } else { ENGINE_SPIN };
+            let spin = if self.polls_for_doorbells() { NO_FD_SPIN.max(self.idle_poll) } else { self.idle_poll };
             match ready.idle(Instant::now, queued_wait, spin) {
                 Idle::Work => {}
                 Idle::Spin => {

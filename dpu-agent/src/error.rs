@@ -4,6 +4,8 @@
 //! to do about it: the host is untrusted, but its operator still deserves to know why.
 
 use dpuio_backend::Error as BackendError;
+use dpuio_proto::reason::{METADATA_KEY, Reason};
+use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
 /// Why the agent refused or failed a request.
@@ -78,6 +80,19 @@ impl Error {
     }
 }
 
+/// The finer reason under [`Error::code`] that POSIX clients need (see
+/// [`dpuio_proto::reason`]); `None` where the code says enough.
+pub fn reason(e: &Error) -> Option<Reason> {
+    let Error::Backend(b) = e else { return None };
+    match b {
+        BackendError::NotADirectory { .. } => Some(Reason::NotADirectory),
+        BackendError::IsADirectory { .. } => Some(Reason::IsADirectory),
+        BackendError::DirectoryNotEmpty { .. } => Some(Reason::DirectoryNotEmpty),
+        BackendError::Io { .. } if backend_code(b) == Code::ResourceExhausted => Some(Reason::NoSpace),
+        _ => None,
+    }
+}
+
 fn backend_code(e: &BackendError) -> Code {
     match e {
         BackendError::InvalidPath { .. } | BackendError::InvalidArgument(_) | BackendError::InvalidRename { .. } => {
@@ -110,6 +125,10 @@ impl From<Error> for Status {
         if code == Code::Internal {
             tracing::error!(error = %e, "internal error answered to a client");
         }
-        Status::new(code, e.to_string())
+        let mut status = Status::new(code, e.to_string());
+        if let Some(r) = reason(&e) {
+            status.metadata_mut().insert(METADATA_KEY, MetadataValue::from_static(r.as_str()));
+        }
+        status
     }
 }

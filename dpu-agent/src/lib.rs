@@ -6,7 +6,7 @@
 //!
 //! - leaves: configuration ([`config`]), errors and their one mapping to statuses
 //!   ([`error`]), the request engine's checks ([`engine`]), who is calling
-//!   ([`caller`]), and how the code waits (`runtime`: the lock helper, blocking calls
+//!   ([`caller`]), connections that report their closing ([`connection`]), and how the code waits (`runtime`: the lock helper, blocking calls
 //!   off the async runtime);
 //! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]): its ring
 //!   protocol without I/O ([`dataplane::protocol`], [`dataplane::readiness`]) and the
@@ -33,6 +33,7 @@
 pub mod admin;
 pub mod caller;
 pub mod config;
+pub mod connection;
 pub mod dataplane;
 pub mod deploy;
 pub mod engine;

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dpuio_backend::Backend;
 use dpuio_backend::local::LocalBackend;
@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::config::{BackendConfig, Config, DaosConfig};
+use crate::connection::{ClosedConnections, Tracked};
 use crate::dataplane::DataPlane;
 use crate::serve_error::ServeError;
 use crate::service::{MemoryService, NamespaceService, SessionService};
@@ -64,8 +65,15 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
             fabric::config::check_interface(name).map_err(ServeError::Interface)?;
         }
         let dp = Arc::new(DataPlane::open(&data_plane.lanes()).map_err(ServeError::DataPlane)?);
-        dp.start(agent.clone(), chunk_bytes as usize, data_plane.io_threads as usize).map_err(ServeError::DataPlane)?;
-        tracing::info!(transport = %dp.describe(), "data plane up");
+        dp.start(
+            agent.clone(),
+            chunk_bytes as usize,
+            data_plane.io_threads as usize,
+            Duration::from_micros(data_plane.idle_poll_us.into()),
+        )
+        .map_err(ServeError::DataPlane)?;
+        tracing::info!(transport = %dp.summary(), "data plane up");
+        tracing::debug!(transport = %dp.describe(), "data-plane transports in detail");
         agent.set_dataplane(dp);
     }
     Ok(agent)
@@ -146,7 +154,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
             tracing::info!(%bound, "health service (grpc.health.v1, plaintext) listening");
             Some(tokio::spawn(
                 tonic::transport::Server::builder().add_service(health_service.clone()).serve_with_incoming_shutdown(
-                    incoming(listener),
+                    incoming(listener, None),
                     async {
                         let _ = health_stop.await;
                     },
@@ -157,6 +165,8 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
     };
 
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
+    let (closed_tx, closed_rx) = tokio::sync::mpsc::unbounded_channel();
+    let orphans = tokio::spawn(reap_orphans(agent.clone(), closed_rx));
     let signalled = shutdown_signal(agent.clone())?;
     // From the signal on, health says NOT_SERVING (kubelet's readiness, load balancers)
     // while calls in flight finish.
@@ -178,13 +188,17 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
     match &tls {
         Some(tls) => {
             router
-                .serve_with_incoming_shutdown(crate::tls::tls_incoming(listener, tls.server_config.clone()), stop)
+                .serve_with_incoming_shutdown(
+                    crate::tls::tls_incoming(listener, tls.server_config.clone(), Some(closed_tx)),
+                    stop,
+                )
                 .await?
         }
-        None => router.serve_with_incoming_shutdown(incoming(listener), stop).await?,
+        None => router.serve_with_incoming_shutdown(incoming(listener, Some(closed_tx)), stop).await?,
     }
 
     reaper.abort();
+    orphans.abort();
     let _ = health_stop_tx.send(());
     if let Some(h) = health
         && let Ok(Err(e)) = h.await
@@ -210,19 +224,22 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
 }
 
 /// Accepted connections with Nagle off: every control-plane call is a small request
-/// that must not wait for a delayed ACK.
-fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+/// that must not wait for a delayed ACK. Each reports its closing to `closed`.
+fn incoming(
+    listener: TcpListener,
+    closed: Option<ClosedConnections>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Tracked>> {
     use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |stream| {
         let stream = stream?;
         stream.set_nodelay(true)?;
-        Ok(stream)
+        Ok(Tracked::new(stream, closed.clone()))
     })
 }
 
 fn shutdown_signal(agent: Arc<Agent>) -> Result<impl std::future::Future<Output = ()>, ServeError> {
     use tokio::signal::unix::{SignalKind, signal};
-    fabric::restore_default_termination_signals();
+    fabric::drop_load_time_signal_handlers();
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
     Ok(async move {
@@ -234,6 +251,26 @@ fn shutdown_signal(agent: Arc<Agent>) -> Result<impl std::future::Future<Output 
         agent.set_draining();
         tracing::info!(signal = name, "stopping: no new sessions, finishing calls in flight");
     })
+}
+
+/// End the sessions of hosts whose connection closed (a process that died, SIGKILL
+/// included), [`crate::state::DISCONNECTED_GRACE`] after it closed, unless the host came
+/// back on another connection meanwhile.
+async fn reap_orphans(agent: Arc<Agent>, mut closed: tokio::sync::mpsc::UnboundedReceiver<SocketAddr>) {
+    while let Some(peer) = closed.recv().await {
+        if agent.connection_closed(peer, Instant::now()).is_empty() {
+            continue;
+        }
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(crate::state::DISCONNECTED_GRACE + std::time::Duration::from_millis(10)).await;
+            if let Ok(ended) = tokio::task::spawn_blocking(move || agent.reap_expired(Instant::now())).await {
+                for id in ended {
+                    tracing::info!(session = format!("{id:#018x}"), %peer, "host connection closed; session detached");
+                }
+            }
+        });
+    }
 }
 
 async fn reap_sessions(agent: Arc<Agent>) {

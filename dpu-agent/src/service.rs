@@ -51,6 +51,7 @@ impl pb::session_server::Session for SessionService {
         request: Request<pb::AttachRequest>,
     ) -> std::result::Result<Response<pb::AttachResponse>, Status> {
         let caller = Caller::of(&request)?;
+        let peer = request.remote_addr();
         let req = request.into_inner();
         let (tenant, rights) = self.agent.authorize_attach(&caller, &req.tenant, &req.capability_token)?;
         // Check the transport before the session exists, so a refused one leaves nothing behind.
@@ -75,6 +76,7 @@ impl pb::session_server::Session for SessionService {
             }
         };
         let session = self.agent.attach(&tenant, &req.client_name, rights)?;
+        self.agent.set_connection(&session, peer);
         let mut agent_transport = None;
         if let Some((dp, provider, fabric_provider, host_address)) = dataplane {
             let connected = blocking(move || {
@@ -124,7 +126,8 @@ impl pb::session_server::Session for SessionService {
         request: Request<pb::KeepAliveRequest>,
     ) -> std::result::Result<Response<pb::KeepAliveResponse>, Status> {
         let caller = Caller::of(&request)?;
-        self.agent.session_for(request.get_ref().session_id, &caller)?;
+        let session = self.agent.session_for(request.get_ref().session_id, &caller)?;
+        self.agent.set_connection(&session, request.remote_addr());
         self.agent.keep_alive(request.into_inner().session_id)?;
         Ok(Response::new(pb::KeepAliveResponse { lease_ms: self.agent.config.lease_ms }))
     }

@@ -8,6 +8,7 @@
 //! ([`crate::dataplane::sessions`]), which the session holds as [`Session::io`].
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -99,7 +100,14 @@ pub struct Session {
     pub io: Arc<sessions::Session>,
     container: Mutex<Option<Arc<dyn Container>>>,
     lease_deadline: Mutex<Instant>,
+    /// The host's connection (its peer address) the session was attached or last
+    /// renewed over; see [`Agent::connection_closed`].
+    connection: Mutex<Option<SocketAddr>>,
 }
+
+/// How long a session outlives the connection it came over: a host that reconnects
+/// and renews within it keeps the session; a dead one is forgotten after it.
+pub const DISCONNECTED_GRACE: Duration = Duration::from_secs(2);
 
 /// Lifetime of a delegation from a session without a token, when none is asked for.
 const DEFAULT_DELEGATION: Duration = Duration::from_secs(3600);
@@ -485,6 +493,7 @@ impl Agent {
             io,
             container: Mutex::new(None),
             lease_deadline: Mutex::new(Instant::now() + self.lease()),
+            connection: Mutex::new(None),
         });
         sessions.insert(session.id, session.clone());
         Ok(session)
@@ -500,6 +509,32 @@ impl Agent {
         let session = self.session(id)?;
         *lock(&session.lease_deadline) = Instant::now() + self.lease();
         Ok(())
+    }
+
+    /// Note the connection (peer address) a session's host uses: when it closes, the
+    /// session ends soon after ([`Agent::connection_closed`]).
+    pub fn set_connection(&self, session: &Session, peer: Option<SocketAddr>) {
+        if peer.is_some() {
+            *lock(&session.connection) = peer;
+        }
+    }
+
+    /// The connection from `peer` closed: its sessions' leases now end at
+    /// [`DISCONNECTED_GRACE`] from `now` (the reaper detaches them then, unless a
+    /// renewal over another connection came first). Returns their ids.
+    pub fn connection_closed(&self, peer: SocketAddr, now: Instant) -> Vec<u64> {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions).values().cloned().collect();
+        let mut orphaned = Vec::new();
+        for s in sessions {
+            let mut connection = lock(&s.connection);
+            if *connection == Some(peer) {
+                *connection = None;
+                let mut deadline = lock(&s.lease_deadline);
+                *deadline = (*deadline).min(now + DISCONNECTED_GRACE);
+                orphaned.push(s.id);
+            }
+        }
+        orphaned
     }
 
     /// Mount the session's container; `requested` empty means the tenant's own.

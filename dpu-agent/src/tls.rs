@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use dpuio_auth::pki::{self, DeferredClientVerifier, DevPki, Identity};
 use rustls::pki_types::{CertificateDer, UnixTime};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tonic::Status;
 
 use crate::caller::Caller;
@@ -151,7 +151,8 @@ fn write_dev_bundle(dev: &DevPki, tenant: &str, dir: &Path) -> Result<(), ServeE
 pub fn tls_incoming(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>> {
+    closed: Option<crate::connection::ClosedConnections>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<crate::connection::Tracked>>> {
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
@@ -168,6 +169,7 @@ pub fn tls_incoming(
                 return;
             }
             let _ = stream.set_nodelay(true);
+            let stream = crate::connection::Tracked::new(stream, closed.clone());
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

@@ -191,15 +191,64 @@ pub use memory::{MappedRemote, SharedMemory};
 pub use progress::{ProgressReport, ProgressThread};
 pub use transport::{Transport, wait_any};
 
-/// Puts SIGTERM and SIGINT back to their default action, dropping handlers that
-/// libraries this crate links installed when they were loaded (libfabric's
-/// dependencies, e.g. the PSM libraries, exit(1) on them). Call it before installing
-/// the program's own handlers: tokio chains to a handler it finds, so otherwise a
-/// SIGTERM ends the process at once with status 1 instead of a graceful stop.
-pub fn restore_default_termination_signals() {
-    for sig in [libc::SIGTERM, libc::SIGINT] {
+/// Signals for which libraries this crate links install handlers when they are
+/// loaded: Debian's libfabric pulls in the PSM libraries, whose `libinfinipath`
+/// catches these at load time, prints a backtrace and calls `exit(1)`. A training job
+/// stopped with SIGTERM then exits 1 at once, and a crash exits 1 without a core dump.
+const LOAD_TIME_HANDLED: [libc::c_int; 6] =
+    [libc::SIGILL, libc::SIGABRT, libc::SIGBUS, libc::SIGSEGV, libc::SIGTERM, libc::SIGINT];
+
+/// The libraries whose load-time signal handlers [`drop_load_time_signal_handlers`]
+/// removes.
+const LOAD_TIME_HANDLER_LIBRARIES: [&str; 2] = ["libinfinipath", "libpsm"];
+
+/// Puts back the default action of every signal whose handler is code of a library
+/// known to install one when it is loaded ([`LOAD_TIME_HANDLER_LIBRARIES`]). Handlers
+/// of the program and of anything else (Python's, tokio's, a crash reporter's) are left
+/// alone, so any process that links this crate can call it at any time: the agent does
+/// before it installs its own handlers (tokio chains to a handler it finds, which made
+/// SIGTERM exit 1 instead of stopping gracefully), and the shim when it connects (a
+/// `DataLoader` worker stopped with SIGTERM, or a host program that crashes, then ends
+/// as the signal says). Returns the signals it reset.
+pub fn drop_load_time_signal_handlers() -> Vec<libc::c_int> {
+    let mut reset = Vec::new();
+    for sig in LOAD_TIME_HANDLED {
+        // SAFETY: sigaction with a null new action only reads the current one into
+        // `old`, a properly sized, zeroed struct.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `sig` is a valid standard signal number.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            continue;
+        }
+        let handler = old.sa_sigaction;
+        if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+            continue;
+        }
+        if !handler_lives_in(handler, &LOAD_TIME_HANDLER_LIBRARIES) {
+            continue;
+        }
         // SAFETY: setting a standard signal to SIG_DFL installs no code of ours and is
-        // async-signal-safe; called before the program installs its own handlers.
+        // async-signal-safe.
         unsafe { libc::signal(sig, libc::SIG_DFL) };
+        reset.push(sig);
     }
+    reset
+}
+
+/// Whether the code at `handler` belongs to a shared object whose file name contains
+/// one of `libraries`.
+fn handler_lives_in(handler: libc::sighandler_t, libraries: &[&str]) -> bool {
+    // SAFETY: dladdr only looks the address up in the loaded objects' tables and fills
+    // `info`; it dereferences nothing at `handler`.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::dladdr(handler as *const libc::c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return false;
+    }
+    // SAFETY: dladdr succeeded, so dli_fname points at the object's NUL-terminated
+    // path, which lives as long as the object stays loaded (libraries with handlers
+    // installed are not unloaded while we look).
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+    let file = name.rsplit('/').next().unwrap_or(&name);
+    libraries.iter().any(|l| file.starts_with(l))
 }

@@ -302,7 +302,40 @@ fn connect_error(address: &str, source: &tonic::transport::Error) -> Error {
             ),
         };
     }
+    if reason.contains("InvalidContentType") || reason.contains("corrupt message") {
+        return Error::Tls {
+            reason: format!(
+                "the agent at {address} does not speak TLS ({reason}): an agent with [tls] mode = \"off\" is reached \
+                 with http://{address}"
+            ),
+        };
+    }
     Error::Connect { address: address.to_owned(), reason }
+}
+
+/// Why Attach, the first call on a channel, failed. A plaintext client (`http://`)
+/// reaching an agent that serves mutual TLS gets only "operation was canceled", "h2
+/// protocol error" or "transport error" from tonic (which one depends on timing): the
+/// agent drops the connection at the HTTP/2 preface, before any answer.
+fn attach_error(address: &str, status: tonic::Status) -> Error {
+    let dropped = matches!(
+        status.code(),
+        tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Internal
+    ) && ["transport error", "h2 protocol error", "operation was canceled"]
+        .iter()
+        .any(|m| status.message().contains(m));
+    if dropped && address.starts_with("http://") {
+        return Error::Connect {
+            address: address.to_owned(),
+            reason: format!(
+                "the agent closed the connection without an answer ({}); it most likely serves mutual TLS: \
+                 connect to HOST:PORT without http:// with a client bundle (--cert/--key/--ca, or \
+                 DPUIO_CONFIG_DIR); http:// is for agents with [tls] mode = \"off\"",
+                status.message()
+            ),
+        };
+    }
+    Error::from_status("attach", status)
 }
 
 /// An error and its sources on one line: tonic's transport errors say little at the top.
@@ -390,6 +423,9 @@ impl Records {
 impl Client {
     /// Connect, attach and mount the tenant's container.
     pub async fn connect(options: ConnectOptions) -> Result<Client> {
+        // A process linking the data plane carries libfabric's dependencies' load-time
+        // handlers (SIGTERM and crashes exit 1): this host process ends as signalled.
+        fabric::drop_load_time_signal_handlers();
         let channel = connect_channel(&options.agent, &options.tls, options.connect_timeout).await?;
         let mut session = SessionClient::new(channel.clone());
         let mut namespace = NamespaceClient::new(channel.clone());
@@ -425,7 +461,7 @@ impl Client {
                 {
                     continue;
                 }
-                Err(s) => return Err(Error::from_status("attach", s)),
+                Err(s) => return Err(attach_error(&options.agent, s)),
             }
         };
         let session_id = attached.session_id;
@@ -604,7 +640,7 @@ impl Client {
                 out.push(match result.result {
                     Some(pb::lookup_result::Result::Attr(a)) => attr_from(&op, Some(a)),
                     Some(pb::lookup_result::Result::Error(message)) => {
-                        Err(Error::Agent { op, code: tonic::Code::from_i32(result.code), message })
+                        Err(Error::Agent { op, code: tonic::Code::from_i32(result.code), message, reason: None })
                     }
                     None => Err(Error::Protocol { op, reason: "empty result".into() }),
                 });
@@ -904,6 +940,11 @@ impl Client {
     }
 
     /// CPU time the data plane's progress thread has used (zero on shared memory).
+    /// The data plane's transport (what `"auto"` chose); `None` without a data plane.
+    pub fn transport(&self) -> Option<crate::TransportInfo> {
+        self.inner.data.as_ref().map(|d| d.transport())
+    }
+
     pub fn data_plane_stats(&self) -> DataPlaneStats {
         self.inner.data.as_ref().map(|d| d.stats()).unwrap_or_default()
     }

@@ -155,6 +155,37 @@ pub struct DataPlaneStats {
     pub progress_cpu: Duration,
 }
 
+/// The transport a session's data plane runs on: what `"auto"` chose, for logs,
+/// `dpuio --verbose`, `Client.transport` in Python and `dpuio_client_transport`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportInfo {
+    /// `"ucx"`, `"ofi-shm"` or `"ofi-tcp"` (libfabric): the provider, and for libfabric
+    /// its provider, in the names `transports` takes.
+    pub name: String,
+    /// `"ucx"` or `"ofi"`.
+    pub provider: String,
+    /// The libfabric provider (`"shm"`, `"tcp;ofi_rxm"`); empty for UCX.
+    pub fabric_provider: String,
+    /// What the transport says of the connection to the agent: UCX's lanes (e.g.
+    /// `"posix/memory (rma_bw#0 am am_bw#0), cma/memory (rma_bw#1)"`), libfabric's
+    /// provider, fabric and domain. One line.
+    pub detail: String,
+}
+
+impl TransportInfo {
+    fn of(worker: &any::Worker, endpoint: &any::Endpoint) -> TransportInfo {
+        let provider = worker.provider().to_owned();
+        let fabric_provider = worker.fabric_provider().to_owned();
+        let name = match fabric_provider.split(';').next() {
+            Some(f) if !f.is_empty() => format!("{provider}-{f}"),
+            _ => provider.clone(),
+        };
+        let detail =
+            endpoint.describe().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ");
+        TransportInfo { name, provider, fabric_provider, detail }
+    }
+}
+
 /// A region of this process's memory registered with the agent.
 pub struct RegisteredRegion {
     region: any::Region,
@@ -619,6 +650,10 @@ impl DataPlane {
 
     fn ended(&self) -> Option<tonic::Status> {
         self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn transport(&self) -> TransportInfo {
+        TransportInfo::of(&self.worker, &self.endpoint)
     }
 
     pub(crate) fn stats(&self) -> DataPlaneStats {

@@ -10,15 +10,17 @@
 //! reason).
 #![forbid(unsafe_code)]
 
+pub mod blocking;
 pub mod cli;
 mod client;
 mod dataplane;
 mod error;
+pub mod posix;
 
 pub use client::{
     Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool, TlsOptions,
 };
-pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request};
+pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request, TransportInfo};
 pub use dpuio_proto::v1::RegionAccess;
 pub use dpuio_proto::wire::{Opcode, Status as IoStatus};
 pub use error::{Error, Result};

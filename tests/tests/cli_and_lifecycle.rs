@@ -30,6 +30,28 @@ fn cli_mkdir_then_ls() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("INVALID_ARGUMENT"));
 }
 
+/// `dpuio ls -l | head`: a reader that goes away is no error worth a word (and no
+/// panic): the commands printing to stdout stop quietly with 141, as coreutils do.
+#[test]
+fn cli_output_into_a_closed_pipe_is_quiet() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(dir.path(), &[]);
+    for i in 0..50 {
+        agent.seed_file(&format!("/f{i:03}"), b"x");
+    }
+    agent.seed_file("/big", &vec![7u8; 1 << 20]);
+    for args in [&["ls", "-l", "/"][..], &["ls", "/"], &["stat", "/f000", "/f001"], &["cat", "/big"], &["delegate"]] {
+        let mut child =
+            agent.command("dpuio").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take()); // closed before the first line is printed
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+}
+
 /// What the CLI says when the agent is not there, the client bundle is not usable, or
 /// both. Reachability comes first (the same rule as the library, the C ABI and Python):
 /// with no agent the error is "cannot reach the agent" and names the bundle problem too;
@@ -147,4 +169,27 @@ fn plaintext_beyond_loopback_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a loopback address") && err.contains("mode = \"mtls\""), "{err}");
+}
+
+/// A client speaking the other protocol than the agent hears why, and what to change:
+/// plaintext (`http://`) against mutual TLS, and TLS against a plaintext agent.
+#[test]
+fn plaintext_and_tls_mismatches_say_what_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls_agent = AgentProcess::start(&dir.path().join("tls"), &[]);
+    assert!(!tls_agent.plaintext);
+    let out = tls_agent.cli(&["--agent", &format!("http://{}", tls_agent.addr), "ls", "/"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mutual TLS") && err.contains("without http://"), "{err}");
+
+    let config = dir.path().join("plain.toml");
+    std::fs::write(&config, "[tls]\nmode = \"off\"\n").unwrap();
+    let plain_agent = AgentProcess::start(&dir.path().join("plain"), &["--config", config.to_str().unwrap()]);
+    assert!(plain_agent.plaintext);
+    // The TLS agent's bundle, presented to the plaintext one.
+    let out = tls_agent.cli(&["--agent", &plain_agent.addr, "ls", "/"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not speak TLS") && err.contains("http://"), "{err}");
 }

@@ -91,11 +91,12 @@ impl Rig {
         let worker = LoopbackWorker::new(PeerAccess::PutGet).unwrap();
         let dp = Arc::new(DataPlane::with_workers(vec![any::Worker::LoopbackForTests(worker)]).unwrap());
         assert!(dp.describe().starts_with("loopback [loopback test double"), "{}", dp.describe());
+        assert!(dp.summary().starts_with("loopback (address ") && !dp.summary().contains('\n'), "{}", dp.summary());
         Rig { agent, dp, container, _dir: dir }
     }
 
     fn start(&self, chunk_bytes: usize, io_threads: usize) {
-        self.dp.start(self.agent.clone(), chunk_bytes, io_threads).unwrap();
+        self.dp.start(self.agent.clone(), chunk_bytes, io_threads, Duration::from_micros(50)).unwrap();
     }
 
     /// A file holding `bytes`, opened for reading and writing.

@@ -18,18 +18,28 @@ PyTorch datasets and checkpoints are in :mod:`dpuio.torch`; the machinery under 
 which needs only numpy, is in :mod:`dpuio.data`.
 """
 
+import atexit
+import io
 import multiprocessing.util
 import os
+import signal
 import threading
 import weakref
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 
-from . import _native
+# libfabric's PSM dependency (libinfinipath) installs handlers for SIGINT, SIGTERM and
+# crashes when it is loaded, which print a backtrace and exit(1): Ctrl-C would be no
+# KeyboardInterrupt and SIGTERM no signal death. It reads this before installing them,
+# and the native module loads it (see docs/dataplane.md, "Signals").
+os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
+
+from . import _native  # noqa: E402 (after the environment above)
 from ._errors import *  # noqa: F401,F403 (the public error classes)
 from ._errors import Closed, InvalidArgument, NotFound, __all__ as _error_names
 from ._native import File, Region
 
-__all__ = ["Client", "File", "Region", "Attr", "DirEntry", "DEFAULT_AGENT", "npy", *_error_names]
+__all__ = ["Client", "File", "Region", "RegionFile", "Attr", "DirEntry", "TransportInfo", "DEFAULT_AGENT", "npy",
+           *_error_names]
 __version__ = _native.__version__
 
 #: Where clients look for the agent when neither ``agent=`` nor ``$DPUIO_AGENT`` says.
@@ -55,6 +65,187 @@ class Attr(namedtuple("Attr", "kind size mode mtime_ns object_id")):
 
 
 DirEntry = namedtuple("DirEntry", "name attr")
+
+#: The data plane's transport (``Client.transport``): ``name`` is ``"ucx"``,
+#: ``"ofi-shm"`` or ``"ofi-tcp"``; ``provider`` ``"ucx"`` or ``"ofi"``;
+#: ``fabric_provider`` libfabric's provider (empty for UCX); ``detail`` one line of what
+#: the transport says of the connection (UCX's lanes, e.g. ``posix/memory ...``).
+TransportInfo = namedtuple("TransportInfo", "name provider fabric_provider detail")
+
+#: Registered memory ``read_bytes``, ``write_bytes``, ``read_file`` and checkpoints keep
+#: for reuse, per client and process (``Client(region_cache_bytes=...)``; 0 turns the
+#: cache off). Registering costs a round trip and agent CPU; reusing costs neither.
+DEFAULT_REGION_CACHE_BYTES = 256 << 20
+#: The smallest size class of the region cache.
+_MIN_CLASS_BYTES = 64 << 10
+
+
+class _RegionCache:
+    """Registered regions kept for reuse, in power-of-two size classes.
+
+    Thread-safe. Bounded: at most ``limit_bytes`` in regions not in use; a region
+    larger than that is registered per call. A region given back while a view of it
+    is alive (an array the caller kept) is not reused (it is unmapped when the last
+    view goes), so a cached region is never written under someone's array.
+    """
+
+    def __init__(self, limit_bytes, register):
+        self.limit_bytes = int(limit_bytes)
+        self._register = register  # nbytes -> Region ("rw")
+        self._lock = threading.Lock()
+        self._free = OrderedDict()  # id(region) -> region, oldest first
+        self._free_bytes = 0
+        self.stats = {"hits": 0, "registered": 0, "uncached": 0}
+
+    @staticmethod
+    def size_class(nbytes):
+        return max(_MIN_CLASS_BYTES, 1 << (max(1, int(nbytes)) - 1).bit_length())
+
+    def acquire(self, nbytes):
+        """A region of at least ``nbytes`` no one else uses (give it back with
+        :meth:`release`)."""
+        size = self.size_class(nbytes)
+        if size > self.limit_bytes:
+            self.stats["uncached"] += 1
+            return self._register(max(1, int(nbytes)))
+        with self._lock:
+            for key, r in self._free.items():
+                if len(r) == size:
+                    del self._free[key]
+                    self._free_bytes -= size
+                    self.stats["hits"] += 1
+                    return r
+        self.stats["registered"] += 1
+        return self._register(size)
+
+    def release(self, region):
+        if region.freed or region.exports or len(region) > self.limit_bytes:
+            region.free()
+            return
+        with self._lock:
+            self._free[id(region)] = region
+            self._free_bytes += len(region)
+            while self._free_bytes > self.limit_bytes:
+                _, old = self._free.popitem(last=False)
+                self._free_bytes -= len(old)
+                old.free()
+
+    def clear(self):
+        with self._lock:
+            regions, self._free, self._free_bytes = list(self._free.values()), OrderedDict(), 0
+        for r in regions:
+            r.free()
+
+    @property
+    def free_bytes(self):
+        return self._free_bytes
+
+
+def _seek_position(current, size, offset, whence):
+    """Where ``seek(offset, whence)`` leads from ``current`` in a file of ``size`` bytes
+    (the arithmetic of every seekable file object here)."""
+    if whence == io.SEEK_SET:
+        pos = offset
+    elif whence == io.SEEK_CUR:
+        pos = current + offset
+    elif whence == io.SEEK_END:
+        pos = size + offset
+    else:
+        raise InvalidArgument(f"invalid whence {whence}")
+    if pos < 0:
+        raise InvalidArgument(f"negative seek position {pos}")
+    return pos
+
+
+class RegionFile(io.RawIOBase):
+    """A read-only, seekable file object over bytes in memory, typically a region the
+    agent filled: ``numpy.load`` takes it for ``.npy`` and ``.npz`` (a zip archive,
+    which needs ``seek``/``tell``), ``torch.load``, ``zipfile``, ``pickle`` too.
+
+    ``readinto`` copies once, straight from the region into the caller's buffer;
+    :meth:`getbuffer` is a view with no copy (``dpuio.npy(f.getbuffer())``).
+
+    Args:
+        buf: anything with the buffer protocol (a :class:`Region`, a memoryview).
+        size: bytes of ``buf`` that are the file (default: all of it).
+        on_close: called once with no arguments when the file is closed (the client
+            gives its region back to its cache then).
+    """
+
+    def __init__(self, buf, size=None, on_close=None):
+        super().__init__()
+        # Each of these views holds the buffer; all are released on close, so a region's
+        # export count says whether anything else still looks at it.
+        self._views = [memoryview(buf)]
+        self._views.append(self._views[0].cast("B"))
+        if size is not None:
+            if not 0 <= size <= len(self._views[-1]):
+                raise InvalidArgument(f"size {size} outside the {len(self._views[-1])}-byte buffer")
+            self._views.append(self._views[-1][:size])
+        self._view = self._views[-1]
+        self._pos = 0
+        self._on_close = on_close
+
+    @property
+    def size(self):
+        return len(self._view)
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def _check(self):
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+
+    def tell(self):
+        self._check()
+        return self._pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        self._check()
+        self._pos = _seek_position(self._pos, len(self._view), offset, whence)
+        return self._pos
+
+    def readinto(self, b):
+        self._check()
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size=-1):
+        # One copy (bytes() of the slice), not RawIOBase's bytearray-then-bytes.
+        self._check()
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        start = min(self._pos, end)
+        self._pos = max(self._pos, end)
+        return bytes(self._view[start:end])
+
+    def readall(self):
+        return self.read(-1)
+
+    def getbuffer(self):
+        """A read-only view of the whole file (no copy); valid while the file is
+        open, and while the view lives the region is not reused."""
+        self._check()
+        return self._view.toreadonly()
+
+    def close(self):
+        if self.closed:
+            return
+        for view in reversed(self._views):
+            try:
+                view.release()  # views from getbuffer() live on: the region is not reused
+            except BufferError:
+                pass
+        super().close()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
 _MODES = {
     # mode: (write, create, exclusive, truncate)
@@ -107,6 +298,9 @@ class Client:
         ring_entries: queue depth of one ring (a power of two).
         timeout: seconds a data-plane wait may take.
         connect_timeout: seconds to connect.
+        region_cache_bytes: registered memory kept for reuse by :meth:`read_bytes`,
+            :meth:`write_bytes`, :meth:`read_file` and checkpoints (default 256 MiB;
+            0: register per call).
     """
 
     def __init__(
@@ -124,6 +318,7 @@ class Client:
         key=None,
         ca=None,
         token=None,
+        region_cache_bytes=DEFAULT_REGION_CACHE_BYTES,
     ):
         self._options = dict(
             cert=os.fspath(cert) if cert is not None else None,
@@ -138,11 +333,13 @@ class Client:
             ring_entries=int(ring_entries or 0),
             timeout=float(timeout or 0.0),
             connect_timeout=float(connect_timeout or 0.0),
+            region_cache_bytes=int(region_cache_bytes),
         )
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._control = None
         self._data = None
+        self._cache = None
         self._closed = False
         _CLIENTS.add(self)
         self._ctl()  # attach now, so a wrong address fails here and not later
@@ -158,7 +355,7 @@ class Client:
             if pid != self._pid:
                 # A new process (fork): the parent's sessions are unusable here and are
                 # leaked on purpose (their destructors would touch the parent's state).
-                self._pid, self._control, self._data = pid, None, None
+                self._pid, self._control, self._data, self._cache = pid, None, None, None
             if data:
                 if self._data is None:
                     self._data = self._attach(self._options["transports"])
@@ -193,6 +390,14 @@ class Client:
 
     def _dp(self):
         return self._session(True)
+
+    def _regions(self):
+        """This process's region cache (made on first use)."""
+        session = self._dp()
+        with self._lock:
+            if self._cache is None:
+                self._cache = _RegionCache(self._options["region_cache_bytes"], lambda n: session.region(n, "rw"))
+            return self._cache
 
     def __reduce__(self):
         # spawn-ed workers get a client that attaches in their own process.
@@ -229,6 +434,23 @@ class Client:
         return self._dp().limits
 
     @property
+    def transport(self):
+        """The data plane's transport (:class:`TransportInfo`): what ``"auto"`` chose.
+        Sets up the data plane if it is not up yet."""
+        t = self._dp().transport
+        return TransportInfo(*t) if t is not None else None
+
+    @property
+    def region_cache(self):
+        """The region cache's counters: ``hits``, ``registered``, ``uncached`` and
+        ``free_bytes`` (registered memory kept for reuse)."""
+        with self._lock:
+            cache = self._cache if self._pid == os.getpid() else None
+        if cache is None:
+            return {"hits": 0, "registered": 0, "uncached": 0, "free_bytes": 0}
+        return {**cache.stats, "free_bytes": cache.free_bytes}
+
+    @property
     def progress_cpu_s(self):
         """CPU seconds of the data plane's progress thread (0 on shared memory)."""
         with self._lock:
@@ -244,6 +466,9 @@ class Client:
         with self._lock:
             sessions = [s for s in (self._control, self._data) if s is not None]
             same_process = self._pid == os.getpid()
+            cache, self._cache = self._cache, None
+        if cache is not None and same_process:
+            cache.clear()
         if same_process:
             first = None
             for s in sessions:
@@ -372,23 +597,41 @@ class Client:
         return self.submit([(False, f, r, ro, n, fo, False) for f, r, ro, n, fo in reads])
 
     def read_bytes(self, path):
-        """A whole file as ``bytes`` (copied out of registered memory: for small files
-        and tests; datasets use regions directly)."""
+        """A whole file as ``bytes`` (one copy out of registered memory the client
+        keeps for reuse; datasets use regions directly)."""
+        with self.read_file(path) as f:
+            return f.read()
+
+    def read_file(self, path):
+        """A whole file read into registered memory, as a read-only seekable
+        :class:`RegionFile`: ``numpy.load(client.read_file("a.npz"))`` works, and
+        ``f.getbuffer()`` is a view with no copy. Close it (or use ``with``) to give the
+        memory back to the client's region cache."""
         with self.open(path) as f:
             if f.size == 0:
-                return b""
-            with self.region(f.size, "w") as r:
-                n = f.read_into(r)
-                return bytes(memoryview(r)[:n])
+                return RegionFile(b"")
+            cache = self._regions()
+            r = cache.acquire(f.size)
+            try:
+                n = f.read_into(r, 0, length=f.size)
+            except BaseException:
+                cache.release(r)
+                raise
+        return RegionFile(r, n, on_close=lambda: cache.release(r))
 
     def write_bytes(self, path, data, sync=False):
         """Create (or replace the contents of) ``path`` with ``data``."""
         data = memoryview(data).cast("B")
         with self.open(path, "w") as f:
             if len(data):
-                with self.region(len(data), "r") as r:
-                    memoryview(r)[:] = data
-                    f.write_from(r, len(data), sync=sync)
+                cache = self._regions()
+                r = cache.acquire(len(data))
+                try:
+                    with memoryview(r) as view:
+                        view[: len(data)] = data
+                    f.write_from(r, 0, length=len(data), sync=sync)
+                finally:
+                    cache.release(r)
         return len(data)
 
 
@@ -396,8 +639,15 @@ class Client:
 # them at once instead of when their lease lapses. DataLoader workers leave through
 # multiprocessing, which runs its finalizers (not atexit handlers); the main process
 # runs them at exit too. A session dropped earlier detaches itself.
+#
+# SIGTERM (a DataLoader shutting down a worker that did not stop in time, a batch
+# scheduler) ends a process without either: a handler detaches first and then does
+# what was there before (the previous Python handler, or dying of the signal).
+# SIGKILL cannot be caught: the agent notices the closed connection instead.
+# DPUIO_SIGTERM_HANDLER=0 leaves SIGTERM alone.
 _LIVE_SESSIONS = weakref.WeakSet()
 _EXIT_HOOK_PID = None
+_PREVIOUS_SIGTERM = None
 
 
 def _watch_exit():
@@ -405,12 +655,39 @@ def _watch_exit():
     if _EXIT_HOOK_PID != os.getpid():
         _EXIT_HOOK_PID = os.getpid()
         multiprocessing.util.Finalize(None, _detach_live_sessions, exitpriority=10)
+        atexit.register(_detach_live_sessions)
+        _install_sigterm_handler()
+
+
+def _install_sigterm_handler():
+    global _PREVIOUS_SIGTERM
+    if os.environ.get("DPUIO_SIGTERM_HANDLER", "1") == "0":
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal.signal works in the main thread only; a later client may
+    current = signal.getsignal(signal.SIGTERM)
+    # None: a handler set outside Python, which we cannot chain; SIG_IGN: asked for.
+    if current is _on_sigterm or current is None or current is signal.SIG_IGN:
+        return
+    _PREVIOUS_SIGTERM = current
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum, frame):
+    _detach_live_sessions()
+    previous = _PREVIOUS_SIGTERM
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # The default: die of the signal, as the process would have without us.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _detach_live_sessions():
     for s in list(_LIVE_SESSIONS):
         try:
-            s.detach()  # a no-op for sessions of another process
+            s.detach()  # a no-op for sessions of another process, and when detached
         except Exception:
             pass
 

@@ -22,7 +22,7 @@ import threading
 import uuid
 from collections import OrderedDict, deque
 
-from . import Client
+from . import Client, _seek_position
 from ._errors import Closed, Error, InvalidArgument, TransformError
 
 __all__ = [
@@ -361,7 +361,7 @@ class CheckpointWriter(io.RawIOBase):
         chunk, n, at = self._chunk, self._fill, self._offset
         self._view.release()
         self._chunk = self._view = None
-        self._in_flight.append((self._pool.submit(self._file.write_from, chunk, n, at), chunk))
+        self._in_flight.append((self._pool.submit(self._file.write_from, chunk, at, length=n), chunk))
         self._offset += n
         self._fill = 0
 
@@ -487,18 +487,8 @@ class CheckpointReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset, whence=io.SEEK_SET):
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self.size + offset
-        else:
-            raise InvalidArgument(f"bad whence {whence}")
-        if pos < 0:
-            raise InvalidArgument(f"negative seek position {pos}")
-        self._pos = pos
-        return pos
+        self._pos = _seek_position(self._pos, self.size, offset, whence)
+        return self._pos
 
     def _load(self, first):
         last_chunk = (self.size - 1) // self.chunk_bytes

@@ -196,29 +196,34 @@ impl PyFile {
         py.detach(|| Ok(self.session.run(file.close())??))
     }
 
-    /// Read into `region` at `region_offset` from `file_offset`: `length` bytes (default:
-    /// the rest of the region). Returns the bytes read (short only at end of file).
-    #[pyo3(signature = (region, file_offset=0, region_offset=0, length=None))]
+    /// Read `length` bytes (default: the rest of the region) at `file_offset` into
+    /// `region` at `region_offset`. Returns the bytes read (short only at end of file).
+    ///
+    /// Both directions take (region, file_offset, *, length, region_offset): only the
+    /// two that say where are positional, so a call written for the old orders (which
+    /// differed between the two) fails instead of moving the wrong bytes.
+    #[pyo3(signature = (region, file_offset=0, *, length=None, region_offset=0))]
     fn read_into(
         &self,
         py: Python<'_>,
         region: &Bound<'_, PyRegion>,
         file_offset: u64,
-        region_offset: u64,
         length: Option<u64>,
+        region_offset: u64,
     ) -> R<u64> {
         self.io(py, Opcode::Read, region.get(), IoSpec { file_offset, region_offset, length, sync: false })
     }
 
     /// Write `length` bytes (default: the rest of the region) from `region` at
-    /// `region_offset` to `file_offset`; with `sync`, durable before it returns.
-    #[pyo3(signature = (region, length=None, file_offset=0, region_offset=0, sync=false))]
+    /// `region_offset` to the file at `file_offset`; with `sync`, durable before it
+    /// returns. The arguments are those of `read_into`, plus `sync`.
+    #[pyo3(signature = (region, file_offset=0, *, length=None, region_offset=0, sync=false))]
     fn write_from(
         &self,
         py: Python<'_>,
         region: &Bound<'_, PyRegion>,
-        length: Option<u64>,
         file_offset: u64,
+        length: Option<u64>,
         region_offset: u64,
         sync: bool,
     ) -> R<u64> {

@@ -165,6 +165,13 @@ impl PySession {
         .collect())
     }
 
+    /// The data plane's transport as (name, provider, fabric_provider, detail), or None
+    /// for a control-only session: what "auto" chose.
+    #[getter]
+    fn transport(&self) -> R<Option<(String, String, String, String)>> {
+        Ok(self.client()?.transport().map(|t| (t.name, t.provider, t.fabric_provider, t.detail)))
+    }
+
     /// CPU seconds of the data plane's progress thread (0 on shared memory).
     #[getter]
     fn progress_cpu_s(&self) -> R<f64> {

@@ -122,6 +122,21 @@ def test_write_from_a_region(agent, client):
             f.read_into(r, region_offset=len(data) - 5, length=10)
 
 
+def test_read_into_and_write_from_take_the_same_arguments(agent, client):
+    data = agent.put("/args/a.bin", pattern(8192, seed=5))
+    with client.open("/args/a.bin", "r+") as f, client.region(8192, "rw") as r:
+        # (region, file_offset, *, length, region_offset) in both directions
+        assert f.read_into(r, 4096, length=100, region_offset=10) == 100
+        assert bytes(memoryview(r)[10:110]) == data[4096:4196]
+        assert f.write_from(r, 0, length=100, region_offset=10, sync=True) == 100
+        assert agent.read("/args/a.bin")[:100] == data[4096:4196]
+        # The old positional forms (which differed) fail rather than move other bytes.
+        with pytest.raises(TypeError):
+            f.read_into(r, 0, 10, 100)
+        with pytest.raises(TypeError):
+            f.write_from(r, 100, 0, 10)
+
+
 def test_requests_larger_than_the_agent_allows_are_split(small_io_agent):
     agent = small_io_agent
     with dpuio.Client(agent.addr) as client:
@@ -277,3 +292,26 @@ def test_a_vanished_agent_gives_errors_not_crashes(agent):
     assert c.closed
     with pytest.raises(dpuio.Closed):
         c.stat("/")
+
+
+def test_importing_dpuio_leaves_sigint_and_sigterm_to_the_program():
+    """libfabric's PSM dependency catches SIGINT/SIGTERM at load time and exits 1; the
+    package keeps it from doing so: Ctrl-C is a KeyboardInterrupt, SIGTERM a signal death."""
+    import signal
+    import subprocess
+    import sys
+
+    program = (
+        "import os, signal, time\n"
+        "import dpuio\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT); time.sleep(2)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('KeyboardInterrupt')\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(2)\n"
+        "print('survived SIGTERM')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "IPATH_NO_BACKTRACE"}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout == "KeyboardInterrupt\n", (done.stdout, done.stderr)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr)

@@ -15,6 +15,63 @@ use dpuio_shim::{Access, Attr, Client, ConnectOptions, DataPlaneOptions, EntryKi
 const TRANSFER_CHUNK_BYTES: usize = 4 << 20;
 /// Requests in flight per batch.
 const TRANSFER_DEPTH: usize = 4;
+/// The exit status when whoever reads stdout went away (`dpuio ls | head`): what a
+/// shell reports for coreutils killed by SIGPIPE (128 + 13), so `set -o pipefail`
+/// scripts see the same as with `ls`; nothing is printed.
+const BROKEN_PIPE_STATUS: u8 = 141;
+
+/// Why a command stopped.
+enum Failure {
+    /// The agent or the data plane said no: printed, exit 1.
+    Shim(dpuio_shim::Error),
+    /// Writing to stdout (or the local file) failed.
+    Output { name: String, error: std::io::Error },
+}
+
+impl From<dpuio_shim::Error> for Failure {
+    fn from(e: dpuio_shim::Error) -> Failure {
+        Failure::Shim(e)
+    }
+}
+
+/// Writes lines to stdout, remembering the first failure (a closed pipe) so a listing
+/// stops instead of panicking in `println!`.
+struct Stdout {
+    failed: Option<std::io::Error>,
+}
+
+impl Stdout {
+    fn new() -> Stdout {
+        Stdout { failed: None }
+    }
+
+    /// Print a line; after a failure, an error that stops a listing (the failure
+    /// itself comes from [`Stdout::finish`]).
+    fn line(&mut self, line: std::fmt::Arguments<'_>) -> dpuio_shim::Result<()> {
+        if self.failed.is_none()
+            && let Err(e) = writeln!(std::io::stdout().lock(), "{line}")
+        {
+            self.failed = Some(e);
+        }
+        match &self.failed {
+            None => Ok(()),
+            Some(e) => Err(dpuio_shim::Error::DataPlane { op: "write to stdout".into(), reason: e.to_string() }),
+        }
+    }
+
+    /// The first write failure, if any, else `result`; flushes.
+    fn finish<T>(mut self, result: dpuio_shim::Result<T>) -> Result<T, Failure> {
+        if self.failed.is_none()
+            && let Err(e) = std::io::stdout().lock().flush()
+        {
+            self.failed = Some(e);
+        }
+        match self.failed {
+            Some(error) => Err(Failure::Output { name: "stdout".into(), error }),
+            None => Ok(result?),
+        }
+    }
+}
 
 /// Work with the files of your tenant's container through the dpuio agent.
 #[derive(Parser)]
@@ -116,14 +173,22 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("dpuio: {e}");
+        Err(Failure::Output { error, .. }) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::from(BROKEN_PIPE_STATUS)
+        }
+        Err(Failure::Output { name, error }) => {
+            // eprintln! could panic the same way when stderr is gone too.
+            let _ = writeln!(std::io::stderr(), "dpuio: write to {name}: {error}");
+            ExitCode::FAILURE
+        }
+        Err(Failure::Shim(e)) => {
+            let _ = writeln!(std::io::stderr(), "dpuio: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(cli: Cli) -> dpuio_shim::Result<()> {
+async fn run(cli: Cli) -> Result<(), Failure> {
     let base = cli.connect.connect_options("dpuio cli");
     let command = cli.command;
     let moves_data = matches!(command, Command::Put { .. } | Command::Get { .. } | Command::Cat { .. });
@@ -140,35 +205,43 @@ async fn run(cli: Cli) -> dpuio_shim::Result<()> {
     let result = run_command(&client, command).await;
     // Detach even after a failed command, so the agent frees the session at once.
     let detached = client.detach().await;
-    result.and(detached)
+    result.and(detached.map_err(Failure::from))
 }
 
-async fn run_command(client: &Client, command: Command) -> dpuio_shim::Result<()> {
+async fn run_command(client: &Client, command: Command) -> Result<(), Failure> {
     match command {
         Command::Delegate { prefix, ops, lifetime } => {
             let ops: Vec<String> = ops.split(',').map(str::trim).filter(|o| !o.is_empty()).map(String::from).collect();
             let (token, _expires) = client.delegate(&prefix, &ops, lifetime).await?;
-            println!("{token}");
+            let mut out = Stdout::new();
+            let printed = out.line(format_args!("{token}"));
+            out.finish(printed)?;
         }
         Command::Ls { long, path } => {
-            client
+            let mut out = Stdout::new();
+            let listed = client
                 .readdir_batches(&path, None, 0, |batch| {
                     for e in batch {
                         if long {
-                            println!("{}", long_line(&e.attr, &e.name));
+                            out.line(format_args!("{}", long_line(&e.attr, &e.name)))?;
                         } else {
-                            println!("{}", e.name);
+                            out.line(format_args!("{}", e.name))?;
                         }
                     }
                     Ok(())
                 })
-                .await?;
+                .await;
+            out.finish(listed)?;
         }
         Command::Stat { paths } => {
+            let mut out = Stdout::new();
             for path in paths {
                 let a = client.stat(&path).await?;
-                println!("{}", long_line(&a, &path));
+                if out.line(format_args!("{}", long_line(&a, &path))).is_err() {
+                    break; // finish() says why
+                }
             }
+            out.finish(Ok(()))?;
         }
         Command::Mkdir { parents, paths } => {
             for path in paths {
@@ -198,7 +271,7 @@ async fn run_command(client: &Client, command: Command) -> dpuio_shim::Result<()
                 match client.create(&path, true).await {
                     Ok(file) => file.close().await?,
                     Err(e) if e.code() == Some(tonic::Code::AlreadyExists) => {}
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
         }
@@ -259,7 +332,8 @@ async fn put(client: &Client, local: &std::path::Path, remote: &str) -> dpuio_sh
 }
 
 /// Have the agent read a file into registered buffers, then copy them to `out`.
-async fn get(client: &Client, remote: &str, mut out: impl Write, name: &str) -> dpuio_shim::Result<()> {
+async fn get(client: &Client, remote: &str, mut out: impl Write, name: &str) -> Result<(), Failure> {
+    let output = |error| Failure::Output { name: name.to_owned(), error };
     let file = client.open(remote, Access::ReadOnly).await?;
     let size = file.attr().size;
     let pool = client.region_pool(TRANSFER_CHUNK_BYTES, TRANSFER_DEPTH).await?;
@@ -277,16 +351,18 @@ async fn get(client: &Client, remote: &str, mut out: impl Write, name: &str) -> 
         let done = client.submit(requests).await?;
         for ((_, buf), d) in buffers.iter().zip(&done) {
             let n = d.result.map_err(|status| dpuio_shim::Error::Io { op: format!("read {remote}"), status })?;
-            out.write_all(&buf.memory().as_slice()[..n as usize])
-                .map_err(|e| dpuio_shim::Error::DataPlane { op: format!("write to {name}"), reason: e.to_string() })?;
+            if let Err(e) = out.write_all(&buf.memory().as_slice()[..n as usize]) {
+                let _ = file.close().await;
+                return Err(output(e));
+            }
             offset += n;
             if n == 0 {
                 offset = size; // the file shrank under us
             }
         }
     }
-    out.flush().map_err(|e| dpuio_shim::Error::DataPlane { op: format!("write to {name}"), reason: e.to_string() })?;
-    file.close().await
+    out.flush().map_err(output)?;
+    Ok(file.close().await?)
 }
 
 fn read_full(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {

@@ -1,0 +1,478 @@
+//! A blocking, path-based POSIX layer over the client, for callers that stand in for a
+//! file system: the `LD_PRELOAD` library (`host-shim/preload`) and, next, FUSE.
+//!
+//! It adds what POSIX callers take for granted and the dpuio API leaves out:
+//! - a [`Mount`] attached from the environment (the `DPUIO_*` variables of the CLI);
+//! - `errno` on every failure ([`PosixError`]), from [`Error::errno`];
+//! - reads and writes between the caller's own memory and the file: data lands in a
+//!   registered region from a small pool that is registered once and reused, then is
+//!   copied once into the caller's buffer (what `pread` from the page cache costs
+//!   anyway). Nothing is registered per call;
+//! - POSIX shapes of namespace calls: `unlink` of a directory is `EISDIR`, `rmdir` of a
+//!   file `ENOTDIR`, `rename` replaces a file that exists, `open` with `O_CREAT` but no
+//!   `O_EXCL` opens or creates.
+//!
+//! What it deliberately does not do: file descriptors, offsets shared between them,
+//! prefixes and path rewriting beyond [`mount_relative`], which belong to the caller.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::blocking::{Code, DirStream, Failure, Session};
+use crate::cli::ConnectArgs;
+use crate::{Access, Attr, DataPlaneOptions, EntryKind, Error, File, RegionPool};
+
+/// Bytes of each registered staging region; longer reads and writes go through it in
+/// pieces of this size.
+pub const REGION_BYTES: usize = 4 << 20;
+/// Staging regions per mount at most (a thread without a free one waits).
+const MAX_REGIONS: usize = 8;
+
+/// A failure with the `errno` a POSIX program expects and a message for people.
+#[derive(Debug, Clone)]
+pub struct PosixError {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl PosixError {
+    pub fn new(errno: rustix::io::Errno, message: impl Into<String>) -> PosixError {
+        PosixError { errno: errno.raw_os_error(), message: message.into() }
+    }
+}
+
+impl std::fmt::Display for PosixError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (errno {})", self.message, self.errno)
+    }
+}
+
+impl std::error::Error for PosixError {}
+
+impl From<Error> for PosixError {
+    fn from(e: Error) -> PosixError {
+        PosixError { errno: e.errno(), message: e.to_string() }
+    }
+}
+
+impl From<Failure> for PosixError {
+    fn from(f: Failure) -> PosixError {
+        use rustix::io::Errno;
+        let errno = match f.code {
+            Code::InvalidArgument | Code::OutOfRange => Errno::INVAL,
+            Code::NotFound => Errno::NOENT,
+            Code::AlreadyExists => Errno::EXIST,
+            Code::PermissionDenied => Errno::ACCESS,
+            Code::ResourceExhausted => Errno::MFILE,
+            Code::TimedOut => Errno::TIMEDOUT,
+            Code::Busy => Errno::AGAIN,
+            Code::Closed => Errno::BADF,
+            Code::Unsupported => Errno::NOSYS,
+            Code::FailedPrecondition
+            | Code::Unavailable
+            | Code::Io
+            | Code::Integrity
+            | Code::Protocol
+            | Code::Internal => Errno::IO,
+        };
+        PosixError { errno: errno.raw_os_error(), message: f.message }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, PosixError>;
+
+/// The path inside the container that `path` names when the mount is at `prefix`, or
+/// `None` when `path` is not under it. Lexical, like the kernel's view of a mount
+/// point without symlinks: `//` and `.` collapse, `..` climbs (so
+/// `/mnt/dpuio/../etc` is not under `/mnt/dpuio`). `path` must be absolute.
+pub fn mount_relative(prefix: &str, path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return None;
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    let mut base = prefix.split('/').filter(|p| !p.is_empty() && *p != ".");
+    let mut rest = parts.iter();
+    for want in base.by_ref() {
+        if rest.next() != Some(&want) {
+            return None;
+        }
+    }
+    let inside: Vec<&str> = rest.copied().collect();
+    Some(format!("/{}", inside.join("/")))
+}
+
+/// `name` resolved against the container directory `dir` (both as dpuio paths), with
+/// the same lexical rules as [`mount_relative`]; `..` never climbs above the root.
+pub fn join(dir: &str, name: &str) -> String {
+    if name.starts_with('/') {
+        return mount_relative("/", name).unwrap_or_else(|| "/".into());
+    }
+    mount_relative("/", &format!("{dir}/{name}")).unwrap_or_else(|| "/".into())
+}
+
+/// How a file is opened, from `open(2)` flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenFlags {
+    pub read: bool,
+    pub write: bool,
+    pub create: bool,
+    pub exclusive: bool,
+    pub truncate: bool,
+    pub append: bool,
+}
+
+/// What `open` found.
+pub enum Opened {
+    File(OpenFile),
+    /// A directory opened for reading (`opendir`, `O_DIRECTORY`, `fts`): no handle at the
+    /// agent, its attributes as of open.
+    Directory(Attr),
+}
+
+/// An open file: the agent's handle and how it was opened. Offsets are the caller's.
+pub struct OpenFile {
+    file: File,
+    flags: OpenFlags,
+    /// Size as far as this handle knows (for `O_APPEND` and `SEEK_END` without a round
+    /// trip): the size at open, grown by this handle's writes.
+    size: AtomicU64,
+}
+
+impl OpenFile {
+    pub fn path(&self) -> &str {
+        self.file.path()
+    }
+    pub fn flags(&self) -> OpenFlags {
+        self.flags
+    }
+    /// The size this handle knows of (see [`Mount::fstat`] for the agent's).
+    pub fn known_size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+}
+
+/// Bytes moved through a mount and copied between its regions and callers' buffers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MountStats {
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+/// An attached session used the POSIX way.
+pub struct Mount {
+    session: Session,
+    regions: Mutex<Option<RegionPool>>,
+    region_bytes: usize,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+#[derive(clap::Parser)]
+struct FromEnv {
+    #[command(flatten)]
+    connect: ConnectArgs,
+}
+
+impl Mount {
+    /// Attach with the `DPUIO_*` variables the `dpuio` CLI reads (`DPUIO_AGENT`,
+    /// `DPUIO_CERT`/`KEY`/`CA`, `DPUIO_CONFIG_DIR`, `DPUIO_TOKEN`, `DPUIO_TENANT`,
+    /// `DPUIO_TRANSPORT`, `DPUIO_INTERFACE`), with a data plane.
+    pub fn from_env(client_name: &str) -> Result<Mount> {
+        use clap::Parser;
+        let args = FromEnv::try_parse_from([client_name])
+            .map_err(|e| PosixError::new(rustix::io::Errno::INVAL, format!("the DPUIO_* variables: {e}")))?;
+        let mut options = args.connect.connect_options(client_name);
+        options.data_plane = Some(DataPlaneOptions { interface: args.connect.interface, ..Default::default() });
+        Mount::attach(options)
+    }
+
+    /// Attach with `options` (which must ask for a data plane to move data).
+    pub fn attach(options: crate::ConnectOptions) -> Result<Mount> {
+        let session = Session::attach(options)?;
+        let region_bytes = REGION_BYTES.min(session.max_io_bytes().max(4096) as usize);
+        Ok(Mount {
+            session,
+            regions: Mutex::new(None),
+            region_bytes,
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+        })
+    }
+
+    /// The blocking session underneath.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// True in a process other than the one that attached (a forked child): every call
+    /// fails with `EBADF` there and the caller should attach a mount of its own.
+    pub fn is_foreign(&self) -> bool {
+        self.session.is_foreign()
+    }
+
+    pub fn stats(&self) -> MountStats {
+        MountStats {
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+        }
+    }
+
+    fn call<T>(&self, f: impl std::future::Future<Output = crate::Result<T>>) -> Result<T> {
+        Ok(self.session.run(f)??)
+    }
+
+    pub fn stat(&self, path: &str) -> Result<Attr> {
+        let client = self.session.client()?;
+        self.call(client.stat(path))
+    }
+
+    /// Open `path` as `open(2)` would with `flags`.
+    pub fn open(&self, path: &str, flags: OpenFlags) -> Result<Opened> {
+        let client = self.session.client()?;
+        let access = if flags.write { Access::ReadWrite } else { Access::ReadOnly };
+        let file = if flags.create && flags.exclusive {
+            self.call(client.create(path, true))?
+        } else if flags.create && flags.truncate {
+            self.call(client.create(path, false))?
+        } else if flags.create {
+            match self.call(client.open(path, Access::ReadWrite)) {
+                Err(e) if e.errno == rustix::io::Errno::NOENT.raw_os_error() => {
+                    match self.call(client.create(path, true)) {
+                        // Another process made it meanwhile: open what it made.
+                        Err(e) if e.errno == rustix::io::Errno::EXIST.raw_os_error() => {
+                            self.call(client.open(path, Access::ReadWrite))?
+                        }
+                        other => other?,
+                    }
+                }
+                other => other?,
+            }
+        } else {
+            match self.call(client.open(path, access)) {
+                Ok(file) => file,
+                Err(e) if e.errno == rustix::io::Errno::ISDIR.raw_os_error() && !flags.write => {
+                    return Ok(Opened::Directory(self.stat(path)?));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if flags.truncate && !flags.create && flags.write && file.attr().size != 0 {
+            self.call(file.truncate(0))?;
+        }
+        let size = if flags.truncate { 0 } else { file.attr().size };
+        Ok(Opened::File(OpenFile { file, flags, size: AtomicU64::new(size) }))
+    }
+
+    /// The directory at `path`, as `opendir` needs it (`ENOTDIR` for a file).
+    pub fn open_directory(&self, path: &str) -> Result<Attr> {
+        let attr = self.stat(path)?;
+        if attr.kind != EntryKind::Directory {
+            return Err(PosixError::new(rustix::io::Errno::NOTDIR, format!("{path}: not a directory")));
+        }
+        Ok(attr)
+    }
+
+    /// Stream the entries of the directory at `path`.
+    pub fn readdir(&self, path: &str) -> Result<DirStream> {
+        Ok(DirStream::open(&self.session, path, 0)?)
+    }
+
+    fn pool(&self) -> Result<RegionPool> {
+        let mut pool = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pool) = pool.as_ref() {
+            return Ok(pool.clone());
+        }
+        let client = self.session.data_client()?;
+        let count = self.session.rings().clamp(1, MAX_REGIONS);
+        let made = self.call(client.region_pool(self.region_bytes, count))?;
+        *pool = Some(made.clone());
+        Ok(made)
+    }
+
+    /// Read into `out` from `offset`; returns the bytes read (fewer only at end of file).
+    pub fn read_at(&self, f: &OpenFile, out: &mut [u8], offset: u64) -> Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        if !f.flags.read {
+            return Err(PosixError::new(rustix::io::Errno::BADF, format!("{}: not open for reading", f.path())));
+        }
+        let pool = self.pool()?;
+        let buffer = pool.get();
+        let mut done = 0;
+        while done < out.len() {
+            let want = (out.len() - done).min(buffer.len());
+            let request = f.file.read_request(&buffer, 0, want as u64, offset + done as u64);
+            let moved = self.one(f, "read", request)? as usize;
+            let moved = moved.min(want);
+            // The one copy: from the region the agent wrote into the caller's buffer.
+            buffer.memory().read_at(0, &mut out[done..done + moved]);
+            done += moved;
+            if moved < want {
+                break;
+            }
+        }
+        self.bytes_read.fetch_add(done as u64, Ordering::Relaxed);
+        Ok(done)
+    }
+
+    /// Write `data` at `offset` (at the end of the file for `O_APPEND`, as far as this
+    /// handle knows it); returns the offset written at and the bytes written.
+    pub fn write_at(&self, f: &OpenFile, data: &[u8], offset: u64) -> Result<(u64, usize)> {
+        if !f.flags.write {
+            return Err(PosixError::new(rustix::io::Errno::BADF, format!("{}: not open for writing", f.path())));
+        }
+        let offset = if f.flags.append { f.known_size() } else { offset };
+        if data.is_empty() {
+            return Ok((offset, 0));
+        }
+        let pool = self.pool()?;
+        let mut buffer = pool.get();
+        let mut done = 0;
+        while done < data.len() {
+            let n = (data.len() - done).min(buffer.len());
+            buffer.memory_mut().as_mut_slice()[..n].copy_from_slice(&data[done..done + n]);
+            let request = f.file.write_request(&buffer, 0, n as u64, offset + done as u64);
+            let moved = self.one(f, "write", request)? as usize;
+            done += moved.min(n);
+            if moved < n {
+                break;
+            }
+        }
+        f.size.fetch_max(offset + done as u64, Ordering::AcqRel);
+        self.bytes_written.fetch_add(done as u64, Ordering::Relaxed);
+        Ok((offset, done))
+    }
+
+    fn one(&self, f: &OpenFile, op: &str, request: crate::Request) -> Result<u64> {
+        let results = self.session.submit(&[request])?;
+        match results.first() {
+            Some(Ok(n)) => Ok(*n),
+            Some(Err(status)) => Err(PosixError {
+                errno: crate::error::io_errno(*status),
+                message: format!("{op} {}: {} ({status:?})", f.path(), status.describe()),
+            }),
+            None => Err(PosixError::new(rustix::io::Errno::IO, format!("{op} {}: no completion", f.path()))),
+        }
+    }
+
+    /// Current attributes of an open file (and what this handle knows of its size).
+    pub fn fstat(&self, f: &OpenFile) -> Result<Attr> {
+        let mut attr = self.call(f.file.stat())?;
+        attr.size = attr.size.max(f.known_size());
+        f.size.store(attr.size, Ordering::Release);
+        Ok(attr)
+    }
+
+    pub fn ftruncate(&self, f: &OpenFile, size: u64) -> Result<()> {
+        if !f.flags.write {
+            return Err(PosixError::new(rustix::io::Errno::INVAL, format!("{}: not open for writing", f.path())));
+        }
+        self.call(f.file.truncate(size))?;
+        f.size.store(size, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn fsync(&self, f: &OpenFile) -> Result<()> {
+        self.call(f.file.sync())
+    }
+
+    /// Close the handle at the agent (a written file is durable once this returns).
+    pub fn close(&self, f: OpenFile) -> Result<()> {
+        self.call(f.file.close())
+    }
+
+    pub fn mkdir(&self, path: &str) -> Result<()> {
+        let client = self.session.client()?;
+        self.call(client.mkdir(path, false)).map(drop)
+    }
+
+    /// Remove a file (`EISDIR` for a directory, as `unlink(2)`).
+    pub fn unlink(&self, path: &str) -> Result<()> {
+        if self.stat(path)?.kind == EntryKind::Directory {
+            return Err(PosixError::new(rustix::io::Errno::ISDIR, format!("unlink {path}: is a directory")));
+        }
+        let client = self.session.client()?;
+        self.call(client.remove(path, false))
+    }
+
+    /// Remove an empty directory (`ENOTDIR` for a file, as `rmdir(2)`).
+    pub fn rmdir(&self, path: &str) -> Result<()> {
+        if self.stat(path)?.kind != EntryKind::Directory {
+            return Err(PosixError::new(rustix::io::Errno::NOTDIR, format!("rmdir {path}: not a directory")));
+        }
+        let client = self.session.client()?;
+        self.call(client.remove(path, false))
+    }
+
+    /// Rename, replacing a file at `to` as `rename(2)` does. The agent refuses to
+    /// replace, so this removes `to` first: not atomic (a reader may briefly see no
+    /// `to`), which write-then-rename savers tolerate.
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let client = self.session.client()?;
+        match self.call(client.rename(from, to)) {
+            Err(e) if e.errno == rustix::io::Errno::EXIST.raw_os_error() => {
+                let (source, target) = (self.stat(from)?, self.stat(to)?);
+                if target.kind == EntryKind::Directory && source.kind != EntryKind::Directory {
+                    return Err(PosixError::new(
+                        rustix::io::Errno::ISDIR,
+                        format!("rename {from} to {to}: {to} is a directory"),
+                    ));
+                }
+                self.call(client.remove(to, false))?;
+                self.call(client.rename(from, to))
+            }
+            other => other,
+        }
+    }
+
+    /// Rename, failing with `EEXIST` if `to` exists (`RENAME_NOREPLACE`).
+    pub fn rename_noreplace(&self, from: &str, to: &str) -> Result<()> {
+        let client = self.session.client()?;
+        self.call(client.rename(from, to))
+    }
+
+    pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
+        let client = self.session.client()?;
+        self.call(client.truncate(path, size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_under_the_prefix_map_into_the_container() {
+        let m = |p| mount_relative("/mnt/dpuio", p);
+        assert_eq!(m("/mnt/dpuio").as_deref(), Some("/"));
+        assert_eq!(m("/mnt/dpuio/").as_deref(), Some("/"));
+        assert_eq!(m("/mnt/dpuio/a/b").as_deref(), Some("/a/b"));
+        assert_eq!(m("//mnt/./dpuio//a/./b/").as_deref(), Some("/a/b"));
+        assert_eq!(m("/mnt/dpuio/a/../b").as_deref(), Some("/b"));
+        assert_eq!(m("/mnt/dpuiox/a"), None);
+        assert_eq!(m("/mnt/dpuio/../etc/passwd"), None);
+        assert_eq!(m("/mnt"), None);
+        assert_eq!(m("relative/path"), None);
+        assert_eq!(mount_relative("/mnt/dpuio/", "/mnt/dpuio/x").as_deref(), Some("/x"));
+        assert_eq!(mount_relative("/", "/x/y").as_deref(), Some("/x/y"));
+    }
+
+    #[test]
+    fn names_join_under_a_directory_and_never_climb_out() {
+        assert_eq!(join("/a", "b"), "/a/b");
+        assert_eq!(join("/", "b/c"), "/b/c");
+        assert_eq!(join("/a/b", ".."), "/a");
+        assert_eq!(join("/a", "../../.."), "/");
+        assert_eq!(join("/a", "."), "/a");
+    }
+}
