@@ -261,13 +261,19 @@ impl DataPlane {
             .join("; ")
     }
 
-    /// One line for the start-up log: per worker, what it offers and its address
-    /// length, e.g. `ucx (address 179 bytes), ofi (shm) (address 37 bytes)`;
-    /// [`DataPlane::describe`] has the transports' own (multi-line) account.
+    /// One line for the start-up log: per worker, what it offers, its modules and its
+    /// address length, e.g. `ucx (modules self tcp sysv posix ib rdmacm cma; address 179
+    /// bytes), ofi (shm) (address 37 bytes)`; [`DataPlane::describe`] has the
+    /// transports' own (multi-line) account.
     pub fn summary(&self) -> String {
         self.workers
             .iter()
-            .map(|w| format!("{} (address {} bytes)", offer_name(&w.worker), w.address.len()))
+            .map(|w| {
+                let modules = w.worker.modules();
+                let modules =
+                    if modules.is_empty() { String::new() } else { format!("modules {}; ", modules.join(" ")) };
+                format!("{} ({modules}address {} bytes)", offer_name(&w.worker), w.address.len())
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }

@@ -240,6 +240,7 @@ fn incoming(
 fn shutdown_signal(agent: Arc<Agent>) -> Result<impl std::future::Future<Output = ()>, ServeError> {
     use tokio::signal::unix::{SignalKind, signal};
     fabric::drop_load_time_signal_handlers();
+    fabric::restore_default_termination_signals();
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
     Ok(async move {

@@ -197,6 +197,16 @@ impl Worker {
         }
     }
 
+    /// The provider's loaded modules where it has them (UCX's components, e.g. `self,
+    /// tcp, sysv, posix, ib, rdmacm, cma`); empty for libfabric, whose providers are
+    /// chosen by name.
+    pub fn modules(&self) -> Vec<String> {
+        match self {
+            Worker::Ucx(w) => w.context().components(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Doorbells that arrived malformed (wrong size) and were dropped.
     pub fn malformed_doorbells(&self) -> u64 {
         each!(self, w => w.malformed_doorbells())

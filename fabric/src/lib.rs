@@ -235,6 +235,20 @@ pub fn drop_load_time_signal_handlers() -> Vec<libc::c_int> {
     reset
 }
 
+/// Puts SIGTERM and SIGINT back to their default action whoever installed the handler:
+/// for a program about to install its own. Besides the load-time handlers above,
+/// libfabric's shm provider installs its own when an endpoint opens (it removes its
+/// shared-memory files, then calls the handler it found, which may be
+/// `libinfinipath`'s `exit(1)`); tokio chains to whatever handler it finds, so a
+/// graceful stop on SIGTERM needs the default there first.
+pub fn restore_default_termination_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: setting a standard signal to SIG_DFL installs no code of ours and is
+        // async-signal-safe; called before the program installs its own handlers.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
 /// Whether the code at `handler` belongs to a shared object whose file name contains
 /// one of `libraries`.
 fn handler_lives_in(handler: libc::sighandler_t, libraries: &[&str]) -> bool {

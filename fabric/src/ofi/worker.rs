@@ -240,6 +240,9 @@ fn get_info(config: &OfiConfig) -> Result<*mut sys::fi_info> {
     Ok(info)
 }
 
+/// The step whose EBUSY [`Worker::open`] retries.
+const ENABLE: &str = "enable endpoint (fi_enable)";
+
 impl Worker {
     /// Finds the provider `config.provider` (`fi_getinfo` with `FI_RMA | FI_MSG` on
     /// an RDM endpoint), opens fabric, domain, address vector, completion queue and
@@ -247,6 +250,23 @@ impl Worker {
     ///
     /// [`Error::ProviderUnavailable`] when libfabric has no such provider here.
     pub fn open(config: &OfiConfig) -> Result<Worker> {
+        // The shm provider names each endpoint's shared-memory region itself; endpoints
+        // opened at once in one process have been seen to collide (fi_enable EBUSY, once
+        // in a run of the e2e tests under DAOS's libfabric build). A new endpoint gets a
+        // new name: try again, a few times.
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            match Worker::open_once(config) {
+                Err(Error::Ofi { op, code, .. }) if op == ENABLE && code == libc::EBUSY && attempt < ATTEMPTS => {
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_once(config: &OfiConfig) -> Result<Worker> {
         config.validate()?;
         let infos = get_info(config)?;
         // rxm does not filter on the domain name hint: pick the entry ourselves, and
@@ -374,7 +394,7 @@ impl Worker {
                 check("bind address vector (fi_ep_bind)", sys::fi_ep_bind(inner.ep, &mut (*inner.av).fid, 0))?;
                 let flags = u64::from(sys::FI_TRANSMIT | sys::FI_RECV);
                 check("bind completion queue (fi_ep_bind)", sys::fi_ep_bind(inner.ep, &mut (*inner.cq).fid, flags))?;
-                check("enable endpoint (fi_enable)", sys::fi_enable(inner.ep))?;
+                check(ENABLE, sys::fi_enable(inner.ep))?;
             }
             if let Some(own) = &inner.own_fd {
                 inner.wait_fd = own.as_raw_fd();

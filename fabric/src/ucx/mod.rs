@@ -116,6 +116,14 @@ impl Context {
         })
     }
 
+    /// The UCX components (transport modules) this context loaded, in UCX's order, e.g.
+    /// `self, tcp, sysv, posix, cma, ib, rdmacm`: without its module directory only the
+    /// built-in ones (self, tcp, sysv, posix) are there, so this says whether the RDMA
+    /// modules were found.
+    pub fn components(&self) -> Vec<String> {
+        components_of(&self.describe())
+    }
+
     pub(crate) fn inner(&self) -> &Arc<ContextInner> {
         &self.inner
     }
@@ -190,4 +198,30 @@ pub(crate) fn capture_stream(print: impl FnOnce(*mut sys::FILE)) -> String {
     // released with free.
     unsafe { libc::free(buf.cast()) };
     text
+}
+
+/// The names in `ucp_context_print_info`'s `component N  :  name` lines.
+fn components_of(info: &str) -> Vec<String> {
+    info.lines()
+        .filter_map(|l| l.trim_start_matches(['#', ' ']).strip_prefix("component "))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(_, name)| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod component_tests {
+    use super::{Context, FabricConfig};
+
+    #[test]
+    fn the_built_in_components_are_listed_by_name() {
+        let context = Context::new(&FabricConfig::default()).expect("UCX context");
+        let components = context.components();
+        // Only the `component N  :  name` lines count, not the memory domains naming them.
+        assert!(components.iter().all(|c| !c.contains(' ')), "{components:?}");
+        for builtin in ["self", "tcp", "posix", "sysv"] {
+            assert!(components.iter().any(|c| c == builtin), "{builtin} missing from {components:?}");
+        }
+    }
 }
