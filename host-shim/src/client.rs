@@ -619,7 +619,7 @@ impl Client {
                     r.pad();
                     Ok(match code {
                         0 => attr_of(&op, &attr),
-                        code => Err(Error::Agent { op, code: tonic::Code::from_i32(code as i32), message }),
+                        code => Err(Error::agent(op, wire::CodeWord::from_u32(code), message)),
                     })
                 })
                 .collect()

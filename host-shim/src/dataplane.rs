@@ -593,7 +593,7 @@ impl DataPlane {
                 mem.read_at(at, &mut record);
                 let e = wire::MetaError::decode(&record)
                     .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "a malformed error record".into() })?;
-                Err(Error::Agent { op: op.to_owned(), code: tonic::Code::from_i32(e.code as i32), message: e.message })
+                Err(Error::agent(op, e.code, e.message))
             }
             Err(status) => Err(Error::Io { op: op.to_owned(), status }),
         }

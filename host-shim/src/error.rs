@@ -42,6 +42,11 @@ impl Error {
         Error::Agent { op: op.into(), code: status.code(), message: status.message().to_owned(), reason }
     }
 
+    /// An error the agent answered on the data plane (code and reason as there).
+    pub(crate) fn agent(op: impl Into<String>, code: dpuio_proto::wire::CodeWord, message: String) -> Error {
+        Error::Agent { op: op.into(), code: tonic::Code::from_i32(i32::from(code.code)), message, reason: code.reason }
+    }
+
     /// The `errno` a POSIX program expects for this error (the `LD_PRELOAD` library and
     /// FUSE answer with it). Capability and tenancy denials are `EACCES`; data that
     /// failed an integrity check is `EIO` (none of it was released); an agent that

@@ -36,13 +36,29 @@ impl Reason {
         }
     }
 
+    /// The reason's number on the data plane, where an error record has no room for
+    /// a token: 1 and up (0 is "no reason").
+    pub fn number(self) -> u16 {
+        match self {
+            Reason::NotADirectory => 1,
+            Reason::IsADirectory => 2,
+            Reason::DirectoryNotEmpty => 3,
+            Reason::NoSpace => 4,
+        }
+    }
+
+    /// The reason a number names, `None` for 0 and numbers this build does not know.
+    pub fn from_number(n: u16) -> Option<Reason> {
+        ALL.into_iter().find(|r| r.number() == n)
+    }
+
     /// The reason a token names, `None` for tokens this build does not know.
     pub fn parse(token: &str) -> Option<Reason> {
-        [Reason::NotADirectory, Reason::IsADirectory, Reason::DirectoryNotEmpty, Reason::NoSpace]
-            .into_iter()
-            .find(|r| r.as_str() == token)
+        ALL.into_iter().find(|r| r.as_str() == token)
     }
 }
+
+const ALL: [Reason; 4] = [Reason::NotADirectory, Reason::IsADirectory, Reason::DirectoryNotEmpty, Reason::NoSpace];
 
 #[cfg(test)]
 mod tests {
@@ -50,9 +66,12 @@ mod tests {
 
     #[test]
     fn every_reason_round_trips_and_unknown_tokens_are_none() {
-        for r in [Reason::NotADirectory, Reason::IsADirectory, Reason::DirectoryNotEmpty, Reason::NoSpace] {
+        for r in ALL {
             assert_eq!(Reason::parse(r.as_str()), Some(r));
+            assert_eq!(Reason::from_number(r.number()), Some(r));
         }
+        assert_eq!(Reason::from_number(0), None);
+        assert_eq!(Reason::from_number(999), None);
         assert_eq!(Reason::parse("NOT-A-DIRECTORY"), None);
         assert_eq!(Reason::parse(""), None);
     }

@@ -27,6 +27,8 @@
 //! ranges, rights) is the engine's job, not this module's.
 
 /// `"DPRG"` little-endian: marks a ring header.
+use crate::reason::Reason;
+
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"DPRG");
 /// The wire format version this build speaks.
 pub const WIRE_VERSION: u16 = 1;
@@ -584,7 +586,7 @@ impl AttrRecord {
 /// ```
 ///
 /// After the header: OpenRead's file bytes; Lookup's records (per path: `u32 code`
-/// (0: found), `u32 message length`, an [`AttrRecord`], the message, zero padding to
+/// (a [`CodeWord`]; 0: found), `u32 message length`, an [`AttrRecord`], the message, zero padding to
 /// 8 bytes); Readdir's entries (per entry: `u16 name length`, 6 zero bytes, an
 /// [`AttrRecord`], the name, zero padding to 8 bytes) then the anchor to continue
 /// after (`u16` length and bytes).
@@ -625,12 +627,32 @@ impl MetaHeader {
     }
 }
 
-/// The answer of a refused metadata entry ([`Status::Refused`]): `u32 code` (a gRPC
-/// status code), `u32 message length`, the message (UTF-8, cut to fit the answer range).
+/// The answer of a refused metadata entry ([`Status::Refused`]): `u32 code` (see
+/// [`CodeWord`]), `u32 message length`, the message (UTF-8, cut to fit the answer range).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetaError {
-    pub code: u32,
+    pub code: CodeWord,
     pub message: String,
+}
+
+/// An error's `u32` on the data plane: the gRPC status code in the low 16 bits and the
+/// finer [`Reason`]'s number (0: none) in the high 16, so a POSIX client can tell
+/// `ENOTDIR` from `ENOTEMPTY` as it can from gRPC's `dpuio-reason` metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CodeWord {
+    pub code: u16,
+    pub reason: Option<Reason>,
+}
+
+impl CodeWord {
+    pub fn to_u32(self) -> u32 {
+        u32::from(self.code) | u32::from(self.reason.map_or(0, Reason::number)) << 16
+    }
+
+    /// An unknown reason number reads as none (a newer agent may name more).
+    pub fn from_u32(w: u32) -> CodeWord {
+        CodeWord { code: w as u16, reason: Reason::from_number((w >> 16) as u16) }
+    }
 }
 
 impl MetaError {
@@ -641,7 +663,7 @@ impl MetaError {
             cut -= 1;
         }
         let mut b = Vec::with_capacity(8 + cut);
-        b.extend_from_slice(&self.code.to_le_bytes());
+        b.extend_from_slice(&self.code.to_u32().to_le_bytes());
         b.extend_from_slice(&(cut as u32).to_le_bytes());
         b.extend_from_slice(&self.message.as_bytes()[..cut]);
         b
@@ -653,7 +675,10 @@ impl MetaError {
         }
         let len = u32_at(b, 4) as usize;
         let message = b.get(8..8usize.checked_add(len)?)?;
-        Some(MetaError { code: u32_at(b, 0), message: String::from_utf8_lossy(message).into_owned() })
+        Some(MetaError {
+            code: CodeWord::from_u32(u32_at(b, 0)),
+            message: String::from_utf8_lossy(message).into_owned(),
+        })
     }
 }
 
@@ -1005,11 +1030,16 @@ mod tests {
         assert_eq!(AttrRecord::decode(&b), None);
         let h = MetaHeader { handle: 5, chunk_bytes: 1 << 20, attr, count: 3, more: true };
         assert_eq!(MetaHeader::decode(&h.encode()), Some(h));
-        let e = MetaError { code: 7, message: "é".repeat(40) };
+        let e =
+            MetaError { code: CodeWord { code: 9, reason: Some(Reason::DirectoryNotEmpty) }, message: "é".repeat(40) };
         assert_eq!(MetaError::decode(&e.encode(1000)), Some(e.clone()));
         let cut = MetaError::decode(&e.encode(13)).unwrap();
         assert_eq!(cut.message, "éé", "cut at a character boundary");
         assert_eq!(MetaError::decode(&[1, 0, 0, 0, 255, 255, 255, 255]), None);
+        assert_eq!(
+            MetaError::decode(&[7, 0, 0x34, 0x12, 0, 0, 0, 0]).unwrap().code,
+            CodeWord { code: 7, reason: None }
+        );
     }
 
     #[test]

@@ -108,7 +108,11 @@ async fn metadata_over_the_ring_matches_grpc() {
         let mut rec = vec![0u8; 4096];
         region.memory().read_at(0, &mut rec);
         let rec = wire::MetaError::decode(&rec).unwrap();
-        assert_eq!((rec.code, rec.message.as_str()), (grpc_says.code() as u32, grpc_says.message()), "{transport}");
+        assert_eq!(
+            (rec.code.code, rec.message.as_str()),
+            (grpc_says.code() as u16, grpc_says.message()),
+            "{transport}"
+        );
         // Hostile metadata entries: bad region, range, request bytes; the ring goes on.
         region.memory_mut().write_at(8192, &[3, 0, b'/', 0xff, b'x']);
         let utf8 = wire::MetaSubmission {

@@ -122,7 +122,12 @@ pub fn attr_record(a: &Attr) -> AttrRecord {
 /// The error record of a refused entry, at most `room` bytes: the code and message
 /// gRPC would answer.
 pub fn error_answer(e: &Error, room: usize) -> Vec<u8> {
-    wire::MetaError { code: e.code() as i32 as u32, message: e.to_string() }.encode(room)
+    wire::MetaError { code: code_word(e), message: e.to_string() }.encode(room)
+}
+
+/// The code and finer reason gRPC would answer for `e`, as the data plane carries them.
+fn code_word(e: &Error) -> wire::CodeWord {
+    wire::CodeWord { code: e.code() as i32 as u16, reason: crate::error::reason(e) }
 }
 
 /// The answer header of an open-read that read `count` bytes of a file with `attr`.
@@ -148,7 +153,7 @@ pub fn answer(reply: &Reply, room: usize) -> std::result::Result<Vec<u8>, usize>
             for r in results {
                 let (code, message, attr) = match r {
                     Ok(a) => (0u32, String::new(), attr_record(a)),
-                    Err(e) => (e.code() as i32 as u32, e.to_string(), AttrRecord::default()),
+                    Err(e) => (code_word(e).to_u32(), e.to_string(), AttrRecord::default()),
                 };
                 out.extend(code.to_le_bytes());
                 out.extend((message.len() as u32).to_le_bytes());
@@ -226,7 +231,7 @@ mod tests {
         assert_eq!(answer(&dir, need).unwrap().len(), need);
         let e = Error::NoHandle { handle: 5 };
         let rec = wire::MetaError::decode(&error_answer(&e, 64)).unwrap();
-        assert_eq!(rec.code, tonic::Code::NotFound as u32);
+        assert_eq!(rec.code, wire::CodeWord { code: tonic::Code::NotFound as u16, reason: None });
         assert!(e.to_string().starts_with(&rec.message));
     }
 }
