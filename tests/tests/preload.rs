@@ -7,8 +7,11 @@
 //! target/<profile>/, beside the binaries the other tests start.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
+use dpuio_tests::programs::{
+    fio_write_read_verify, get, has_fio, numpy_round_trip, ok, put, python, random_bytes, run, sha256,
+};
 use dpuio_tests::{AgentProcess, hermetic, ok_stdout};
 
 const MOUNT: &str = "/mnt/dpuio";
@@ -38,51 +41,6 @@ fn preloaded(agent: &AgentProcess, program: &str) -> Command {
         .env("DPUIO_MOUNT", MOUNT)
         .env("UCX_MEM_MMAP_HOOK_MODE", "none");
     c
-}
-
-fn run(c: &mut Command) -> Output {
-    c.output().unwrap_or_else(|e| panic!("run {c:?}: {e}"))
-}
-
-fn ok(c: &mut Command) -> String {
-    let out = run(c);
-    assert!(
-        out.status.success(),
-        "{c:?} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn random_bytes(len: usize) -> Vec<u8> {
-    use rand::RngCore;
-    let mut data = vec![0u8; len];
-    rand::rng().fill_bytes(&mut data);
-    data
-}
-
-/// Write `data` to `path` in the container with `dpuio put` (its parent made first).
-fn put(agent: &AgentProcess, scratch: &Path, path: &str, data: &[u8]) {
-    if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
-        ok_stdout(&agent.cli(&["mkdir", "-p", parent]));
-    }
-    let local = scratch.join(format!("put-{}", path.replace('/', "_")));
-    std::fs::write(&local, data).expect("stage a file");
-    ok_stdout(&agent.cli(&["put", local.to_str().expect("utf-8"), path]));
-}
-
-/// Read `path` of the container with `dpuio get`.
-fn get(agent: &AgentProcess, scratch: &Path, path: &str) -> Vec<u8> {
-    let local = scratch.join(format!("get-{}", path.replace('/', "_")));
-    let _ = std::fs::remove_file(&local);
-    ok_stdout(&agent.cli(&["get", path, local.to_str().expect("utf-8")]));
-    std::fs::read(&local).expect("read what dpuio get wrote")
-}
-
-fn sha256(c: &mut Command) -> String {
-    ok(c).split_whitespace().next().expect("a digest").to_owned()
 }
 
 #[test]
@@ -138,13 +96,6 @@ fn coreutils_read_and_write_dpuio_files_unmodified() {
     let want: Vec<String> =
         ["big.bin", "copied.bin", "dd.bin", "small.txt"].iter().map(|n| format!("{MOUNT}/data/{n}")).collect();
     assert_eq!(found, want);
-}
-
-/// The interpreter for the Python tests: the project's venv (./x installs numpy there)
-/// if it exists, else the system's python3.
-fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    if venv.is_file() { venv } else { PathBuf::from("python3") }
 }
 
 #[test]
@@ -250,32 +201,7 @@ os.close(fd)
     assert_eq!(get(&agent, &scratch, "/out/renamed.txt"), "line\n".repeat(1000).into_bytes());
 
     // numpy: np.save/np.load by path, and an .npz (a zip read with seeks).
-    let has_numpy = Command::new(python()).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
-    if !has_numpy {
-        eprintln!("numpy part skipped: {} cannot import numpy (./x test installs it into .venv)", python().display());
-        return;
-    }
-    let script = format!(
-        r#"
-import numpy as np
-m = "{MOUNT}"
-a = np.arange(3_000_000, dtype=np.float32).reshape(1000, 3000)
-np.save(m + "/out/a.npy", a)
-b = np.load(m + "/out/a.npy")
-assert (a == b).all() and b.dtype == np.float32, "npy round trip"
-np.savez(m + "/out/c.npz", x=a[:10], y=np.ones(7))
-z = np.load(m + "/out/c.npz")
-assert (z["x"] == a[:10]).all() and (z["y"] == 1).all(), "npz round trip"
-c = np.load(m + "/out/a.npy", mmap_mode="r")
-assert (c[999] == a[999]).all(), "np.load with mmap_mode"
-print("numpy ok")
-"#
-    );
-    let out = ok(preloaded(&agent, python().to_str().unwrap()).arg("-c").arg(&script));
-    assert!(out.contains("numpy ok"), "{out}");
-    // What numpy wrote is a real .npy file to any other reader.
-    let npy = get(&agent, &scratch, "/out/a.npy");
-    assert!(npy.starts_with(b"\x93NUMPY") && npy.len() > 12_000_000, "a.npy: {} bytes", npy.len());
+    numpy_round_trip(preloaded(&agent, python().to_str().unwrap()), MOUNT, &agent, &scratch);
 }
 
 #[test]
@@ -348,32 +274,14 @@ print("EACCES ok")
 
 #[test]
 fn fio_verifies_what_it_wrote_through_the_preload() {
-    if Command::new("fio").arg("--version").output().is_err() {
+    if !has_fio() {
         eprintln!("skipped: fio is not installed (./x test installs it)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
-    ok_stdout(&agent.cli(&["mkdir", "-p", "/fio"]));
-    let common =
-        ["--name=dpuio", "--ioengine=psync", "--size=16m", "--bs=256k", "--verify=crc32c", "--output-format=terse"];
-    // fio keeps its verify state in the working directory: the test's own.
-    let fio = || {
-        let mut c = preloaded(&agent, "fio");
-        c.current_dir(dir.path());
-        c
-    };
-    // Write with verification headers, then a separate read-only job that verifies.
-    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/file")).arg("--rw=write"));
-    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/file")).arg("--rw=read").arg("--verify_only"));
-    // And random writes verified in the same job.
-    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/rand")).arg("--rw=randwrite"));
+    fio_write_read_verify(&agent, || preloaded(&agent, "fio"), dir.path(), &format!("{MOUNT}/fio"));
 }
-
-/// Where the second 64 KiB block of an encrypted file is stored: after the 256-byte
-/// header and the first block with its 12-byte nonce and 16-byte tag (as in
-/// tests/encryption.rs).
-const SECOND_BLOCK: usize = 256 + 65536 + 28;
 
 #[test]
 fn tampered_data_is_eio_and_none_of_it_is_released() {

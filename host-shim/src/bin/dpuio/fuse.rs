@@ -139,6 +139,23 @@ fn serve(connect: &ConnectArgs, transport: &str, args: &MountArgs) -> Result<(),
         ..Default::default()
     });
     let mount = Mount::attach(options).map_err(|e| format!("attach to the agent at {}: {e}", connect.agent))?;
+    // The handlers come before the mount, so that no SIGTERM can end the process with
+    // the file system mounted and nobody serving it; and after the transport opened,
+    // since libfabric's shm provider installs handlers of its own that end in exit(1).
+    fabric::restore_default_termination_signals();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("start the signal runtime: {e}"))?;
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Entered only to register: the blocking calls below must run outside it.
+        let _entered = runtime.enter();
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => return Err(format!("install the SIGTERM/SIGINT handlers: {e}")),
+        }
+    };
     let fs = DpuioFs::new(mount);
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -166,16 +183,7 @@ fn serve(connect: &ConnectArgs, transport: &str, args: &MountArgs) -> Result<(),
         let _ = writeln!(std::io::stderr(), "dpuio mount: serving {} at {}", connect.agent, mountpoint.display());
     }
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("start the signal runtime: {e}"))?;
     let ended = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-            (Ok(t), Ok(i)) => (t, i),
-            (Err(e), _) | (_, Err(e)) => return Err(format!("install the SIGTERM/SIGINT handlers: {e}")),
-        };
         let mut ended_rx = ended_rx;
         tokio::select! {
             _ = term.recv() => {}
@@ -564,6 +572,13 @@ impl Filesystem for DpuioFs {
         };
         match attr {
             Ok(attr) => reply.attr(&TTL, &self.attr(ino.0, &attr)),
+            // A token narrowed to a prefix may not stat the container's root, yet the
+            // mount point is a directory whatever the token says (its entries are
+            // still checked one by one).
+            Err(e) if ino == INodeNo::ROOT && e.errno == Errno::EACCES.code() => {
+                let root = Attr { kind: EntryKind::Directory, size: 0, mode: 0o755, mtime_ns: 0, object_id: 0 };
+                reply.attr(&TTL, &self.attr(ino.0, &root))
+            }
             Err(e) => reply.error(self.fail("getattr", e)),
         }
     }
@@ -872,5 +887,23 @@ impl DpuioFs {
             }
             Err(e) => reply.error(self.fail("remove", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_flags_say_what_the_program_asked_for() {
+        use rustix::fs::OFlags;
+        let f = |flags: OFlags| open_flags(flags.bits() as i32);
+        let read = f(OFlags::RDONLY);
+        assert!(read.read && !read.write && !read.create && !read.truncate);
+        let write = f(OFlags::WRONLY | OFlags::TRUNC | OFlags::APPEND);
+        assert!(!write.read && write.write && write.truncate);
+        assert!(!write.append, "the kernel sends appends with their offset");
+        let both = f(OFlags::RDWR | OFlags::CREATE | OFlags::EXCL);
+        assert!(both.read && both.write && both.create && both.exclusive);
     }
 }

@@ -1,0 +1,123 @@
+//! Running unmodified programs on dpuio files and checking what they did: the shared
+//! steps of the transparent paths' tests (`tests/preload.rs`, `tests/fuse.rs`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::{AgentProcess, ok_stdout};
+
+/// Run `c` to completion.
+pub fn run(c: &mut Command) -> Output {
+    c.output().unwrap_or_else(|e| panic!("run {c:?}: {e}"))
+}
+
+/// The stdout of `c`, which must succeed (else a panic with its output).
+pub fn ok(c: &mut Command) -> String {
+    let out = run(c);
+    assert!(
+        out.status.success(),
+        "{c:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn random_bytes(len: usize) -> Vec<u8> {
+    use rand::RngCore;
+    let mut data = vec![0u8; len];
+    rand::rng().fill_bytes(&mut data);
+    data
+}
+
+/// Write `data` to `path` in the container with `dpuio put` (its parent made first),
+/// staged in `scratch`.
+pub fn put(agent: &AgentProcess, scratch: &Path, path: &str, data: &[u8]) {
+    if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+        ok_stdout(&agent.cli(&["mkdir", "-p", parent]));
+    }
+    let local = scratch.join(format!("put-{}", path.replace('/', "_")));
+    std::fs::write(&local, data).expect("stage a file");
+    ok_stdout(&agent.cli(&["put", local.to_str().expect("utf-8"), path]));
+}
+
+/// Read `path` of the container with `dpuio get` (through `scratch`).
+pub fn get(agent: &AgentProcess, scratch: &Path, path: &str) -> Vec<u8> {
+    let local = scratch.join(format!("get-{}", path.replace('/', "_")));
+    let _ = std::fs::remove_file(&local);
+    ok_stdout(&agent.cli(&["get", path, local.to_str().expect("utf-8")]));
+    std::fs::read(&local).expect("read what dpuio get wrote")
+}
+
+/// The digest `sha256sum` (run as `c`) prints.
+pub fn sha256(c: &mut Command) -> String {
+    ok(c).split_whitespace().next().expect("a digest").to_owned()
+}
+
+/// The interpreter for the Python steps: the project's venv (./x installs numpy there)
+/// if it exists, else the system's python3.
+pub fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    if venv.is_file() { venv } else { PathBuf::from("python3") }
+}
+
+/// Whether [`python`] can import numpy.
+pub fn has_numpy() -> bool {
+    Command::new(python()).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success())
+}
+
+/// numpy by path under `root` (the container's root as the program sees it), run by
+/// `python` (a [`python`] command, preloaded or not): `np.save`/`np.load` of a 12 MB
+/// array, an `.npz` (a zip read with seeks) and `np.load` with `mmap_mode`, into the
+/// container's `/out`, which must exist. What numpy wrote must be a real `.npy` to
+/// `dpuio get`. Skipped, with the reason, without numpy.
+pub fn numpy_round_trip(mut python: Command, root: &str, agent: &AgentProcess, scratch: &Path) {
+    if !has_numpy() {
+        eprintln!(
+            "numpy part skipped: {} cannot import numpy (./x test installs it into .venv)",
+            self::python().display()
+        );
+        return;
+    }
+    let script = format!(
+        r#"
+import numpy as np
+m = "{root}"
+a = np.arange(3_000_000, dtype=np.float32).reshape(1000, 3000)
+np.save(m + "/out/a.npy", a)
+b = np.load(m + "/out/a.npy")
+assert (a == b).all() and b.dtype == np.float32, "npy round trip"
+np.savez(m + "/out/c.npz", x=a[:10], y=np.ones(7))
+z = np.load(m + "/out/c.npz")
+assert (z["x"] == a[:10]).all() and (z["y"] == 1).all(), "npz round trip"
+c = np.load(m + "/out/a.npy", mmap_mode="r")
+assert (c[999] == a[999]).all(), "np.load with mmap_mode"
+print("numpy ok")
+"#
+    );
+    let out = ok(python.arg("-c").arg(&script));
+    assert!(out.contains("numpy ok"), "{out}");
+    let npy = get(agent, scratch, "/out/a.npy");
+    assert!(npy.starts_with(b"\x93NUMPY") && npy.len() > 12_000_000, "a.npy: {} bytes", npy.len());
+}
+
+/// Whether Debian's fio is there (./x test installs it).
+pub fn has_fio() -> bool {
+    Command::new("fio").arg("--version").output().is_ok()
+}
+
+/// fio, unmodified, with its `psync` engine and `--verify=crc32c` on files in the
+/// container's `/fio` (made here), which the program sees as `dir`; each run made by
+/// `fio` in the working directory `work` (where fio keeps its verify state): a
+/// sequential write with verification headers, a separate read-only job that verifies
+/// them, and random writes verified in the same job.
+pub fn fio_write_read_verify(agent: &AgentProcess, fio: impl Fn() -> Command, work: &Path, dir: &str) {
+    ok_stdout(&agent.cli(&["mkdir", "-p", "/fio"]));
+    let common =
+        ["--name=dpuio", "--ioengine=psync", "--size=16m", "--bs=256k", "--verify=crc32c", "--output-format=terse"];
+    let run = |args: &[&str]| ok(fio().current_dir(work).args(common).args(args));
+    run(&[&format!("--filename={dir}/file"), "--rw=write"]);
+    run(&[&format!("--filename={dir}/file"), "--rw=read", "--verify_only"]);
+    run(&[&format!("--filename={dir}/rand"), "--rw=randwrite"]);
+}
