@@ -188,7 +188,7 @@ fn serve(connect: &ConnectArgs, transport: &str, args: &MountArgs) -> Result<(),
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
-            ended = &mut ended_rx => return Ok(ended.ok()),
+            ended = &mut ended_rx => return Ok::<_, String>(ended.ok()),
         }
         unmount(&mountpoint)?;
         Ok(tokio::time::timeout(STOP_TIMEOUT, ended_rx).await.ok().and_then(Result::ok))
