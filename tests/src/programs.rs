@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::{AgentProcess, ok_stdout};
+use crate::{AgentProcess, StorageUnderTest, ok_stdout};
 
 /// Run `c` to completion.
 pub fn run(c: &mut Command) -> Output {
@@ -120,4 +120,39 @@ pub fn fio_write_read_verify(agent: &AgentProcess, fio: impl Fn() -> Command, wo
     run(&[&format!("--filename={dir}/file"), "--rw=write"]);
     run(&[&format!("--filename={dir}/file"), "--rw=read", "--verify_only"]);
     run(&[&format!("--filename={dir}/rand"), "--rw=randwrite"]);
+}
+
+/// Where the second 64 KiB block of an encrypted file is stored: after the 256-byte
+/// header and the first block with its 12-byte nonce and 16-byte tag (as in
+/// tests/encryption.rs).
+pub const SECOND_BLOCK: usize = 256 + 65536 + 28;
+
+/// An agent whose default tenant encrypts in 64 KiB blocks, and the storage behind it
+/// (fields in drop order: the agent goes before its containers).
+pub struct EncryptedAgent {
+    pub agent: AgentProcess,
+    pub storage: StorageUnderTest,
+}
+
+/// Start an [`EncryptedAgent`] in `dir` for the test tagged `test`.
+pub fn encrypted_agent(dir: &Path, test: &str) -> EncryptedAgent {
+    use std::os::unix::fs::PermissionsExt;
+    let key = dir.join("tenant.key");
+    std::fs::write(&key, (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect::<Vec<u8>>()).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let data_dir = dir.join("data");
+    let storage = StorageUnderTest::new(test, &data_dir);
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}[[tenants]]\nname = \"default\"\ncontainer = \"{}\"\n[tenants.encryption]\nkey_file = \"{}\"\nblock_bytes = 65536\n",
+            storage.backend_config(),
+            storage.container("default"),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&data_dir, &["--config", config.to_str().unwrap()]);
+    EncryptedAgent { agent, storage }
 }

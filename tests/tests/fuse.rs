@@ -14,7 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dpuio_tests::programs::{
-    fio_write_read_verify, get, has_fio, numpy_round_trip, ok, put, python, random_bytes, run, sha256,
+    EncryptedAgent, SECOND_BLOCK, encrypted_agent, fio_write_read_verify, get, has_fio, numpy_round_trip, ok, put,
+    python, random_bytes, run, sha256,
 };
 use dpuio_tests::{AgentProcess, command_in, ok_stdout};
 
@@ -180,6 +181,12 @@ fn coreutils_read_and_write_through_the_mount() {
     let listed = ok_stdout(&agent.cli(&["ls", "/data/sub"]));
     assert_eq!(listed.trim(), "moved.bin");
     assert!(!ok_stdout(&agent.cli(&["ls", "/data"])).contains("copied.bin"));
+
+    // Changed by another client to bytes of the same length: once the attributes are
+    // stale (1 s) the next open sees a new modification time and drops the cached pages.
+    put(&agent, &scratch, "/data/small.txt", b"HELLO, DPUIO\n");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(ok(Command::new("cat").arg(m.path("/data/small.txt"))), "HELLO, DPUIO\n");
 }
 
 #[test]
@@ -302,6 +309,30 @@ expect("EACCES write", errno.EACCES, open, m + "/shared/new.txt", "w")
 }
 
 #[test]
+fn tampered_data_is_eio_and_none_of_it_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let EncryptedAgent { agent, storage } = encrypted_agent(dir.path(), "fuse-integrity");
+    let scratch = scratch(dir.path());
+    let plain = random_bytes(300_000);
+    put(&agent, &scratch, "/enc.bin", &plain);
+    put(&agent, &scratch, "/intact.bin", &plain);
+    storage.alter_stored("default", "/enc.bin", |bytes| bytes[SECOND_BLOCK + 100] ^= 1);
+    let Some(m) = mount(&agent, dir.path(), &[]) else { return };
+    assert!(run(Command::new("cat").arg(m.path("/intact.bin"))).stdout == plain, "an intact encrypted file reads");
+    let catted = run(Command::new("cat").arg(m.path("/enc.bin")));
+    let stderr = String::from_utf8_lossy(&catted.stderr);
+    assert!(!catted.status.success() && stderr.contains("Input/output error"), "cat: {stderr}");
+    // The kernel may retry page by page and hand out the intact first block; nothing
+    // of the tampered one.
+    assert!(
+        catted.stdout.len() <= 65536 && plain.starts_with(&catted.stdout),
+        "cat released {} bytes of a read that failed",
+        catted.stdout.len()
+    );
+    assert!(m.log().contains("Integrity") || m.log().contains("integrity"), "the mount logs why: {}", m.log());
+}
+
+#[test]
 fn sigterm_and_fusermount_unmount_and_exit_0() {
     let dir = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
@@ -345,4 +376,24 @@ fn a_mount_point_that_is_missing_or_not_a_directory_is_a_clear_error() {
     let out = run(command_in("dpuio", &home).arg("mount").arg(&file));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("is not a directory"), "{stderr}");
+
+    // A user who may not open /dev/fuse (it is root's alone here) is told so.
+    use std::os::unix::fs::PermissionsExt;
+    let device = std::fs::metadata("/dev/fuse").map(|m| m.permissions().mode());
+    let is_root = run(Command::new("id").arg("-u")).stdout == b"0\n";
+    if !is_root || device.as_ref().map_or(true, |mode| mode & 0o006 != 0) || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("SKIPPED (the /dev/fuse part): needs root, setpriv and a /dev/fuse closed to others ({device:?})");
+        return;
+    }
+    let point = dir.path().join("point");
+    std::fs::create_dir(&point).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run(Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(dpuio_tests::binary("dpuio"))
+        .arg("mount")
+        .arg(&point)
+        .arg("--foreground"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("cannot open /dev/fuse: Permission denied"), "{stderr}");
 }

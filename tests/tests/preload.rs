@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use dpuio_tests::programs::{
-    fio_write_read_verify, get, has_fio, numpy_round_trip, ok, put, python, random_bytes, run, sha256,
+    EncryptedAgent, SECOND_BLOCK, encrypted_agent, fio_write_read_verify, get, has_fio, numpy_round_trip, ok, put,
+    python, random_bytes, run, sha256,
 };
 use dpuio_tests::{AgentProcess, hermetic, ok_stdout};
 
@@ -285,25 +286,8 @@ fn fio_verifies_what_it_wrote_through_the_preload() {
 
 #[test]
 fn tampered_data_is_eio_and_none_of_it_is_released() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("tenant.key");
-    std::fs::write(&key, (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect::<Vec<u8>>()).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let data_dir = dir.path().join("data");
-    let storage = dpuio_tests::StorageUnderTest::new("preload-integrity", &data_dir);
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}[[tenants]]\nname = \"default\"\ncontainer = \"{}\"\n[tenants.encryption]\nkey_file = \"{}\"\nblock_bytes = 65536\n",
-            storage.backend_config(),
-            storage.container("default"),
-            key.display()
-        ),
-    )
-    .unwrap();
-    let agent = AgentProcess::start(&data_dir, &["--config", config.to_str().unwrap()]);
+    let EncryptedAgent { agent, storage } = encrypted_agent(dir.path(), "preload-integrity");
     let scratch = dir.path().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
     let plain = random_bytes(300_000);
