@@ -134,14 +134,17 @@ pub struct EncryptedAgent {
     pub storage: StorageUnderTest,
 }
 
-/// Start an [`EncryptedAgent`] in `dir` for the test tagged `test`.
-pub fn encrypted_agent(dir: &Path, test: &str) -> EncryptedAgent {
+/// Write the test tenant key (32 fixed bytes) to `path` with permissions `mode`.
+pub fn write_key(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
-    let key = dir.join("tenant.key");
-    std::fs::write(&key, (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect::<Vec<u8>>()).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let data_dir = dir.join("data");
-    let storage = StorageUnderTest::new(test, &data_dir);
+    let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
+    std::fs::write(path, key).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// `dir/agent.toml`: one tenant, "default", encrypted in 64 KiB blocks with the key at
+/// `key`, in the container `storage` names "default".
+pub fn encrypted_config(dir: &Path, key: &Path, storage: &StorageUnderTest) -> PathBuf {
     let config = dir.join("agent.toml");
     std::fs::write(
         &config,
@@ -153,6 +156,55 @@ pub fn encrypted_agent(dir: &Path, test: &str) -> EncryptedAgent {
         ),
     )
     .unwrap();
+    config
+}
+
+/// Start an [`EncryptedAgent`] in `dir` for the test tagged `test`.
+pub fn encrypted_agent(dir: &Path, test: &str) -> EncryptedAgent {
+    let key = dir.join("tenant.key");
+    write_key(&key, 0o600);
+    let data_dir = dir.join("data");
+    let storage = StorageUnderTest::new(test, &data_dir);
+    let config = encrypted_config(dir, &key, &storage);
     let agent = AgentProcess::start(&data_dir, &["--config", config.to_str().unwrap()]);
     EncryptedAgent { agent, storage }
+}
+
+/// Python by path under `root` (the container's root as the program sees it), run by
+/// `python` (a [`python`] command, preloaded or not), on files `dpuio put` wrote to
+/// `/ds`: `open` reads them byte-identical, `os.listdir` and `os.scandir` list them
+/// with kinds and sizes; then `os.mkdir`, writing, reading back and `os.rename` leave
+/// `/out/renamed.txt` (1000 lines), checked with `dpuio get`. Returns the SHA-256 of
+/// `/ds/a.bin` (5 MiB of random bytes) for the caller's own checks.
+pub fn python_by_path(mut python: Command, root: &str, agent: &AgentProcess, scratch: &Path) -> String {
+    let data = random_bytes(5 * 1024 * 1024 + 7);
+    put(agent, scratch, "/ds/a.bin", &data);
+    put(agent, scratch, "/ds/b.txt", b"b\n");
+    let script = format!(
+        r#"
+import hashlib, os
+m = "{root}"
+with open(m + "/ds/a.bin", "rb") as f:
+    print("sha", hashlib.sha256(f.read()).hexdigest())
+print("listdir", sorted(os.listdir(m + "/ds")))
+print("scandir", sorted((e.name, e.is_dir(), e.stat().st_size) for e in os.scandir(m + "/ds")))
+os.mkdir(m + "/out")
+with open(m + "/out/w.txt", "w") as f:
+    f.write("line\n" * 1000)
+with open(m + "/out/w.txt") as f:
+    assert f.read() == "line\n" * 1000
+os.rename(m + "/out/w.txt", m + "/out/renamed.txt")
+print("size", os.stat(m + "/out/renamed.txt").st_size)
+"#
+    );
+    let out = ok(python.arg("-c").arg(&script));
+    let local = scratch.join("a.bin");
+    std::fs::write(&local, &data).unwrap();
+    let want_sha = sha256(Command::new("sha256sum").arg(&local));
+    assert!(out.contains(&format!("sha {want_sha}")), "{out}");
+    assert!(out.contains("listdir ['a.bin', 'b.txt']"), "{out}");
+    assert!(out.contains(&format!("scandir [('a.bin', False, {}), ('b.txt', False, 2)]", data.len())), "{out}");
+    assert!(out.contains("size 5000"), "{out}");
+    assert_eq!(get(agent, scratch, "/out/renamed.txt"), "line\n".repeat(1000).into_bytes());
+    want_sha
 }
