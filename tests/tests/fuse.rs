@@ -205,6 +205,7 @@ fn python_and_numpy_by_path_through_the_mount() {
     assert_eq!(get(&agent, &scratch, "/out/renamed.txt"), "line\n".repeat(2).into_bytes());
     numpy_round_trip(Command::new(python()), root, &agent, &scratch);
 }
+
 #[test]
 fn fio_verifies_what_it_wrote_through_the_mount() {
     if !has_fio() {

@@ -56,7 +56,8 @@ const READY_LINE: &str = "ready";
 /// What `dpuio mount` takes.
 #[derive(clap::Args)]
 pub struct MountArgs {
-    /// An existing, empty directory to mount the container on.
+    /// An existing directory to mount the container on (what it holds is hidden while
+    /// mounted).
     mountpoint: PathBuf,
     /// Stay in the foreground and log to stderr until unmounted (by SIGTERM, SIGINT or
     /// `fusermount3 -u MOUNTPOINT`); without it, `dpuio mount` returns once the mount
@@ -81,7 +82,8 @@ pub fn command(connect: &ConnectArgs, transport: &str, args: &MountArgs) -> Exit
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             if args.background_child {
-                println!("error: {message}");
+                // To the starting process, which prints it; it may be gone (never panic).
+                let _ = writeln!(std::io::stdout(), "error: {message}");
             }
             let _ = writeln!(std::io::stderr(), "dpuio mount: {message}");
             ExitCode::FAILURE
@@ -178,7 +180,8 @@ fn serve(connect: &ConnectArgs, transport: &str, args: &MountArgs) -> Result<(),
         })
         .map_err(|e| format!("start the request threads: {e}"))?;
     if args.background_child {
-        println!("{READY_LINE}");
+        let mut stdout = std::io::stdout();
+        let _ = writeln!(stdout, "{READY_LINE}").and_then(|()| stdout.flush());
     } else {
         let _ = writeln!(std::io::stderr(), "dpuio mount: serving {} at {}", connect.agent, mountpoint.display());
     }

@@ -149,6 +149,13 @@ enum Command {
     /// Mount the container as a file system (FUSE) at MOUNTPOINT, for programs that
     /// read and write by path; unmount with `fusermount3 -u MOUNTPOINT` (or SIGTERM to
     /// the mount process).
+    ///
+    /// Reads go through the kernel's page cache (a file unchanged since it was last
+    /// opened keeps its cached pages) in pieces of up to 1 MiB; `close` of a written file
+    /// makes it durable. Failures are the errno programs expect: EACCES where the
+    /// capability token denies, EIO where stored data failed its integrity check. Modes,
+    /// owners and times are not stored (chmod, chown and touch -d change nothing); links,
+    /// symlinks and extended attributes are not supported. See docs/unmodified-apps.md.
     Mount(fuse::MountArgs),
     /// Print a capability token narrower than this session's, for a child process
     /// (pass it as --token or DPUIO_TOKEN).
