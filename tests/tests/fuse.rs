@@ -371,3 +371,28 @@ fn a_mount_point_that_is_missing_or_not_a_directory_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("cannot open /dev/fuse: Permission denied"), "{stderr}");
 }
+
+#[test]
+fn a_process_that_may_not_mount_is_told_why() {
+    // Root without CAP_SYS_ADMIN: mount(2) is refused, and so is fusermount3.
+    let is_root = run(Command::new("id").arg("-u")).stdout == b"0\n";
+    if !is_root || !Path::new("/usr/bin/setpriv").exists() || fuse_unavailable().is_some() {
+        eprintln!("SKIPPED: needs root, setpriv and /dev/fuse");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    let point = dir.path().join("point");
+    std::fs::create_dir(&point).unwrap();
+    let command = agent.command("dpuio");
+    let out = run(Command::new("setpriv")
+        .arg("--bounding-set=-sys_admin")
+        .arg(command.get_program())
+        .arg("mount")
+        .arg(&point)
+        .envs(command.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env_remove("DPUIO_TOKEN"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("is not permitted"), "{stderr}");
+    assert!(!is_mounted(&point.canonicalize().unwrap()));
+}

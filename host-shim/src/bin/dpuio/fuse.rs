@@ -257,18 +257,27 @@ fn check_fuse_device() -> Result<(), String> {
     }
 }
 
-fn mount_error(mountpoint: &Path, e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::PermissionDenied => format!(
+fn mount_error(mountpoint: &Path, error: &std::io::Error) -> String {
+    // fuser reports a failed fusermount3 as its stderr, of kind Other.
+    let text = error.to_string();
+    let e = text.trim(); // fusermount3's own line ends in a newline
+    let refused = error.kind() == std::io::ErrorKind::PermissionDenied
+        || e.contains("not permitted")
+        || e.contains("Permission denied");
+    if refused {
+        format!(
             "mounting at {} is not permitted: {e} (as root this needs CAP_SYS_ADMIN; as another user, \
              fusermount3 from the fuse3 package)",
             mountpoint.display()
-        ),
-        std::io::ErrorKind::NotFound => format!(
-            "mounting at {} needs fusermount3 when not root, and it was not found: {e} (install the fuse3 package)",
+        )
+    } else if error.kind() == std::io::ErrorKind::NotFound {
+        format!(
+            "mounting at {} directly is not permitted to this process, and fusermount3, the helper for that \
+             case, was not found: {e} (install the fuse3 package)",
             mountpoint.display()
-        ),
-        _ => format!("mount at {}: {e}", mountpoint.display()),
+        )
+    } else {
+        format!("mount at {}: {e}", mountpoint.display())
     }
 }
 
