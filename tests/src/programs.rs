@@ -102,9 +102,14 @@ print("numpy ok")
     assert!(npy.starts_with(b"\x93NUMPY") && npy.len() > 12_000_000, "a.npy: {} bytes", npy.len());
 }
 
-/// Whether Debian's fio is there (./x test installs it).
+/// Whether Debian's fio is there (./x test installs it); if not, says the test is
+/// skipped and why.
 pub fn has_fio() -> bool {
-    Command::new("fio").arg("--version").output().is_ok()
+    let there = Command::new("fio").arg("--version").output().is_ok();
+    if !there {
+        eprintln!("SKIPPED: fio is not installed (./x test installs it)");
+    }
+    there
 }
 
 /// fio, unmodified, with its `psync` engine and `--verify=crc32c` on files in the
@@ -207,4 +212,49 @@ print("size", os.stat(m + "/out/renamed.txt").st_size)
     assert!(out.contains("size 5000"), "{out}");
     assert_eq!(get(agent, scratch, "/out/renamed.txt"), "line\n".repeat(1000).into_bytes());
     want_sha
+}
+
+/// Namespace failures every transparent path must report with the errno a program
+/// expects, as [`expect_errnos`] checks on the files `/shared/ok.txt` and
+/// `/full/f.txt`.
+pub const NAMESPACE_ERRNOS: &str = r#"
+expect("ENOENT", errno.ENOENT, open, m + "/nope.txt")
+expect("ENOENT stat", errno.ENOENT, os.stat, m + "/nope/deeper")
+expect("EEXIST", errno.EEXIST, os.mkdir, m + "/shared")
+expect("EEXIST O_EXCL", errno.EEXIST, os.open, m + "/shared/ok.txt", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+expect("ENOTEMPTY", errno.ENOTEMPTY, os.rmdir, m + "/full")
+expect("ENOTDIR", errno.ENOTDIR, os.rmdir, m + "/full/f.txt")
+expect("EISDIR", errno.EISDIR, os.unlink, m + "/full")
+expect("EISDIR write", errno.EISDIR, open, m + "/full", "w")
+"#;
+
+/// Run `checks`, lines of `expect(NAME, ERRNO, FUNCTION, ARGS...)` with `m` the
+/// container's root as the program sees it (`root`), in Python run by `python`; each
+/// must fail with its errno.
+pub fn expect_errnos(mut python: Command, root: &str, checks: &str) {
+    let prelude = r#"
+import errno, os, sys
+m = sys.argv[1]
+def expect(name, code, f, *args):
+    try:
+        f(*args)
+    except OSError as e:
+        assert e.errno == code, f"{name}: errno {e.errno} ({os.strerror(e.errno)}), wanted {code}"
+        print(name, "ok")
+        return
+    raise AssertionError(f"{name}: no error")
+"#;
+    let out = ok(python.arg("-c").arg(format!("{prelude}{checks}")).arg(root));
+    for name in checks.lines().filter_map(|l| l.strip_prefix("expect(\"")?.split('"').next()) {
+        assert!(out.lines().any(|l| l == format!("{name} ok")), "{name}: {out}");
+    }
+}
+
+/// A capability token of `agent`'s default tenant narrowed to reading under `prefix`.
+pub fn read_only_token(agent: &AgentProcess, prefix: &str) -> String {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let client = dpuio_shim::Client::connect(agent.connect_options()).await.expect("attach");
+        client.delegate(prefix, &["read".into()], 300).await.expect("delegate").0
+    })
 }

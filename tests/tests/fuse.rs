@@ -14,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dpuio_tests::programs::{
-    EncryptedAgent, SECOND_BLOCK, encrypted_agent, fio_write_read_verify, get, has_fio, numpy_round_trip, ok, put,
-    python, python_by_path, random_bytes, run, sha256,
+    EncryptedAgent, NAMESPACE_ERRNOS, SECOND_BLOCK, encrypted_agent, expect_errnos, fio_write_read_verify, get,
+    has_fio, numpy_round_trip, ok, put, python, python_by_path, random_bytes, read_only_token, run, sha256,
 };
 use dpuio_tests::{AgentProcess, command_in, ok_stdout};
 
@@ -209,7 +209,6 @@ fn python_and_numpy_by_path_through_the_mount() {
 #[test]
 fn fio_verifies_what_it_wrote_through_the_mount() {
     if !has_fio() {
-        eprintln!("SKIPPED: fio is not installed (./x test installs it)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -227,59 +226,24 @@ fn failures_are_the_errno_programs_expect() {
     put(&agent, &scratch, "/secret/key.txt", b"secret\n");
     put(&agent, &scratch, "/full/f.txt", b"f\n");
     let Some(m) = mount(&agent, dir.path(), &[]) else { return };
-    let expect = r#"
-import errno, os, sys
-m = sys.argv[1]
-def expect(name, code, f, *args):
-    try:
-        f(*args)
-    except OSError as e:
-        assert e.errno == code, f"{name}: errno {e.errno} ({os.strerror(e.errno)}), wanted {code}"
-        print(name, "ok")
-        return
-    raise AssertionError(f"{name}: no error")
-"#;
-    let script = format!(
-        r#"{expect}
-expect("ENOENT", errno.ENOENT, open, m + "/nope.txt")
-expect("ENOENT stat", errno.ENOENT, os.stat, m + "/nope/deeper")
-expect("EEXIST", errno.EEXIST, os.mkdir, m + "/shared")
-expect("EEXIST O_EXCL", errno.EEXIST, os.open, m + "/shared/ok.txt", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-expect("ENOTEMPTY", errno.ENOTEMPTY, os.rmdir, m + "/full")
-expect("ENOTDIR", errno.ENOTDIR, os.rmdir, m + "/full/f.txt")
-expect("EISDIR", errno.EISDIR, os.unlink, m + "/full")
-"#
-    );
-    let out = ok(Command::new(python()).arg("-c").arg(&script).arg(&m.point));
-    for name in ["ENOENT", "ENOENT stat", "EEXIST", "EEXIST O_EXCL", "ENOTEMPTY", "ENOTDIR", "EISDIR"] {
-        assert!(out.lines().any(|l| l == format!("{name} ok")), "{name}: {out}");
-    }
+    expect_errnos(Command::new(python()), m.point.to_str().expect("utf-8"), NAMESPACE_ERRNOS);
     drop(m);
 
     // A mount attached with a token narrowed to /shared: inside it reads, outside it is
     // EACCES, from cat and from Python.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let token = runtime.block_on(async {
-        let client = dpuio_shim::Client::connect(agent.connect_options()).await.expect("attach");
-        client.delegate("/shared", &["read".into()], 300).await.expect("delegate").0
-    });
+    let token = read_only_token(&agent, "/shared");
     let Some(narrowed) = mount(&agent, dir.path(), &[("DPUIO_TOKEN", &token)]) else { return };
     assert_eq!(ok(Command::new("cat").arg(narrowed.path("/shared/ok.txt"))), "ok\n");
     let denied = run(Command::new("cat").arg(narrowed.path("/secret/key.txt")));
     let stderr = String::from_utf8_lossy(&denied.stderr);
     assert!(!denied.status.success() && denied.stdout.is_empty(), "read outside the token's prefix: {denied:?}");
     assert!(stderr.contains("Permission denied"), "cat should say EACCES: {stderr}");
-    let script = format!(
-        r#"{expect}
+    let checks = r#"
 expect("EACCES open", errno.EACCES, open, m + "/secret/key.txt")
 expect("EACCES listdir", errno.EACCES, os.listdir, m + "/secret")
 expect("EACCES write", errno.EACCES, open, m + "/shared/new.txt", "w")
-"#
-    );
-    let out = ok(Command::new(python()).arg("-c").arg(&script).arg(&narrowed.point));
-    for name in ["EACCES open", "EACCES listdir", "EACCES write"] {
-        assert!(out.lines().any(|l| l == format!("{name} ok")), "{name}: {out}");
-    }
+"#;
+    expect_errnos(Command::new(python()), narrowed.point.to_str().expect("utf-8"), checks);
 }
 
 #[test]

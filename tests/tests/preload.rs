@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use dpuio_tests::programs::{
-    EncryptedAgent, SECOND_BLOCK, encrypted_agent, fio_write_read_verify, get, has_fio, numpy_round_trip, ok, put,
-    python, python_by_path, random_bytes, run, sha256,
+    EncryptedAgent, NAMESPACE_ERRNOS, SECOND_BLOCK, encrypted_agent, expect_errnos, fio_write_read_verify, get,
+    has_fio, numpy_round_trip, ok, put, python, python_by_path, random_bytes, read_only_token, run, sha256,
 };
 use dpuio_tests::{AgentProcess, hermetic};
 
@@ -191,39 +191,10 @@ fn failures_are_the_errno_programs_expect() {
     put(&agent, &scratch, "/shared/ok.txt", b"ok\n");
     put(&agent, &scratch, "/secret/key.txt", b"secret\n");
     put(&agent, &scratch, "/full/f.txt", b"f\n");
-    let script = format!(
-        r#"
-import errno, os
-m = "{MOUNT}"
-def expect(name, code, f, *args):
-    try:
-        f(*args)
-    except OSError as e:
-        assert e.errno == code, f"{{name}}: errno {{e.errno}} ({{os.strerror(e.errno)}}), wanted {{code}}"
-        print(name, "ok")
-        return
-    raise AssertionError(f"{{name}}: no error")
-expect("ENOENT", errno.ENOENT, open, m + "/nope.txt")
-expect("ENOENT stat", errno.ENOENT, os.stat, m + "/nope/deeper")
-expect("EEXIST", errno.EEXIST, os.mkdir, m + "/shared")
-expect("EEXIST O_EXCL", errno.EEXIST, os.open, m + "/shared/ok.txt", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-expect("ENOTEMPTY", errno.ENOTEMPTY, os.rmdir, m + "/full")
-expect("ENOTDIR", errno.ENOTDIR, os.rmdir, m + "/full/f.txt")
-expect("EISDIR", errno.EISDIR, os.unlink, m + "/full")
-expect("EISDIR write", errno.EISDIR, open, m + "/full", "w")
-"#
-    );
-    let out = ok(preloaded(&agent, python().to_str().unwrap()).arg("-c").arg(&script));
-    for name in ["ENOENT", "EEXIST", "EEXIST O_EXCL", "ENOTEMPTY", "ENOTDIR", "EISDIR", "EISDIR write"] {
-        assert!(out.lines().any(|l| l == format!("{name} ok")), "{name}: {out}");
-    }
+    expect_errnos(preloaded(&agent, python().to_str().unwrap()), MOUNT, NAMESPACE_ERRNOS);
 
     // A token narrowed to /shared: inside it reads, outside it is EACCES, from cat too.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let token = runtime.block_on(async {
-        let client = dpuio_shim::Client::connect(agent.connect_options()).await.expect("attach");
-        client.delegate("/shared", &["read".into()], 300).await.expect("delegate").0
-    });
+    let token = read_only_token(&agent, "/shared");
     let narrowed = |program: &str| {
         let mut c = preloaded(&agent, program);
         c.env("DPUIO_TOKEN", &token);
@@ -253,7 +224,6 @@ print("EACCES ok")
 #[test]
 fn fio_verifies_what_it_wrote_through_the_preload() {
     if !has_fio() {
-        eprintln!("skipped: fio is not installed (./x test installs it)");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -337,10 +337,6 @@ fn errno(e: &PosixError) -> Errno {
     Errno::from_i32(e.errno)
 }
 
-fn not_found() -> Errno {
-    Errno::ENOENT
-}
-
 thread_local! {
     /// Each request thread's read buffer, reused so a read allocates nothing.
     static READ_BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -369,7 +365,7 @@ impl DpuioFs {
     }
 
     fn path(&self, ino: INodeNo) -> Result<String, Errno> {
-        lock(&self.inodes).path(ino.0).map(str::to_owned).ok_or_else(not_found)
+        lock(&self.inodes).path(ino.0).map(str::to_owned).ok_or(Errno::ENOENT)
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<String, Errno> {
