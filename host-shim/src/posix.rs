@@ -1,5 +1,5 @@
 //! A blocking, path-based POSIX layer over the client, for callers that stand in for a
-//! file system: the `LD_PRELOAD` library (`host-shim/preload`) and, next, FUSE.
+//! file system: the `LD_PRELOAD` library (`host-shim/preload`) and `dpuio mount` (FUSE).
 //!
 //! It adds what POSIX callers take for granted and the dpuio API leaves out:
 //! - a [`Mount`] attached from the environment (the `DPUIO_*` variables of the CLI);
@@ -153,6 +153,10 @@ impl OpenFile {
     }
     pub fn flags(&self) -> OpenFlags {
         self.flags
+    }
+    /// The attributes as of open (no round trip; [`Mount::fstat`] asks the agent).
+    pub fn attr(&self) -> &Attr {
+        self.file.attr()
     }
     /// The size this handle knows of (see [`Mount::fstat`] for the agent's).
     pub fn known_size(&self) -> u64 {

@@ -7,6 +7,7 @@
 
 pub mod hostile;
 pub mod netns;
+pub mod programs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -6,33 +6,10 @@
 //! `DPUIO_TEST_BACKEND=daos`, a DAOS container (see [`StorageUnderTest`]): what is
 //! stored and what is tampered with are read and written from outside dpuio either way.
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
+use dpuio_tests::programs::{SECOND_BLOCK, encrypted_config as config, write_key};
 use dpuio_tests::{AgentProcess, StorageUnderTest, command_in, ok_stdout};
-
-fn write_key(path: &std::path::Path, mode: u32) {
-    let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
-    std::fs::write(path, key).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-/// A config whose one tenant, "default", is encrypted and lives in the container
-/// `storage` names "default".
-fn config(dir: &std::path::Path, key: &std::path::Path, storage: &StorageUnderTest) -> std::path::PathBuf {
-    let config = dir.join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}[[tenants]]\nname = \"default\"\ncontainer = \"{}\"\n[tenants.encryption]\nkey_file = \"{}\"\nblock_bytes = 65536\n",
-            storage.backend_config(),
-            storage.container("default"),
-            key.display()
-        ),
-    )
-    .unwrap();
-    config
-}
 
 fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
@@ -44,10 +21,6 @@ fn files_under(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         }
     }
 }
-
-/// Where the second 64 KiB block is stored: after the 256-byte header and the first
-/// block with its 12-byte nonce and 16-byte tag.
-const SECOND_BLOCK: usize = 256 + 65536 + 28;
 
 #[test]
 fn only_ciphertext_is_stored_and_tampering_is_detected() {

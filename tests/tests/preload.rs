@@ -7,9 +7,13 @@
 //! target/<profile>/, beside the binaries the other tests start.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use dpuio_tests::{AgentProcess, hermetic, ok_stdout};
+use dpuio_tests::programs::{
+    EncryptedAgent, NAMESPACE_ERRNOS, SECOND_BLOCK, encrypted_agent, expect_errnos, fio_write_read_verify, get,
+    has_fio, numpy_round_trip, ok, put, python, python_by_path, random_bytes, read_only_token, run, sha256,
+};
+use dpuio_tests::{AgentProcess, hermetic};
 
 const MOUNT: &str = "/mnt/dpuio";
 
@@ -38,51 +42,6 @@ fn preloaded(agent: &AgentProcess, program: &str) -> Command {
         .env("DPUIO_MOUNT", MOUNT)
         .env("UCX_MEM_MMAP_HOOK_MODE", "none");
     c
-}
-
-fn run(c: &mut Command) -> Output {
-    c.output().unwrap_or_else(|e| panic!("run {c:?}: {e}"))
-}
-
-fn ok(c: &mut Command) -> String {
-    let out = run(c);
-    assert!(
-        out.status.success(),
-        "{c:?} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn random_bytes(len: usize) -> Vec<u8> {
-    use rand::RngCore;
-    let mut data = vec![0u8; len];
-    rand::rng().fill_bytes(&mut data);
-    data
-}
-
-/// Write `data` to `path` in the container with `dpuio put` (its parent made first).
-fn put(agent: &AgentProcess, scratch: &Path, path: &str, data: &[u8]) {
-    if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
-        ok_stdout(&agent.cli(&["mkdir", "-p", parent]));
-    }
-    let local = scratch.join(format!("put-{}", path.replace('/', "_")));
-    std::fs::write(&local, data).expect("stage a file");
-    ok_stdout(&agent.cli(&["put", local.to_str().expect("utf-8"), path]));
-}
-
-/// Read `path` of the container with `dpuio get`.
-fn get(agent: &AgentProcess, scratch: &Path, path: &str) -> Vec<u8> {
-    let local = scratch.join(format!("get-{}", path.replace('/', "_")));
-    let _ = std::fs::remove_file(&local);
-    ok_stdout(&agent.cli(&["get", path, local.to_str().expect("utf-8")]));
-    std::fs::read(&local).expect("read what dpuio get wrote")
-}
-
-fn sha256(c: &mut Command) -> String {
-    ok(c).split_whitespace().next().expect("a digest").to_owned()
 }
 
 #[test]
@@ -140,30 +99,17 @@ fn coreutils_read_and_write_dpuio_files_unmodified() {
     assert_eq!(found, want);
 }
 
-/// The interpreter for the Python tests: the project's venv (./x installs numpy there)
-/// if it exists, else the system's python3.
-fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    if venv.is_file() { venv } else { PathBuf::from("python3") }
-}
-
 #[test]
 fn python_opens_lists_and_writes_by_path() {
     let dir = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
     let scratch = dir.path().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
-    let data = random_bytes(5 * 1024 * 1024 + 7);
-    put(&agent, &scratch, "/ds/a.bin", &data);
-    put(&agent, &scratch, "/ds/b.txt", b"b\n");
+    let want_sha = python_by_path(preloaded(&agent, python().to_str().unwrap()), MOUNT, &agent, &scratch);
     let script = format!(
         r#"
 import hashlib, os
 m = "{MOUNT}"
-with open(m + "/ds/a.bin", "rb") as f:
-    print("sha", hashlib.sha256(f.read()).hexdigest())
-print("listdir", sorted(os.listdir(m + "/ds")))
-print("scandir", sorted((e.name, e.is_dir(), e.stat().st_size) for e in os.scandir(m + "/ds")))
 # getdents64 called directly, with a buffer that holds two records at a time.
 import ctypes, struct
 libc = ctypes.CDLL(None, use_errno=True)
@@ -196,13 +142,6 @@ libc.seekdir(d, mark)
 again = [name(libc.readdir(d)) for _ in range(3)]
 assert libc.readdir(d) is None and libc.closedir(d) == 0
 print("seekdir", after == again, first)
-os.mkdir(m + "/out")
-with open(m + "/out/w.txt", "w") as f:
-    f.write("line\n" * 1000)
-with open(m + "/out/w.txt") as f:
-    assert f.read() == "line\n" * 1000
-os.rename(m + "/out/w.txt", m + "/out/renamed.txt")
-print("size", os.stat(m + "/out/renamed.txt").st_size)
 
 # mmap: a read-only map is the file's bytes; a writable shared one is refused (ENODEV).
 import errno, mmap
@@ -234,48 +173,13 @@ os.close(fd)
 "#
     );
     let out = ok(preloaded(&agent, python().to_str().unwrap()).arg("-c").arg(&script));
-    let want_sha = sha256(Command::new("sha256sum").arg({
-        let p = scratch.join("a.bin");
-        std::fs::write(&p, &data).unwrap();
-        p
-    }));
-    assert!(out.contains(&format!("sha {want_sha}")), "{out}");
-    assert!(out.contains("listdir ['a.bin', 'b.txt']"), "{out}");
-    assert!(out.contains(&format!("scandir [('a.bin', False, {}), ('b.txt', False, 2)]", data.len())), "{out}");
-    assert!(out.contains("size 5000"), "{out}");
     assert!(out.contains("getdents64 ['.', '..', 'a.bin', 'b.txt']"), "{out}");
     assert!(out.contains("seekdir True ."), "{out}");
     assert!(out.contains(&format!("mmap sha {want_sha}")), "{out}");
     assert!(out.contains("fork child exit 0") && out.contains("parent still reads True"), "{out}");
-    assert_eq!(get(&agent, &scratch, "/out/renamed.txt"), "line\n".repeat(1000).into_bytes());
 
     // numpy: np.save/np.load by path, and an .npz (a zip read with seeks).
-    let has_numpy = Command::new(python()).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
-    if !has_numpy {
-        eprintln!("numpy part skipped: {} cannot import numpy (./x test installs it into .venv)", python().display());
-        return;
-    }
-    let script = format!(
-        r#"
-import numpy as np
-m = "{MOUNT}"
-a = np.arange(3_000_000, dtype=np.float32).reshape(1000, 3000)
-np.save(m + "/out/a.npy", a)
-b = np.load(m + "/out/a.npy")
-assert (a == b).all() and b.dtype == np.float32, "npy round trip"
-np.savez(m + "/out/c.npz", x=a[:10], y=np.ones(7))
-z = np.load(m + "/out/c.npz")
-assert (z["x"] == a[:10]).all() and (z["y"] == 1).all(), "npz round trip"
-c = np.load(m + "/out/a.npy", mmap_mode="r")
-assert (c[999] == a[999]).all(), "np.load with mmap_mode"
-print("numpy ok")
-"#
-    );
-    let out = ok(preloaded(&agent, python().to_str().unwrap()).arg("-c").arg(&script));
-    assert!(out.contains("numpy ok"), "{out}");
-    // What numpy wrote is a real .npy file to any other reader.
-    let npy = get(&agent, &scratch, "/out/a.npy");
-    assert!(npy.starts_with(b"\x93NUMPY") && npy.len() > 12_000_000, "a.npy: {} bytes", npy.len());
+    numpy_round_trip(preloaded(&agent, python().to_str().unwrap()), MOUNT, &agent, &scratch);
 }
 
 #[test]
@@ -287,39 +191,10 @@ fn failures_are_the_errno_programs_expect() {
     put(&agent, &scratch, "/shared/ok.txt", b"ok\n");
     put(&agent, &scratch, "/secret/key.txt", b"secret\n");
     put(&agent, &scratch, "/full/f.txt", b"f\n");
-    let script = format!(
-        r#"
-import errno, os
-m = "{MOUNT}"
-def expect(name, code, f, *args):
-    try:
-        f(*args)
-    except OSError as e:
-        assert e.errno == code, f"{{name}}: errno {{e.errno}} ({{os.strerror(e.errno)}}), wanted {{code}}"
-        print(name, "ok")
-        return
-    raise AssertionError(f"{{name}}: no error")
-expect("ENOENT", errno.ENOENT, open, m + "/nope.txt")
-expect("ENOENT stat", errno.ENOENT, os.stat, m + "/nope/deeper")
-expect("EEXIST", errno.EEXIST, os.mkdir, m + "/shared")
-expect("EEXIST O_EXCL", errno.EEXIST, os.open, m + "/shared/ok.txt", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-expect("ENOTEMPTY", errno.ENOTEMPTY, os.rmdir, m + "/full")
-expect("ENOTDIR", errno.ENOTDIR, os.rmdir, m + "/full/f.txt")
-expect("EISDIR", errno.EISDIR, os.unlink, m + "/full")
-expect("EISDIR write", errno.EISDIR, open, m + "/full", "w")
-"#
-    );
-    let out = ok(preloaded(&agent, python().to_str().unwrap()).arg("-c").arg(&script));
-    for name in ["ENOENT", "EEXIST", "EEXIST O_EXCL", "ENOTEMPTY", "ENOTDIR", "EISDIR", "EISDIR write"] {
-        assert!(out.lines().any(|l| l == format!("{name} ok")), "{name}: {out}");
-    }
+    expect_errnos(preloaded(&agent, python().to_str().unwrap()), MOUNT, NAMESPACE_ERRNOS);
 
     // A token narrowed to /shared: inside it reads, outside it is EACCES, from cat too.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let token = runtime.block_on(async {
-        let client = dpuio_shim::Client::connect(agent.connect_options()).await.expect("attach");
-        client.delegate("/shared", &["read".into()], 300).await.expect("delegate").0
-    });
+    let token = read_only_token(&agent, "/shared");
     let narrowed = |program: &str| {
         let mut c = preloaded(&agent, program);
         c.env("DPUIO_TOKEN", &token);
@@ -348,54 +223,18 @@ print("EACCES ok")
 
 #[test]
 fn fio_verifies_what_it_wrote_through_the_preload() {
-    if Command::new("fio").arg("--version").output().is_err() {
-        eprintln!("skipped: fio is not installed (./x test installs it)");
+    if !has_fio() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
-    ok_stdout(&agent.cli(&["mkdir", "-p", "/fio"]));
-    let common =
-        ["--name=dpuio", "--ioengine=psync", "--size=16m", "--bs=256k", "--verify=crc32c", "--output-format=terse"];
-    // fio keeps its verify state in the working directory: the test's own.
-    let fio = || {
-        let mut c = preloaded(&agent, "fio");
-        c.current_dir(dir.path());
-        c
-    };
-    // Write with verification headers, then a separate read-only job that verifies.
-    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/file")).arg("--rw=write"));
-    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/file")).arg("--rw=read").arg("--verify_only"));
-    // And random writes verified in the same job.
-    ok(fio().args(common).arg(format!("--filename={MOUNT}/fio/rand")).arg("--rw=randwrite"));
+    fio_write_read_verify(&agent, || preloaded(&agent, "fio"), dir.path(), &format!("{MOUNT}/fio"));
 }
-
-/// Where the second 64 KiB block of an encrypted file is stored: after the 256-byte
-/// header and the first block with its 12-byte nonce and 16-byte tag (as in
-/// tests/encryption.rs).
-const SECOND_BLOCK: usize = 256 + 65536 + 28;
 
 #[test]
 fn tampered_data_is_eio_and_none_of_it_is_released() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("tenant.key");
-    std::fs::write(&key, (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect::<Vec<u8>>()).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let data_dir = dir.path().join("data");
-    let storage = dpuio_tests::StorageUnderTest::new("preload-integrity", &data_dir);
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}[[tenants]]\nname = \"default\"\ncontainer = \"{}\"\n[tenants.encryption]\nkey_file = \"{}\"\nblock_bytes = 65536\n",
-            storage.backend_config(),
-            storage.container("default"),
-            key.display()
-        ),
-    )
-    .unwrap();
-    let agent = AgentProcess::start(&data_dir, &["--config", config.to_str().unwrap()]);
+    let EncryptedAgent { agent, storage } = encrypted_agent(dir.path(), "preload-integrity");
     let scratch = dir.path().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
     let plain = random_bytes(300_000);

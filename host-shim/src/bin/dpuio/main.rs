@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 mod forward;
+mod fuse;
+mod inodes;
 
 use std::io::{Read, Write};
 
@@ -79,7 +81,7 @@ impl Stdout {
 struct Cli {
     #[command(flatten)]
     connect: ConnectArgs,
-    /// Data plane for put/get/cat: ucx-shm, ucx-tcp, ofi-shm, ofi-tcp (libfabric), auto
+    /// Data plane for put/get/cat/mount: ucx-shm, ucx-tcp, ofi-shm, ofi-tcp (libfabric), auto
     /// (the first of UCX, ofi-shm, ofi-tcp the agent offers), shm/tcp (UCX), or a
     /// UCX_TLS list.
     #[arg(long, env = "DPUIO_TRANSPORT", default_value = "auto", global = true)]
@@ -144,6 +146,17 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<String>,
     },
+    /// Mount the container as a file system (FUSE) at MOUNTPOINT, for programs that
+    /// read and write by path; unmount with `fusermount3 -u MOUNTPOINT` (or SIGTERM to
+    /// the mount process).
+    ///
+    /// Reads go through the kernel's page cache (a file unchanged since it was last
+    /// opened keeps its cached pages) in pieces of up to 1 MiB; `close` of a written file
+    /// makes it durable. Failures are the errno programs expect: EACCES where the
+    /// capability token denies, EIO where stored data failed its integrity check. Modes,
+    /// owners and times are not stored (chmod, chown and touch -d change nothing); links,
+    /// symlinks and extended attributes are not supported. See docs/unmodified-apps.md.
+    Mount(fuse::MountArgs),
     /// Print a capability token narrower than this session's, for a child process
     /// (pass it as --token or DPUIO_TOKEN).
     Delegate {
@@ -163,6 +176,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Bench { args } = &cli.command {
         return forward::bench(&cli.connect, args);
+    }
+    if let Command::Mount(args) = &cli.command {
+        // Blocking calls of its own, outside any async runtime.
+        return fuse::command(&cli.connect, &cli.transport, args);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(r) => r,
@@ -264,8 +281,8 @@ async fn run_command(client: &Client, command: Command) -> Result<(), Failure> {
                 get(client, &path, std::io::stdout().lock(), "stdout").await?;
             }
         }
-        // Handed to dpuio-bench before any client attaches (see main).
-        Command::Bench { .. } => {}
+        // Handed to dpuio-bench or the mount before any client attaches (see main).
+        Command::Bench { .. } | Command::Mount(_) => {}
         Command::Touch { paths } => {
             for path in paths {
                 match client.create(&path, true).await {
