@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dpuio_shim::{Access, Client, RegionAccess, process_cpu_time};
+use dpuio_shim::{Access, Client, RegionAccess};
 use rand::{Rng, SeedableRng};
 
 use crate::workloads::{BENCH_DIR, Figures, Setup};
@@ -177,12 +177,13 @@ fn trial(
     load: &Loader,
     args: &Unet3dArgs,
     accelerators: u32,
+    host_cpu: &dyn Fn() -> Duration,
     setup_agent: &dyn Fn() -> Option<Duration>,
 ) -> Result<Trial, String> {
     let compute = Duration::from_secs_f64(args.accelerator.step_seconds() * args.compute_scale);
     let per_acc = args.unet3d_batch * args.unet3d_steps;
     let n = args.unet3d_samples;
-    let (cpu0, agent0, t0) = (process_cpu_time(), setup_agent(), Instant::now());
+    let (cpu0, agent0, t0) = (host_cpu(), setup_agent(), Instant::now());
     let results: Vec<Result<(f64, u64), String>> = std::thread::scope(|s| {
         let accs: Vec<_> = (0..accelerators)
             .map(|a| {
@@ -244,7 +245,7 @@ fn trial(
         samples: u64::from(accelerators) * per_acc as u64,
         bytes,
         wall,
-        host_cpu: process_cpu_time() - cpu0,
+        host_cpu: host_cpu().saturating_sub(cpu0),
         agent_cpu: agent0.and_then(|a0| setup_agent().map(|a1| a1.saturating_sub(a0))),
     })
 }
@@ -254,11 +255,12 @@ fn trial(
 fn search(path: &str, load: &Loader, args: &Unet3dArgs, setup: &Setup) -> dpuio_shim::Result<Figures> {
     let err = |e: String| dpuio_shim::Error::DataPlane { op: format!("unet3d {path}"), reason: e };
     let agent_cpu = || setup.agent_cpu();
+    let host_cpu = || setup.host_cpu(path);
     let mut best: Option<(u32, Trial)> = None;
     let mut first: Option<Trial> = None;
     for n in 1..=args.max_accelerators.max(1) {
         let bar = setup.spinner(format!("unet3d {path}: {n} accelerator(s)"));
-        let t = trial(load, args, n, &agent_cpu).map_err(err)?;
+        let t = trial(load, args, n, &host_cpu, &agent_cpu).map_err(err)?;
         bar.finish_and_clear();
         let passed = t.au >= 0.9;
         if n == 1 {
@@ -316,6 +318,10 @@ pub async fn unet3d(setup: &Setup, args: &Unet3dArgs) -> dpuio_shim::Result<Vec<
         let readers = args.unet3d_read_threads * args.max_accelerators.max(1) as usize;
         let load = shim_loader(client, readers, max_sample).await?;
         out.push(tokio::task::block_in_place(|| search(name, &load, args, setup))?);
+    }
+    if let Some(mount) = &setup.fuse {
+        let load = posix_loader(mount.dir.clone());
+        out.push(tokio::task::block_in_place(|| search(crate::workloads::FUSE, &load, args, setup))?);
     }
     Ok(out)
 }

@@ -17,6 +17,7 @@
 
 mod crypto;
 mod dlio;
+mod fuse_path;
 mod plot;
 mod qos;
 mod workloads;

@@ -18,7 +18,7 @@
 
 use std::os::unix::fs::FileExt;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -137,7 +137,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Paths to compare: any of posix, shm (UCX shared memory), tcp (UCX TCP), ofi-shm,
-    /// ofi-tcp (libfabric's shm and tcp providers).
+    /// ofi-tcp (libfabric's shm and tcp providers), fuse (`dpuio mount` on a directory of
+    /// its own, read by path: metadata and unet3d; its mount process's CPU counts as host
+    /// CPU).
     #[arg(long, value_delimiter = ',', default_value = "posix,shm,tcp")]
     pub paths: Vec<String>,
     /// The container's directory on this machine (for the POSIX baseline on the same
@@ -251,6 +253,8 @@ pub fn process_cpu(pid: u32) -> Option<Duration> {
 const BENCH_FILE: &str = "/.dpuio-bench/data";
 /// Where the benchmarks keep their files in the container.
 pub const BENCH_DIR: &str = "/.dpuio-bench";
+/// The path name of `dpuio mount` in the figures.
+pub const FUSE: &str = "fuse";
 
 fn bench_error(reason: impl std::fmt::Display) -> dpuio_shim::Error {
     dpuio_shim::Error::DataPlane { op: "bench".into(), reason: reason.to_string() }
@@ -263,10 +267,19 @@ pub struct Setup {
     /// `--backend daos`: the tenant's container mounted by libdfs in this process.
     pub dfs: Option<Arc<dyn dpuio_backend::Container>>,
     pub agent_pid: Option<u32>,
+    /// The `fuse` path's mount, when asked for.
+    pub fuse: Option<crate::fuse_path::FuseMount>,
     pub progress: indicatif::MultiProgress,
 }
 
 impl Setup {
+    /// CPU time of the host's side of `path` so far: this process, and for the fuse path
+    /// the mount process too.
+    pub fn host_cpu(&self, path: &str) -> Duration {
+        let mount = self.fuse.as_ref().filter(|_| path == FUSE).and_then(|f| process_cpu(f.pid()));
+        process_cpu_time() + mount.unwrap_or_default()
+    }
+
     /// CPU time of the agent so far, when its pid is known.
     pub fn agent_cpu(&self) -> Option<Duration> {
         self.agent_pid.and_then(process_cpu)
@@ -309,15 +322,23 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             "tcp" | "ucx-tcp" => clients.push(("shim-ucx-tcp".to_owned(), connect("ucx-tcp").await?)),
             "ofi-shm" => clients.push(("shim-ofi-shm".to_owned(), connect("ofi-shm").await?)),
             "ofi-tcp" => clients.push(("shim-ofi-tcp".to_owned(), connect("ofi-tcp").await?)),
-            "posix" => {}
+            "posix" | "fuse" => {}
             other => {
-                return Err(bench_error(format!("unknown path {other:?}; use posix, shm, tcp, ofi-shm or ofi-tcp")));
+                return Err(bench_error(format!(
+                    "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp or fuse"
+                )));
             }
         }
     }
     if clients.is_empty() {
-        return Err(bench_error("name at least one of shm, tcp, ofi-shm, ofi-tcp in --paths"));
+        return Err(bench_error(
+            "name at least one of shm, tcp, ofi-shm, ofi-tcp in --paths (it writes the files every path reads)",
+        ));
     }
+    let fuse = match args.paths.iter().any(|p| p == "fuse") {
+        true => Some(crate::fuse_path::FuseMount::start(options).map_err(bench_error)?),
+        false => None,
+    };
     let posix_root = match (&args.posix_root, args.paths.iter().any(|p| p == "posix")) {
         (Some(root), true) => Some(root.clone()),
         (None, true) => {
@@ -342,7 +363,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
     if args.json {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let setup = Setup { clients, posix_root, dfs, agent_pid: args.agent_pid, progress };
+    let setup = Setup { clients, posix_root, dfs, agent_pid: args.agent_pid, fuse, progress };
     let mut all: Vec<Figures> = Vec::new();
     for &workload in &args.workloads {
         let figures = match workload {
@@ -469,42 +490,53 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
     Ok(totals)
 }
 
+/// The metadata rows through std::fs on `root` (the container's directory, or the fuse
+/// path's mount of it), labelled `path`.
+fn fs_metadata(setup: &Setup, root: &Path, path: &str, files: usize) -> dpuio_shim::Result<Vec<Figures>> {
+    let mut out = Vec::new();
+    let bar = setup.spinner(format!("metadata {path}"));
+    let dir = root.join(BENCH_DIR.trim_start_matches('/')).join(format!("meta-{path}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(bench_error)?;
+    let names: Vec<PathBuf> = (0..files).map(|i| dir.join(format!("f{i:07}"))).collect();
+    let steps: [(&str, &dyn Fn() -> std::io::Result<()>); 4] = [
+        ("create", &|| names.iter().try_for_each(|n| std::fs::File::create_new(n).map(drop))),
+        ("stat", &|| names.iter().try_for_each(|n| std::fs::metadata(n).map(drop))),
+        ("readdir", &|| std::fs::read_dir(&dir)?.try_for_each(|e| e.and_then(|e| e.metadata()).map(drop))),
+        ("remove", &|| names.iter().try_for_each(std::fs::remove_file)),
+    ];
+    for (op, step) in steps {
+        let meter = Meter::start(setup, path);
+        step().map_err(|e| bench_error(format!("{path} metadata {op}: {e}")))?;
+        out.push(meter.finish(&format!("metadata-{op}"), files as u64, 0));
+    }
+    // Small-file samples: open + read + close of a whole 128 KiB file each.
+    let data = sample_bytes();
+    let samples: Vec<PathBuf> = (0..sample_count(files)).map(|i| dir.join(format!("s{i:05}"))).collect();
+    for n in &samples {
+        std::fs::write(n, &data).map_err(bench_error)?;
+    }
+    let meter = Meter::start(setup, path);
+    for n in &samples {
+        let got = std::fs::read(n).map_err(|e| bench_error(format!("{path} sample read: {e}")))?;
+        std::hint::black_box(&got);
+    }
+    let ops = samples.len() as u64;
+    out.push(meter.finish(SAMPLE_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
+    let _ = std::fs::remove_dir_all(&dir);
+    bar.finish_and_clear();
+    Ok(out)
+}
+
 /// Files per second for create, stat, readdir and remove, through the shim's namespace
 /// calls and through std::fs on the container's directory.
 async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures>> {
     let mut out = Vec::new();
     if let Some(root) = &setup.posix_root {
-        let bar = setup.spinner("metadata posix".into());
-        let dir = root.join(BENCH_DIR.trim_start_matches('/')).join("meta-posix");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(bench_error)?;
-        let names: Vec<PathBuf> = (0..files).map(|i| dir.join(format!("f{i:07}"))).collect();
-        let steps: [(&str, &dyn Fn() -> std::io::Result<()>); 4] = [
-            ("create", &|| names.iter().try_for_each(|n| std::fs::File::create_new(n).map(drop))),
-            ("stat", &|| names.iter().try_for_each(|n| std::fs::metadata(n).map(drop))),
-            ("readdir", &|| std::fs::read_dir(&dir)?.try_for_each(|e| e.and_then(|e| e.metadata()).map(drop))),
-            ("remove", &|| names.iter().try_for_each(std::fs::remove_file)),
-        ];
-        for (op, step) in steps {
-            let meter = Meter::start(setup);
-            step().map_err(|e| bench_error(format!("posix metadata {op}: {e}")))?;
-            out.push(meter.finish(&format!("metadata-{op}"), "posix", files as u64, 0));
-        }
-        // Small-file samples: open + read + close of a whole 128 KiB file each.
-        let data = sample_bytes();
-        let samples: Vec<PathBuf> = (0..sample_count(files)).map(|i| dir.join(format!("s{i:05}"))).collect();
-        for n in &samples {
-            std::fs::write(n, &data).map_err(bench_error)?;
-        }
-        let meter = Meter::start(setup);
-        for n in &samples {
-            let got = std::fs::read(n).map_err(|e| bench_error(format!("posix sample read: {e}")))?;
-            std::hint::black_box(&got);
-        }
-        let ops = samples.len() as u64;
-        out.push(meter.finish(SAMPLE_WORKLOAD, "posix", ops, ops * SAMPLE_BYTES as u64));
-        let _ = std::fs::remove_dir_all(&dir);
-        bar.finish_and_clear();
+        out.extend(fs_metadata(setup, root, "posix", files)?);
+    }
+    if let Some(mount) = &setup.fuse {
+        out.extend(fs_metadata(setup, &mount.dir, FUSE, files)?);
     }
     if let Some(dfs) = &setup.dfs {
         let bar = setup.spinner(format!("metadata {LIBDFS}"));
@@ -518,7 +550,7 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
         client.mkdir(&dir, true).await?;
         let names: Vec<String> = (0..files).map(|i| format!("{dir}/f{i:07}")).collect();
         for op in ["create", "stat", "readdir", "remove"] {
-            let meter = Meter::start(setup);
+            let meter = Meter::start(setup, name);
             match op {
                 "create" => {
                     for n in &names {
@@ -542,7 +574,7 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
                     }
                 }
             }
-            out.push(meter.finish(&format!("metadata-{op}"), name, files as u64, 0));
+            out.push(meter.finish(&format!("metadata-{op}"), files as u64, 0));
         }
         // Small-file samples: one open-read submission each, into a registered region
         // (no byte through this process's CPU).
@@ -554,7 +586,7 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
             f.write_at(&region, SAMPLE_BYTES as u64, 0)?;
             f.close().await?;
         }
-        let meter = Meter::start(setup);
+        let meter = Meter::start(setup, name);
         for n in &samples {
             let (_, read) = client.read_sample(n, &region, 0, (SAMPLE_BYTES + 4096) as u32)?;
             if read != SAMPLE_BYTES as u64 {
@@ -562,7 +594,7 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
             }
         }
         let ops = samples.len() as u64;
-        out.push(meter.finish(SAMPLE_WORKLOAD, name, ops, ops * SAMPLE_BYTES as u64));
+        out.push(meter.finish(SAMPLE_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
         let _ = client.remove(&dir, true).await;
         client.deregister_region(region).await?;
         bar.finish_and_clear();
@@ -608,7 +640,7 @@ fn dfs_metadata(
     let create = OpenOptions { write: true, create: true, exclusive: true, ..OpenOptions::default() };
     let mut out = Vec::new();
     for op in ["create", "stat", "readdir", "remove"] {
-        let meter = Meter::start(setup);
+        let meter = Meter::start(setup, LIBDFS);
         match op {
             "create" => names.iter().try_for_each(|n| dfs.open(n, create, 0o644).map(drop))?,
             "stat" => names.iter().try_for_each(|n| dfs.stat(n).map(drop))?,
@@ -628,7 +660,7 @@ fn dfs_metadata(
             }
             _ => names.iter().try_for_each(|n| dfs.remove(n, false))?,
         }
-        out.push(meter.finish(&format!("metadata-{op}"), LIBDFS, files as u64, 0));
+        out.push(meter.finish(&format!("metadata-{op}"), files as u64, 0));
     }
     Ok(out)
 }
@@ -636,24 +668,26 @@ fn dfs_metadata(
 /// Wall clock, host CPU and agent CPU started together, for one measured step.
 struct Meter<'a> {
     setup: &'a Setup,
+    path: &'a str,
     cpu0: Duration,
     agent0: Option<Duration>,
     t0: Instant,
 }
 
 impl<'a> Meter<'a> {
-    fn start(setup: &'a Setup) -> Self {
-        Meter { setup, cpu0: process_cpu_time(), agent0: setup.agent_cpu(), t0: Instant::now() }
+    /// Figures of `path` from now (its host CPU as [`Setup::host_cpu`] counts it).
+    fn start(setup: &'a Setup, path: &'a str) -> Self {
+        Meter { setup, path, cpu0: setup.host_cpu(path), agent0: setup.agent_cpu(), t0: Instant::now() }
     }
 
-    fn finish(self, workload: &str, path: &str, ops: u64, bytes: u64) -> Figures {
+    fn finish(self, workload: &str, ops: u64, bytes: u64) -> Figures {
         Figures {
             workload: workload.to_owned(),
-            path: path.to_owned(),
+            path: self.path.to_owned(),
             ops,
             bytes,
             wall: self.t0.elapsed(),
-            host_cpu: process_cpu_time() - self.cpu0,
+            host_cpu: self.setup.host_cpu(self.path).saturating_sub(self.cpu0),
             agent_cpu: self.agent0.and_then(|a0| self.setup.agent_cpu().map(|a1| a1.saturating_sub(a0))),
             ..Figures::default()
         }
@@ -674,7 +708,7 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
         // every path's checkpoint from a clean page cache.
         rustix::fs::sync();
         let path = root.join(BENCH_DIR.trim_start_matches('/')).join("checkpoint-posix.pt");
-        let meter = Meter::start(setup);
+        let meter = Meter::start(setup, "posix");
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -686,13 +720,13 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
             f.write_all_at(&data, i * CHUNK).map_err(bench_error)?;
         }
         f.sync_all().map_err(bench_error)?;
-        out.push(meter.finish("checkpoint-write", "posix", bytes / CHUNK, bytes));
-        let meter = Meter::start(setup);
+        out.push(meter.finish("checkpoint-write", bytes / CHUNK, bytes));
+        let meter = Meter::start(setup, "posix");
         let mut buf = vec![0u8; CHUNK as usize];
         for i in 0..bytes / CHUNK {
             f.read_exact_at(&mut buf, i * CHUNK).map_err(bench_error)?;
         }
-        out.push(meter.finish("checkpoint-read", "posix", bytes / CHUNK, bytes));
+        out.push(meter.finish("checkpoint-read", bytes / CHUNK, bytes));
         let _ = std::fs::remove_file(&path);
         bar.finish_and_clear();
     }
@@ -704,22 +738,22 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
         let fail = |e: dpuio_backend::Error| bench_error(format!("libdfs checkpoint: {e}"));
         let path = NsPath::parse(&format!("{BENCH_DIR}/checkpoint-{LIBDFS}.pt")).map_err(fail)?;
         ensure_bench_dir(&**dfs).map_err(fail)?;
-        let meter = Meter::start(setup);
+        let meter = Meter::start(setup, LIBDFS);
         let create = OpenOptions { write: true, create: true, truncate: true, ..OpenOptions::default() };
         let f = dfs.open(&path, create, 0o644).map_err(fail)?;
         for i in 0..bytes / CHUNK {
             f.write_at(&data, i * CHUNK).map_err(fail)?;
         }
         f.sync().map_err(fail)?;
-        out.push(meter.finish("checkpoint-write", LIBDFS, bytes / CHUNK, bytes));
-        let meter = Meter::start(setup);
+        out.push(meter.finish("checkpoint-write", bytes / CHUNK, bytes));
+        let meter = Meter::start(setup, LIBDFS);
         let mut buf = vec![0u8; CHUNK as usize];
         for i in 0..bytes / CHUNK {
             if f.read_at(&mut buf, i * CHUNK).map_err(fail)? != CHUNK as usize {
                 return Err(bench_error("libdfs checkpoint: short read"));
             }
         }
-        out.push(meter.finish("checkpoint-read", LIBDFS, bytes / CHUNK, bytes));
+        out.push(meter.finish("checkpoint-read", bytes / CHUNK, bytes));
         drop(f);
         let _ = dfs.remove(&path, false);
         bar.finish_and_clear();
@@ -734,20 +768,20 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
             r.memory_mut().write_at(0, &data);
             regions.push(r);
         }
-        let meter = Meter::start(setup);
+        let meter = Meter::start(setup, name);
         let file = client.create(&path, false).await?;
         let requests: Vec<_> =
             (0..bytes / CHUNK).map(|i| file.write_request(&regions[i as usize % DEPTH], 0, CHUNK, i * CHUNK)).collect();
         run_waves(client, requests, DEPTH).await?;
         file.close().await?; // durable once Close returns (the agent fsyncs)
-        out.push(meter.finish("checkpoint-write", name, bytes / CHUNK, bytes));
-        let meter = Meter::start(setup);
+        out.push(meter.finish("checkpoint-write", bytes / CHUNK, bytes));
+        let meter = Meter::start(setup, name);
         let file = client.open(&path, Access::ReadOnly).await?;
         let requests: Vec<_> =
             (0..bytes / CHUNK).map(|i| file.read_request(&regions[i as usize % DEPTH], 0, CHUNK, i * CHUNK)).collect();
         run_waves(client, requests, DEPTH).await?;
         file.close().await?;
-        out.push(meter.finish("checkpoint-read", name, bytes / CHUNK, bytes));
+        out.push(meter.finish("checkpoint-read", bytes / CHUNK, bytes));
         client.remove(&path, false).await?;
         for r in regions {
             client.deregister_region(r).await?;
