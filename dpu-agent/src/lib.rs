@@ -39,6 +39,7 @@ pub mod deploy;
 pub mod engine;
 pub mod error;
 pub mod keys;
+pub mod metrics;
 pub mod namespace;
 pub mod qos;
 mod runtime;
