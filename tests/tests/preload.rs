@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use dpuio_tests::{AgentProcess, hermetic, ok_stdout};
+use dpuio_tests::{AgentProcess, hermetic, ok_stdout, python};
 
 const MOUNT: &str = "/mnt/dpuio";
 
@@ -138,13 +138,6 @@ fn coreutils_read_and_write_dpuio_files_unmodified() {
     let want: Vec<String> =
         ["big.bin", "copied.bin", "dd.bin", "small.txt"].iter().map(|n| format!("{MOUNT}/data/{n}")).collect();
     assert_eq!(found, want);
-}
-
-/// The interpreter for the Python tests: the project's venv (./x installs numpy there)
-/// if it exists, else the system's python3.
-fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    if venv.is_file() { venv } else { PathBuf::from("python3") }
 }
 
 #[test]
