@@ -262,8 +262,17 @@ impl Metrics {
         };
         {
             let mut r = lock(&m.registry);
-            r.register("read_bytes", "Bytes the tenant read on the data plane", m.read_bytes.clone());
-            r.register("written_bytes", "Bytes the tenant wrote on the data plane", m.written_bytes.clone());
+            for (name, help, family) in [
+                ("read_bytes", "Bytes the tenant read on the data plane", &m.read_bytes),
+                ("written_bytes", "Bytes the tenant wrote on the data plane", &m.written_bytes),
+                (
+                    "integrity_failures",
+                    "Data-plane requests that failed an integrity check (encrypted tenants)",
+                    &m.integrity_failures,
+                ),
+            ] {
+                r.register(name, help, family.clone());
+            }
             r.register(
                 "operations",
                 "Operations the tenant completed (data-plane requests and namespace calls), failed ones included",
@@ -281,11 +290,6 @@ impl Metrics {
                 m.throttled_seconds.clone(),
             );
             r.register(
-                "integrity_failures",
-                "Data-plane requests that failed an integrity check (encrypted tenants)",
-                m.integrity_failures.clone(),
-            );
-            r.register(
                 "grpc_request_duration_seconds",
                 "Control-plane gRPC calls until their response headers, by method",
                 m.grpc_seconds.clone(),
@@ -296,21 +300,17 @@ impl Metrics {
                 "Storage backend calls, all tenants, by backend operation",
                 m.backend_seconds.clone(),
             );
-            r.register(
-                "doorbells_undecodable",
-                "Doorbells the engine could not decode (ignored)",
-                m.undecodable_doorbells.clone(),
-            );
-            r.register(
-                "rings_broken",
-                "Rings no longer served: their host wrote indices that make no sense",
-                m.broken_rings.clone(),
-            );
-            r.register(
-                "peers_failed",
-                "Hosts whose data plane was closed after a transfer to them failed",
-                m.failed_peers.clone(),
-            );
+            for (name, help, counter) in [
+                ("doorbells_undecodable", "Doorbells the engine could not decode (ignored)", &m.undecodable_doorbells),
+                (
+                    "rings_broken",
+                    "Rings no longer served: their host wrote indices that make no sense",
+                    &m.broken_rings,
+                ),
+                ("peers_failed", "Hosts whose data plane was closed after a transfer to them failed", &m.failed_peers),
+            ] {
+                r.register(name, help, counter.clone());
+            }
         }
         m
     }

@@ -63,8 +63,7 @@ fn value(samples: &[String], series: &str) -> Option<f64> {
 #[test]
 fn per_tenant_counters_match_a_known_workload() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("agent.toml");
-    std::fs::write(&config, "[metrics]\nlisten = \"127.0.0.1:0\"\n").unwrap();
+    let config = dpuio_harness::write_config(dir.path(), "[metrics]\nlisten = \"127.0.0.1:0\"\n").unwrap();
     let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
     let metrics = agent.process.metrics_addr().expect("the ready line names the metrics address").to_owned();
 
