@@ -135,3 +135,33 @@ fn per_tenant_counters_match_a_known_workload() {
     assert_eq!(get(&format!("dpuio_requests_in_flight{{{tenant}}}")), 0.0);
     assert!(samples.iter().any(|s| s.starts_with("dpuio_transport_malformed_doorbells_total{provider=")));
 }
+
+/// Whether the exposition has the sample line `series value`.
+fn has_sample(text: &str, series: &str, value: &str) -> bool {
+    text.lines().any(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')) == Some(value))
+}
+
+#[test]
+fn the_key_version_follows_a_rotation() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = [dir.path().join("k1"), dir.path().join("k2")];
+    for (byte, key) in keys.iter().enumerate() {
+        std::fs::write(key, [byte as u8 + 1; 32]).unwrap();
+        std::fs::set_permissions(key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let text = format!(
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n[[tenants]]\nname = \"default\"\ncontainer = \"default\"\n\
+         [tenants.encryption]\nkey_file = \"{}\"\n",
+        keys[0].display()
+    );
+    let config = dpuio_harness::write_config(dir.path(), &text).unwrap();
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let metrics = agent.process.metrics_addr().expect("the ready line names the metrics address").to_owned();
+    let series = r#"dpuio_key_version{tenant="default"}"#;
+    let (_, _, before) = http_get(&metrics, "/metrics", "text/plain");
+    assert!(has_sample(&before, series, "1"), "{before}");
+    ok_stdout(&agent.dpuctl(&["key", "rotate", "--tenant", "default", "--new-key", keys[1].to_str().unwrap()]));
+    let (_, _, after) = http_get(&metrics, "/metrics", "text/plain");
+    assert!(has_sample(&after, series, "2"), "{after}");
+}
