@@ -1000,6 +1000,9 @@ impl Engine {
         // Whether the next completion is that of an entry that ran here (counted when it
         // ran); any other is a refusal, counted when posted.
         let mut ran_here = false;
+        // The batch's entries were all waiting when it began: their latency counts from
+        // here (one clock read a batch, not one an entry).
+        let taken_at = Instant::now();
         while let Some(action) = batch.poll() {
             let performed = match (action, &s.tenant) {
                 (Action::Fetch { index }, _) => {
@@ -1010,14 +1013,14 @@ impl Engine {
                 }
                 (Action::Run { sub, cq_index }, Some(tenant)) => {
                     tenant.start(1);
-                    let taken = Taken { sub, cq_index, at: Instant::now() };
+                    let taken = Taken { sub, cq_index, at: taken_at };
                     self.run_entry(session, peer, ring, tenant, &taken).map(|ran| {
                         ran_here = matches!(ran, Ran::Done { .. });
                         batch.ran(ran)
                     })
                 }
                 (Action::Queue { sub, cq_index }, Some(_)) => {
-                    queued.push(Queued { serving: s.clone(), taken: Taken { sub, cq_index, at: Instant::now() } });
+                    queued.push(Queued { serving: s.clone(), taken: Taken { sub, cq_index, at: taken_at } });
                     Ok(())
                 }
                 // Not given (a removed tenant is Tenant::Removed: its entries are
