@@ -143,6 +143,8 @@ impl pb::admin_server::Admin for AdminService {
             sessions: self.agent.session_count() as u32,
             tenants: self.agent.tenant_list().len() as u32,
             draining: self.agent.is_draining(),
+            tenant_figures: self.agent.tenant_figures(),
+            metrics_listen: self.agent.metrics_addr().map(|a| a.to_string()).unwrap_or_default(),
         }))
     }
 

@@ -18,6 +18,9 @@
 //! [admin]
 //! socket = "./dpuio-data/admin.sock"
 //!
+//! [metrics]
+//! listen = "127.0.0.1:9464"  # Prometheus GET /metrics; absent: no metrics listener
+//!
 //! [backend]
 //! kind = "local"              # the embedded backend
 //! path = "./dpuio-data"       # default: data_dir
@@ -74,6 +77,7 @@ pub struct Config {
     pub data_plane: DataPlaneConfig,
     pub tls: TlsConfig,
     pub admin: AdminConfig,
+    pub metrics: MetricsConfig,
 }
 
 /// The default SPIFFE trust domain of a development PKI.
@@ -115,6 +119,14 @@ pub struct AdminConfig {
     /// The Unix socket of the Admin service (`None`: `data_dir/admin.sock`). Only the
     /// agent's own user and root may connect.
     pub socket: Option<PathBuf>,
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MetricsConfig {
+    /// Where `GET /metrics` is served, in plaintext (`None`: nowhere). Port 0 takes a
+    /// free port; the agent logs the one it bound.
+    pub listen: Option<SocketAddr>,
 }
 
 /// `[tenants.qos]`: a tenant's share of the data plane.
@@ -394,6 +406,7 @@ impl Default for Config {
             data_plane: DataPlaneConfig::default(),
             tls: TlsConfig::default(),
             admin: AdminConfig { socket: None },
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -499,7 +512,11 @@ impl Checker {
 
     fn config(&mut self, root: &toml::Table) -> Config {
         let mut config = Config::default();
-        self.unknown_keys("", root, &["agent", "backend", "limits", "tenants", "data_plane", "tls", "admin"]);
+        self.unknown_keys(
+            "",
+            root,
+            &["agent", "backend", "limits", "tenants", "data_plane", "tls", "admin", "metrics"],
+        );
 
         let mut backend_path = None;
         if let Some(agent) = self.section(root, "agent") {
@@ -671,6 +688,23 @@ impl Checker {
                     self.issue("admin.socket", "must not be empty");
                 } else {
                     config.admin.socket = Some(PathBuf::from(socket));
+                }
+            }
+        }
+        if let Some(metrics) = self.section(root, "metrics") {
+            self.unknown_keys("metrics", metrics, &["listen"]);
+            if let Some(listen) = self.string(metrics, "metrics", "listen") {
+                let taken = [Some(config.listen), config.health_listen];
+                match listen.parse::<SocketAddr>() {
+                    Ok(addr) if addr.port() != 0 && taken.contains(&Some(addr)) => self.issue(
+                        "metrics.listen",
+                        format!("{addr} is agent.listen or agent.health_listen already; use another port"),
+                    ),
+                    Ok(addr) => config.metrics.listen = Some(addr),
+                    Err(_) => self.issue(
+                        "metrics.listen",
+                        format!("{listen:?} is not an IP:port address such as \"127.0.0.1:9464\""),
+                    ),
                 }
             }
         }
@@ -1136,6 +1170,29 @@ mod tests {
         assert!(found[0].reason.contains("agent.listen already"), "{found:?}");
         let found = issues("[agent]\nhealth_listen = \"7301\"\n");
         assert!(found[0].reason.contains("not an IP:port"), "{found:?}");
+    }
+
+    #[test]
+    fn metrics_listen_is_checked() {
+        assert_eq!(Config::parse("").unwrap().metrics.listen, None, "off unless configured");
+        let config = Config::parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
+        assert_eq!(config.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let any_port = Config::parse("[agent]\nlisten = \"127.0.0.1:0\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n");
+        assert_eq!(any_port.unwrap().metrics.listen, Some("127.0.0.1:0".parse().unwrap()));
+        for (bad, says) in [
+            ("listen = \"9464\"", "not an IP:port address"),
+            ("listen = \"localhost:9464\"", "not an IP:port address"),
+            ("listen = 9464", "expected a string"),
+            ("listen = \"127.0.0.1:7300\"", "agent.listen or agent.health_listen already"),
+            ("port = 9464", "unknown key"),
+        ] {
+            let found = issues(&format!("[agent]\nlisten = \"127.0.0.1:7300\"\n[metrics]\n{bad}\n"));
+            assert_eq!(found.len(), 1, "{bad}: {found:?}");
+            assert!(found[0].key.starts_with("metrics."), "{bad}: {found:?}");
+            assert!(found[0].reason.contains(says), "{bad}: {found:?}");
+        }
+        let found = issues("metrics = 1\n");
+        assert!(found[0].key == "metrics" && found[0].reason.contains("expected a table"), "{found:?}");
     }
 
     #[test]

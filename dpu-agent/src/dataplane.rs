@@ -58,6 +58,7 @@ use fabric::{MappedRemote, Transport};
 
 use crate::config::{Lane, QosConfig};
 use crate::engine::{self, RegionAccess};
+use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics, TransportGauges, timed};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
 use protocol::{Action, BackendFailure, Ran, Step};
@@ -252,6 +253,23 @@ impl DataPlane {
         let _ = self.workers[0].worker.wake();
     }
 
+    /// Each tenant's data-plane requests in flight now (tenants the engine has met).
+    pub fn requests_in_flight(&self) -> Vec<(Arc<str>, u32)> {
+        lock(&self.qos).in_flight()
+    }
+
+    /// Each worker's figures now, for the metrics.
+    pub fn transport_gauges(&self) -> Vec<TransportGauges> {
+        self.workers
+            .iter()
+            .map(|w| TransportGauges {
+                provider: offer_name(&w.worker),
+                peers: w.peers.load(Ordering::Relaxed),
+                malformed_doorbells: w.worker.malformed_doorbells(),
+            })
+            .collect()
+    }
+
     /// What the workers are (for logs and status).
     pub fn describe(&self) -> String {
         self.workers
@@ -297,9 +315,12 @@ impl DataPlane {
             lanes.push(EngineLane { worker: w.worker.clone(), staging, peers: w.peers.clone() });
         }
         let (jobs, queue) = crossbeam_channel::bounded::<Job>(IO_QUEUE);
+        let metrics = agent.metrics().clone();
+        let backend_times = metrics.backend_times();
         let mut io_overlaps = false;
         for i in 0..io_threads.max(1) {
             let queue = queue.clone();
+            let times = backend_times.clone();
             let io = agent
                 .backend()
                 .io_queue()
@@ -307,7 +328,7 @@ impl DataPlane {
             io_overlaps = io.depth() > 1;
             let thread = std::thread::Builder::new()
                 .name(format!("dpuio-io-{i}"))
-                .spawn(move || io_worker(queue, io))
+                .spawn(move || io_worker(queue, io, &times))
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot start an I/O thread: {e}")))?;
             self.io_threads.lock().unwrap_or_else(|p| p.into_inner()).push(thread);
         }
@@ -320,6 +341,8 @@ impl DataPlane {
             io_overlaps,
             qos: self.qos.clone(),
             idle_poll,
+            metrics,
+            backend_times,
         };
         let thread = std::thread::Builder::new()
             .name("dpuio-engine".into())
@@ -512,6 +535,11 @@ struct Engine {
     /// How long to keep polling after the last piece of work before sleeping (a
     /// doorbell arriving meanwhile costs no wake-up): `[data_plane] idle_poll_us`.
     idle_poll: Duration,
+    /// Agent-wide figures (doorbells, rings, peers); requests count through their
+    /// session's tenant handle.
+    metrics: Arc<Metrics>,
+    /// The backend calls the engine makes itself (inline requests).
+    backend_times: BackendTimes,
 }
 
 /// A ring being served, with what its entries need: session, peer and tenant.
@@ -528,8 +556,17 @@ struct Serving {
 /// counts in its tenant's in-flight requests.
 struct Queued {
     serving: Arc<Serving>,
+    /// Its wait in the queue, from when it was taken, is QoS throttling.
+    taken: Taken,
+}
+
+/// A validated entry taken off a ring: the request, its completion slot, and when it
+/// was taken (its latency counts from there).
+#[derive(Clone, Copy)]
+struct Taken {
     sub: Submission,
     cq_index: u64,
+    at: Instant,
 }
 
 /// Chunk jobs queued for the I/O workers at most; the engine waits when it is full.
@@ -559,6 +596,9 @@ struct InFlight {
     tenant: Arc<TenantSlot>,
     /// Woken when finishing this request makes room for a parked tenant.
     engine: Arc<any::Worker>,
+    /// The session's tenant counters, and when the request was taken off its ring.
+    metrics: Arc<TenantMetrics>,
+    taken_at: Instant,
 }
 
 struct Job {
@@ -571,7 +611,7 @@ struct Job {
 /// is waiting, up to the queue's depth, and runs them as one batch, so one thread keeps
 /// many backend reads in flight; with a one-at-a-time queue (`local`) it takes one piece
 /// and leaves the rest to the other threads.
-fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>) {
+fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>, times: &BackendTimes) {
     let mut batch: Vec<Job> = Vec::with_capacity(io.depth());
     while let Ok(job) = queue.recv() {
         let overlaps = io.overlaps(&*job.request.handle.object);
@@ -590,13 +630,18 @@ fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>) 
                 Err(_) => break,
             }
         }
-        run_pieces(&mut *io, &batch);
+        run_pieces(&mut *io, &batch, times);
         batch.clear();
     }
 }
 
 /// Run pieces of mapped requests; the last piece of each request posts its completion.
-fn run_pieces(io: &mut dyn IoQueue, batch: &[Job]) {
+///
+/// Each piece's backend time goes to `times`: on a queue that overlaps its pieces, from
+/// the batch's start to the piece's outcome (they were all submitted together); on one
+/// that runs them one after another, from the previous outcome.
+fn run_pieces(io: &mut dyn IoQueue, batch: &[Job], times: &BackendTimes) {
+    let overlapped = io.depth() > 1;
     let mut requests: Vec<IoRequest<'_>> = batch
         .iter()
         .map(|Job { request: r, piece }| {
@@ -612,8 +657,14 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Job]) {
             }
         })
         .collect();
+    let started = Instant::now();
+    let mut last = started;
     io.run(&mut requests, &mut |i, outcome| {
         let Job { request: r, piece } = &batch[i];
+        let now = Instant::now();
+        let h = if r.sub.opcode == Opcode::Read { &times.read } else { &times.write };
+        h.observe(now.duration_since(if overlapped { started } else { last }).as_secs_f64());
+        last = now;
         match outcome {
             Ok(n) if r.sub.opcode == Opcode::Read && (n as u64) < piece.length => {
                 r.short_end.fetch_min(piece.file_offset + n as u64, Ordering::Relaxed);
@@ -628,39 +679,37 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Job]) {
             }
         }
         if r.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            finish_mapped(r);
+            finish_mapped(r, times);
         }
     });
 }
 
 /// The last piece of a mapped request is done: sync if asked, post the completion.
-fn finish_mapped(r: &InFlight) {
+fn finish_mapped(r: &InFlight, times: &BackendTimes) {
     let mut failed = r.failed.load(Ordering::Relaxed);
     if !failed
         && r.sub.opcode == Opcode::Write
         && r.sub.flags & wire::FLAG_SYNC != 0
-        && let Err(e) = r.handle.object.sync()
+        && let Err(e) = timed(&times.sync, || r.handle.object.sync())
     {
         tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
         failed = true;
     }
     let short_end = r.short_end.load(Ordering::Relaxed);
     let result = if short_end == u64::MAX { r.sub.length } else { short_end.saturating_sub(r.sub.file_offset) };
-    let c = Completion {
-        user_data: r.sub.user_data,
-        status: match (failed, r.integrity.load(Ordering::Relaxed)) {
-            (false, _) => wire::Status::Ok as i32,
-            (true, true) => wire::Status::Integrity as i32,
-            (true, false) => wire::Status::Io as i32,
-        },
-        result: if failed { 0 } else { result },
-        seq: r.cq_index + 1,
+    let status = match (failed, r.integrity.load(Ordering::Relaxed)) {
+        (false, _) => wire::Status::Ok,
+        (true, true) => wire::Status::Integrity,
+        (true, false) => wire::Status::Io,
     };
+    let result = if failed { 0 } else { result };
+    let c = protocol::completion(r.sub.user_data, r.cq_index, status, result);
     let mem = r.ring.region.mapped.as_ref().expect("mapped requests live in mapped rings");
     let at = r.ring.offset as usize + wire::cqe_offset(r.ring.entries, r.cq_index);
     mem.bytes_mut(at, 24).copy_from_slice(&c.encode()[..24]);
     mem.store_u64_release(at + 24, c.seq);
     wake_waiters(&r.ring);
+    r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
     if r.tenant.finish(1) {
         let _ = r.engine.wake();
     }
@@ -711,7 +760,10 @@ impl Engine {
             for bell in &bells {
                 match wire::Doorbell::decode(bell.as_bytes()) {
                     Some(d) => ready.ready((d.session_id, d.ring_id)),
-                    None => tracing::debug!("malformed doorbell ignored"),
+                    None => {
+                        self.metrics.undecodable_doorbells.inc();
+                        tracing::debug!("malformed doorbell ignored");
+                    }
                 }
             }
             if ready.scan_due() {
@@ -778,7 +830,7 @@ impl Engine {
                         _ => ready.ready(key), // more waiting: come back after the others
                     },
                     Ok(false) => {}
-                    Err(e) => fail_peer(&s, &e),
+                    Err(e) => fail_peer(&self.metrics, &s, &e),
                 }
             }
             self.serve_queue(QUEUE_BATCH);
@@ -842,13 +894,15 @@ impl Engine {
         let dropped = lock(&self.qos).retain_tenants(|name| self.agent.has_tenant(name));
         for q in dropped {
             let s = &q.serving;
-            let completion = protocol::completion(q.sub.user_data, q.cq_index, wire::Status::Cancelled, 0);
+            let Taken { sub, cq_index, .. } = q.taken;
+            s.session.metrics.completed(Op::of(sub.opcode), wire::Status::Cancelled);
+            let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
             if let Some(tenant) = &s.tenant {
                 let _ = tenant.finish(1); // the tenant is gone: nobody waits for its room
             }
-            match self.post_completion(&s.peer, &s.ring, q.cq_index, &completion) {
+            match self.post_completion(&s.peer, &s.ring, cq_index, &completion) {
                 Ok(()) => wake_waiters(&s.ring),
-                Err(e) => fail_peer(s, &e),
+                Err(e) => fail_peer(&self.metrics, s, &e),
             }
         }
     }
@@ -871,10 +925,12 @@ impl Engine {
                 let _ = tenant.finish(1); // its host is gone; the engine is running anyway
                 continue;
             }
-            let ran = self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.sub, q.cq_index).and_then(|ran| {
+            let Taken { sub, cq_index, at } = q.taken;
+            s.session.metrics.throttled(at.elapsed());
+            let ran = self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.taken).and_then(|ran| {
                 let Ran::Done { status, result } = ran else { return Ok(false) };
-                let completion = protocol::completion(q.sub.user_data, q.cq_index, status, result);
-                self.post_completion(&s.peer, &s.ring, q.cq_index, &completion).map(|()| true)
+                let completion = protocol::completion(sub.user_data, cq_index, status, result);
+                self.post_completion(&s.peer, &s.ring, cq_index, &completion).map(|()| true)
             });
             match ran {
                 Ok(false) => {}
@@ -883,7 +939,7 @@ impl Engine {
                         posted.push(s.ring.clone());
                     }
                 }
-                Err(e) => fail_peer(s, &e),
+                Err(e) => fail_peer(&self.metrics, s, &e),
             }
         }
         for ring in posted {
@@ -900,16 +956,16 @@ impl Engine {
         peer: &Peer,
         ring: &Arc<HostRing>,
         tenant: &Arc<TenantSlot>,
-        sub: &Submission,
-        cq_index: u64,
+        taken: &Taken,
     ) -> Result<Ran, DataPlaneError> {
-        if self.dispatch(session, ring, sub, cq_index, tenant).is_some() {
+        if self.dispatch(session, ring, taken, tenant).is_some() {
             return Ok(Ran::OnWorkers);
         }
-        let outcome = self.execute(session, peer, sub);
+        let outcome = self.execute(session, peer, &taken.sub);
         // Parked rings are looked at by this thread on its next round: no wake needed.
         let _ = tenant.finish(1);
         let (status, result) = outcome?;
+        session.metrics.request(Op::of(taken.sub.opcode), status, result, taken.at.elapsed());
         Ok(Ran::Done { status, result })
     }
 
@@ -936,6 +992,7 @@ impl Engine {
             protocol::Serve::Idle => return Ok(false),
             protocol::Serve::Broken => {
                 ring.broken.store(true, Ordering::Relaxed);
+                self.metrics.broken_rings.inc();
                 tracing::warn!(
                     session = format!("{:#018x}", session.id),
                     ring = ring.id,
@@ -950,6 +1007,12 @@ impl Engine {
         // Counted when pushed to the scheduler at the end: a transfer failure before
         // then must not leave them counted.
         let mut queued = Vec::new();
+        // Whether the next completion is that of an entry that ran here (counted when it
+        // ran); any other is a refusal, counted when posted.
+        let mut ran_here = false;
+        // The batch's entries were all waiting when it began: their latency counts from
+        // here (one clock read a batch, not one an entry).
+        let taken_at = Instant::now();
         while let Some(action) = batch.poll() {
             let performed = match (action, &s.tenant) {
                 (Action::Fetch { index }, _) => {
@@ -960,10 +1023,14 @@ impl Engine {
                 }
                 (Action::Run { sub, cq_index }, Some(tenant)) => {
                     tenant.start(1);
-                    self.run_entry(session, peer, ring, tenant, &sub, cq_index).map(|ran| batch.ran(ran))
+                    let taken = Taken { sub, cq_index, at: taken_at };
+                    self.run_entry(session, peer, ring, tenant, &taken).map(|ran| {
+                        ran_here = matches!(ran, Ran::Done { .. });
+                        batch.ran(ran)
+                    })
                 }
                 (Action::Queue { sub, cq_index }, Some(_)) => {
-                    queued.push(Queued { serving: s.clone(), sub, cq_index });
+                    queued.push(Queued { serving: s.clone(), taken: Taken { sub, cq_index, at: taken_at } });
                     Ok(())
                 }
                 // Not given (a removed tenant is Tenant::Removed: its entries are
@@ -973,13 +1040,22 @@ impl Engine {
                     Ok(())
                 }
                 (Action::Queue { sub, cq_index }, None) => {
+                    session.metrics.completed(Op::of(sub.opcode), wire::Status::Cancelled);
                     let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
                     self.post_completion(peer, ring, cq_index, &completion)
                 }
                 (Action::Meta { meta, .. }, _) => self.run_meta(session, peer, &meta).map(|(status, result)| {
+                    ran_here = true; // counted as it ran (run_meta)
                     batch.ran(Ran::Done { status, result });
                 }),
-                (Action::Complete { index, completion }, _) => self.post_completion(peer, ring, index, &completion),
+                (Action::Complete { index, completion }, _) => {
+                    if !std::mem::take(&mut ran_here) {
+                        let op = Submission::decode(&entry).map_or(Op::Unknown, |sub| Op::of(sub.opcode));
+                        let status = wire::Status::from_i32(completion.status).unwrap_or(wire::Status::Io);
+                        session.metrics.completed(op, status);
+                    }
+                    self.post_completion(peer, ring, index, &completion)
+                }
                 (Action::Finish { cursor, wake, more }, _) => {
                     ring.sq_head.store(cursor.sq_head, Ordering::Relaxed);
                     ring.cq_tail.store(cursor.cq_tail, Ordering::Relaxed);
@@ -1012,7 +1088,7 @@ impl Engine {
             {
                 let mut scheduler = lock(&self.qos);
                 for q in queued {
-                    let cost = q.sub.length;
+                    let cost = q.taken.sub.length;
                     match scheduler.push(tenant, q, cost) {
                         Ok(()) => tenant.start(1),
                         Err(q) => refused.push(q),
@@ -1022,8 +1098,10 @@ impl Engine {
             // Only when the tenant's max_inflight was lowered below its queue at run
             // time: the host may submit again.
             for q in refused {
-                let completion = protocol::completion(q.sub.user_data, q.cq_index, wire::Status::Busy, 0);
-                self.post_completion(peer, ring, q.cq_index, &completion)?;
+                let Taken { sub, cq_index, .. } = q.taken;
+                s.session.metrics.completed(Op::of(sub.opcode), wire::Status::Busy);
+                let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Busy, 0);
+                self.post_completion(peer, ring, cq_index, &completion)?;
                 wake = true;
             }
         }
@@ -1041,10 +1119,10 @@ impl Engine {
         &mut self,
         session: &Session,
         ring: &Arc<HostRing>,
-        sub: &Submission,
-        cq_index: u64,
+        taken: &Taken,
         tenant: &Arc<TenantSlot>,
     ) -> Option<()> {
+        let Taken { sub, cq_index, at: taken_at } = *taken;
         let region = session.host_region(sub.region_id)?;
         region.mapped.as_ref()?;
         ring.region.mapped.as_ref()?;
@@ -1063,7 +1141,7 @@ impl Engine {
             ring: ring.clone(),
             region,
             handle,
-            sub: *sub,
+            sub,
             cq_index,
             pieces_left: std::sync::atomic::AtomicUsize::new(pieces.len()),
             short_end: AtomicU64::new(u64::MAX),
@@ -1071,6 +1149,8 @@ impl Engine {
             integrity: AtomicBool::new(false),
             tenant: tenant.clone(),
             engine: self.lanes[0].worker.clone(),
+            metrics: session.metrics.clone(),
+            taken_at,
         });
         // Blocking backend calls: the engine takes the first piece itself rather than
         // idling while workers wake.
@@ -1080,12 +1160,12 @@ impl Engine {
                 // The workers are gone (shutdown): fail this piece.
                 job.request.failed.store(true, Ordering::Relaxed);
                 if job.request.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    finish_mapped(&job.request);
+                    finish_mapped(&job.request, &self.backend_times);
                 }
             }
         }
         if let Some(piece) = inline {
-            run_pieces(&mut OneAtATime, &[Job { request, piece }]);
+            run_pieces(&mut OneAtATime, &[Job { request, piece }], &self.backend_times);
         }
         Some(())
     }
@@ -1108,7 +1188,7 @@ impl Engine {
             (Some(mapped), Opcode::Read) => {
                 for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
                     let dst = mapped.bytes_mut(c.region_offset as usize, c.length as usize);
-                    match object.read_into(dst, c.file_offset) {
+                    match timed(&self.backend_times.read, || object.read_into(dst, c.file_offset)) {
                         Ok(n) => {
                             done += n as u64;
                             if (n as u64) < c.length {
@@ -1122,7 +1202,7 @@ impl Engine {
             (Some(mapped), Opcode::Write) => {
                 for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
                     let src = mapped.bytes(c.region_offset as usize, c.length as usize);
-                    if let Err(e) = object.write_from(src, c.file_offset) {
+                    if let Err(e) = timed(&self.backend_times.write, || object.write_from(src, c.file_offset)) {
                         return Ok(io_failed(session, sub, &e));
                     }
                     done += c.length;
@@ -1132,7 +1212,7 @@ impl Engine {
         }
         if sub.opcode == Opcode::Write
             && sub.flags & wire::FLAG_SYNC != 0
-            && let Err(e) = object.sync()
+            && let Err(e) = timed(&self.backend_times.sync, || object.sync())
         {
             return Ok(io_failed(session, sub, &e));
         }
@@ -1161,7 +1241,8 @@ impl Engine {
                 Step::Read { chunk, half } => {
                     let at = SCRATCH_BYTES + half * half_bytes;
                     let dst = &mut staging.as_mut_slice()[at..][..chunk.length as usize];
-                    transfer.read(object.read_at(dst, chunk.file_offset).map_err(failure));
+                    let read = timed(&self.backend_times.read, || object.read_at(dst, chunk.file_offset));
+                    transfer.read(read.map_err(failure));
                 }
                 Step::Put { half, len, region_offset } => {
                     let at = SCRATCH_BYTES + half * half_bytes;
@@ -1174,9 +1255,10 @@ impl Engine {
                 Step::Flush => peer.endpoint.flush(FLUSH_TIMEOUT)?,
                 Step::Write { chunk } => {
                     let src = &staging.as_slice()[SCRATCH_BYTES..][..chunk.length as usize];
-                    transfer.wrote(object.write_at(src, chunk.file_offset).map_err(failure));
+                    let wrote = timed(&self.backend_times.write, || object.write_at(src, chunk.file_offset));
+                    transfer.wrote(wrote.map_err(failure));
                 }
-                Step::Sync => transfer.synced(object.sync().map_err(failure)),
+                Step::Sync => transfer.synced(timed(&self.backend_times.sync, || object.sync()).map_err(failure)),
                 Step::Done { status, result } => return Ok((status, result)),
             }
         }
@@ -1204,10 +1286,24 @@ impl Engine {
             };
             self.read_host_range(peer, &region, m.request_offset, &mut request)?;
         }
+        let started = Instant::now();
         let answered = match meta::request(m, &request) {
             Ok(asked) => self.meta_answer(session.id, peer, &answer, m, asked)?,
             Err(e) => Err(e),
         };
+        // Counted as the same call over gRPC is: by operation, refusals by their code;
+        // an open-read also as a read of the file bytes it wrote after its header.
+        let op = Op::of_meta(m.opcode);
+        match (&answered, op) {
+            (Ok(written), Op::Read) => session.metrics.request(
+                op,
+                wire::Status::Ok,
+                written.saturating_sub(u64::from(wire::META_ANSWER_HEADER_BYTES)),
+                started.elapsed(),
+            ),
+            (Ok(_), _) => session.metrics.call(op, Ok(())),
+            (Err(refused), _) => session.metrics.call(op, Err(refused.code())),
+        }
         match answered {
             Ok(written) => Ok((wire::Status::Ok, written)),
             Err(refused) => {
@@ -1433,8 +1529,9 @@ fn park(ready: &mut Readiness<Arc<HostRing>, Arc<TenantSlot>>, s: &Serving, tena
 }
 
 /// A transfer to this host failed: its rings are not served again.
-fn fail_peer(s: &Serving, e: &DataPlaneError) {
+fn fail_peer(metrics: &Metrics, s: &Serving, e: &DataPlaneError) {
     s.peer.failed.store(true, Ordering::Relaxed);
+    metrics.failed_peers.inc();
     tracing::warn!(session = format!("{:#018x}", s.session.id), error = %e,
         "data plane to this host failed; its rings are no longer served");
 }

@@ -7,7 +7,9 @@
 //! - leaves: configuration ([`config`]), errors and their one mapping to statuses
 //!   ([`error`]), the request engine's checks ([`engine`]), who is calling
 //!   ([`caller`]), connections that report their closing ([`connection`]), and how the code waits (`runtime`: the lock helper, blocking calls
-//!   off the async runtime);
+//!   off the async runtime); what the agent counts, and its `GET /metrics` endpoint
+//!   ([`metrics`]: the rooms above count into it, and the agent hands it its figures
+//!   through [`metrics::Gauges`]);
 //! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]): its ring
 //!   protocol without I/O ([`dataplane::protocol`], [`dataplane::readiness`]) and the
 //!   engine thread that drives it, which owns what it serves each session from
@@ -39,6 +41,7 @@ pub mod deploy;
 pub mod engine;
 pub mod error;
 pub mod keys;
+pub mod metrics;
 pub mod namespace;
 pub mod qos;
 mod runtime;

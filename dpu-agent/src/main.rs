@@ -99,11 +99,14 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let result = runtime.block_on(dpu_agent::server::serve(config, |addr, mtls| {
+            let result = runtime.block_on(dpu_agent::server::serve(config, |listening| {
                 // Tests and scripts read this line to find a port picked with :0: the
-                // address, then "(mtls)" or "(plaintext)".
+                // address, then "(mtls)" or "(plaintext)", then "metrics ADDR" when
+                // [metrics] listen is set.
+                let mode = if listening.mtls { "mtls" } else { "plaintext" };
+                let metrics = listening.metrics.map(|m| format!(" metrics {m}")).unwrap_or_default();
                 let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "dpu-agent listening on {addr} ({})", if mtls { "mtls" } else { "plaintext" });
+                let _ = writeln!(out, "dpu-agent listening on {} ({mode}){metrics}", listening.addr);
                 let _ = out.flush();
             }));
             match result {

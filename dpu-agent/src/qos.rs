@@ -207,6 +207,11 @@ impl<T> Scheduler<T> {
     pub fn tenant_count(&self) -> usize {
         self.tenants.len()
     }
+
+    /// Each known tenant's requests in flight now (queued or running).
+    pub fn in_flight(&self) -> Vec<(Arc<str>, u32)> {
+        self.tenants.iter().map(|(name, slot)| (name.clone(), slot.inflight())).collect()
+    }
 }
 
 #[cfg(test)]

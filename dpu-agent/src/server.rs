@@ -14,6 +14,8 @@ use tonic::service::interceptor::InterceptedService;
 use crate::config::{BackendConfig, Config, DaosConfig};
 use crate::connection::{ClosedConnections, Tracked};
 use crate::dataplane::DataPlane;
+use crate::metrics::Gauges;
+use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::serve_error::ServeError;
 use crate::service::{MemoryService, NamespaceService, SessionService};
 use crate::state::Agent;
@@ -51,6 +53,9 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     agent.tokens = dpuio_auth::token::TokenAuthority::load_or_create(&token_dir)
         .map_err(|e| ServeError::Tls(format!("capability token key in {}: {e}", token_dir.display())))?;
     let agent = Arc::new(agent);
+    let weak = Arc::downgrade(&agent);
+    let gauges: std::sync::Weak<dyn Gauges> = weak;
+    agent.metrics.register_gauges(gauges);
     for tenant in &tenants {
         if let Some(enc) = &tenant.encryption {
             agent.set_encryption(
@@ -79,13 +84,23 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     Ok(agent)
 }
 
+/// Where a started agent listens, for [`serve`]'s caller to report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listening {
+    /// The control plane's bound address.
+    pub addr: SocketAddr,
+    /// Whether the control plane speaks mutual TLS.
+    pub mtls: bool,
+    /// The bound address of `GET /metrics` (`[metrics] listen`), if configured.
+    pub metrics: Option<SocketAddr>,
+}
+
 /// Serve until SIGINT or SIGTERM, then finish in-flight calls, close every session
 /// (syncing written files), sync the containers and return.
 ///
-/// `on_listening` is called with the bound address and whether it speaks mutual TLS
-/// once the listener is up (the
-/// binary prints it, so a port of 0 is usable).
-pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) -> Result<(), ServeError> {
+/// `on_listening` is called with the bound addresses once the listeners are up (the
+/// binary prints them, so a port of 0 is usable).
+pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Result<(), ServeError> {
     let listen = config.listen;
     let max_message_bytes = config.limits.max_message_bytes as usize;
     let agent = build_agent(config)?;
@@ -164,6 +179,21 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
         None => None,
     };
 
+    let (metrics_stop_tx, metrics_stop) = tokio::sync::oneshot::channel::<()>();
+    let metrics = match agent.config.metrics.listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+            let bound = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
+            tracing::info!(%bound, "metrics (Prometheus, GET /metrics) listening");
+            agent.set_metrics_addr(bound);
+            let stopped = async {
+                let _ = metrics_stop.await;
+            };
+            Some((bound, tokio::spawn(crate::metrics::http::serve(listener, agent.metrics.clone(), stopped))))
+        }
+        None => None,
+    };
+
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
     let (closed_tx, closed_rx) = tokio::sync::mpsc::unbounded_channel();
     let orphans = tokio::spawn(reap_orphans(agent.clone(), closed_rx));
@@ -176,9 +206,10 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
         draining.set_service_status("", tonic_health::ServingStatus::NotServing).await;
     };
     tracing::info!(%local, backend = agent.backend_kind(), tenants = agent.config.tenants.len(), mtls = tls.is_some(), "serving");
-    on_listening(local, tls.is_some());
+    on_listening(Listening { addr: local, mtls: tls.is_some(), metrics: metrics.as_ref().map(|(bound, _)| *bound) });
 
     let router = tonic::transport::Server::builder()
+        .layer(GrpcMetricsLayer::new(agent.metrics.clone()))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
@@ -199,6 +230,10 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(SocketAddr, bool)) 
 
     reaper.abort();
     orphans.abort();
+    let _ = metrics_stop_tx.send(());
+    if let Some((_, served)) = metrics {
+        let _ = served.await;
+    }
     let _ = health_stop_tx.send(());
     if let Some(h) = health
         && let Ok(Err(e)) = h.await

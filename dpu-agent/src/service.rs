@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::caller::Caller;
 use crate::dataplane::DataPlaneError;
 use crate::error::{Error, Result};
+use crate::metrics::{Op, TenantMetrics};
 use crate::namespace;
 use crate::runtime::blocking;
 use crate::state::{Agent, Session};
@@ -163,6 +164,12 @@ impl pb::session_server::Session for SessionService {
     }
 }
 
+/// `result`, counted as a namespace call `op` of the session's tenant.
+fn counted<T>(metrics: &TenantMetrics, op: Op, result: Result<T>) -> Result<T> {
+    metrics.call(op, result.as_ref().map(|_| ()).map_err(Error::code));
+    result
+}
+
 /// `dpuio.v1.Namespace`.
 pub struct NamespaceService {
     agent: Arc<Agent>,
@@ -189,8 +196,9 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let agent = self.agent.clone();
-        let (c, root) = blocking(move || namespace::mount(&agent, &session, &req.container)).await?;
+        let (agent, metrics) = (self.agent.clone(), session.io.metrics.clone());
+        let mounted = blocking(move || namespace::mount(&agent, &session, &req.container)).await;
+        let (c, root) = counted(&metrics, Op::Mount, mounted)?;
         Ok(Response::new(pb::MountResponse {
             container: c.name().to_owned(),
             chunk_bytes: c.chunk_bytes(),
@@ -205,8 +213,9 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let limit = self.agent.limits().max_lookup_paths;
-        let outcomes = blocking(move || namespace::lookup(&session, req.paths, limit)).await?;
+        let (limit, metrics) = (self.agent.limits().max_lookup_paths, session.io.metrics.clone());
+        let outcomes =
+            counted(&metrics, Op::Lookup, blocking(move || namespace::lookup(&session, req.paths, limit)).await)?;
         let results = outcomes
             .into_iter()
             .map(|(path, outcome)| match outcome {
@@ -229,11 +238,13 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
+        let metrics = session.io.metrics.clone();
         let attr = match req.target {
-            Some(pb::stat_request::Target::Path(raw)) => blocking(move || namespace::stat(&session, &raw)).await?,
-            Some(pb::stat_request::Target::Handle(h)) => blocking(move || namespace::stat_handle(&session, h)).await?,
-            None => return Err(Error::invalid("target", "give a path or a handle").into()),
+            Some(pb::stat_request::Target::Path(raw)) => blocking(move || namespace::stat(&session, &raw)).await,
+            Some(pb::stat_request::Target::Handle(h)) => blocking(move || namespace::stat_handle(&session, h)).await,
+            None => Err(Error::invalid("target", "give a path or a handle")),
         };
+        let attr = counted(&metrics, Op::Stat, attr)?;
         Ok(Response::new(pb::StatResponse { attr: Some(attr_to_proto(&attr)) }))
     }
 
@@ -245,7 +256,9 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
         let mode = if req.mode == 0 { 0o755 } else { req.mode & 0o7777 };
-        let attr = blocking(move || namespace::mkdir(&session, &req.path, mode, req.parents)).await?;
+        let metrics = session.io.metrics.clone();
+        let made = blocking(move || namespace::mkdir(&session, &req.path, mode, req.parents)).await;
+        let attr = counted(&metrics, Op::Mkdir, made)?;
         Ok(Response::new(pb::MkdirResponse { attr: Some(attr_to_proto(&attr)) }))
     }
 
@@ -258,16 +271,22 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let (container, p) = namespace::readdir_target(&session, &req.path)?;
+        let metrics = session.io.metrics.clone();
+        let (container, p) =
+            namespace::readdir_target(&session, &req.path).inspect_err(|e| metrics.call(Op::Readdir, Err(e.code())))?;
         // The anchor is the backend's own opaque token; the backend checks it (a name
         // for `local`, an authenticated DFS anchor for `daos`).
         let max = self.agent.limits().max_readdir_batch;
         let batch = namespace::readdir_batch(req.batch_size, max);
         // The first batch is fetched before answering, so a missing directory is an
         // error status rather than an error inside the stream.
+        // Counted once, by how the first batch ended (a listing is one call; its later
+        // batches are the same call's stream).
         let first = {
             let (c, p, anchor) = (container.clone(), p.clone(), req.anchor.clone());
-            blocking(move || Ok(c.readdir(&p, (!anchor.is_empty()).then_some(anchor.as_str()), batch)?)).await?
+            let listed =
+                blocking(move || Ok(c.readdir(&p, (!anchor.is_empty()).then_some(anchor.as_str()), batch)?)).await;
+            counted(&metrics, Op::Readdir, listed)?
         };
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
@@ -306,7 +325,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
             Err(_) => return Err(Error::invalid("access", format!("unknown access mode {}", req.access)).into()),
         };
         let options = namespace::open_options(write, req.truncate)?;
-        self.open_with(req.session_id, &caller, req.path, options, 0).await
+        self.open_with(req.session_id, &caller, req.path, options, 0, Op::Open).await
     }
 
     async fn create(
@@ -317,7 +336,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let req = request.into_inner();
         let layout = Layout { chunk_bytes: req.chunk_bytes, object_class: req.object_class };
         let (options, mode) = namespace::create_options(req.exclusive, req.mode, layout);
-        self.open_with(req.session_id, &caller, req.path, options, mode).await
+        self.open_with(req.session_id, &caller, req.path, options, mode, Op::Create).await
     }
 
     async fn close(
@@ -327,7 +346,8 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        blocking(move || session.io.close_handle(req.handle)).await?;
+        let metrics = session.io.metrics.clone();
+        counted(&metrics, Op::Close, blocking(move || session.io.close_handle(req.handle)).await)?;
         Ok(Response::new(pb::CloseResponse {}))
     }
 
@@ -338,7 +358,9 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        blocking(move || namespace::remove(&session, &req.path, req.recursive)).await?;
+        let metrics = session.io.metrics.clone();
+        let removed = blocking(move || namespace::remove(&session, &req.path, req.recursive)).await;
+        counted(&metrics, Op::Remove, removed)?;
         Ok(Response::new(pb::RemoveResponse {}))
     }
 
@@ -349,7 +371,8 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        blocking(move || namespace::rename(&session, &req.from, &req.to)).await?;
+        let metrics = session.io.metrics.clone();
+        counted(&metrics, Op::Rename, blocking(move || namespace::rename(&session, &req.from, &req.to)).await)?;
         Ok(Response::new(pb::RenameResponse {}))
     }
 
@@ -360,16 +383,17 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let size = req.size;
-        match req.target {
+        let (size, metrics) = (req.size, session.io.metrics.clone());
+        let truncated = match req.target {
             Some(pb::truncate_request::Target::Path(raw)) => {
-                blocking(move || namespace::truncate(&session, &raw, size)).await?;
+                blocking(move || namespace::truncate(&session, &raw, size)).await
             }
             Some(pb::truncate_request::Target::Handle(h)) => {
-                blocking(move || namespace::truncate_handle(&session, h, size)).await?;
+                blocking(move || namespace::truncate_handle(&session, h, size)).await
             }
-            None => return Err(Error::invalid("target", "give a path or a handle").into()),
-        }
+            None => Err(Error::invalid("target", "give a path or a handle")),
+        };
+        counted(&metrics, Op::Truncate, truncated)?;
         Ok(Response::new(pb::TruncateResponse {}))
     }
 
@@ -377,7 +401,8 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        blocking(move || namespace::sync(&session, req.handle)).await?;
+        let metrics = session.io.metrics.clone();
+        counted(&metrics, Op::Sync, blocking(move || namespace::sync(&session, req.handle)).await)?;
         Ok(Response::new(pb::SyncResponse {}))
     }
 }
@@ -390,11 +415,13 @@ impl NamespaceService {
         raw: String,
         options: OpenOptions,
         mode: u32,
+        op: Op,
     ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
         let session = self.session(session_id, caller)?;
         let limit = self.agent.session_limits(&session.tenant).0;
-        let (handle, attr, chunk_bytes) =
-            blocking(move || namespace::open(&session, &raw, options, mode, limit)).await?;
+        let metrics = session.io.metrics.clone();
+        let opened = blocking(move || namespace::open(&session, &raw, options, mode, limit)).await;
+        let (handle, attr, chunk_bytes) = counted(&metrics, op, opened)?;
         Ok(Response::new(pb::OpenResponse { handle, attr: Some(attr_to_proto(&attr)), chunk_bytes }))
     }
 }

@@ -22,6 +22,7 @@ use crate::config::{Config, Limits, QosConfig, TenantConfig};
 use crate::dataplane::sessions::{self, AgentView, Handle};
 use crate::dataplane::{DataPlane, Peer};
 use crate::error::{Error, Result};
+use crate::metrics::{Gauges, Metrics, TenantGauges, TimedContainer, TransportGauges};
 use crate::runtime::lock;
 
 /// The whole agent: what the services share.
@@ -38,6 +39,10 @@ pub struct Agent {
     pub(crate) encryption: Mutex<HashMap<String, dpuio_encryption::EncryptionSettings>>,
     /// Signs and verifies capability tokens (its key lives under `data_dir/tokens`).
     pub tokens: TokenAuthority,
+    /// What the agent counts; each session counts through its tenant's handle.
+    pub metrics: Arc<Metrics>,
+    /// Where `GET /metrics` is served, once bound.
+    metrics_addr: std::sync::OnceLock<SocketAddr>,
 }
 
 /// What a session may do: all of its tenant's container, or what its capability
@@ -117,6 +122,10 @@ const MAX_DELEGATION: Duration = Duration::from_secs(7 * 24 * 3600);
 impl Agent {
     pub fn new(config: Config, backend: Arc<dyn Backend>) -> Agent {
         let tenants = config.tenants.iter().map(|t| (t.name.clone(), t.clone())).collect();
+        let metrics = Arc::new(Metrics::new());
+        for t in &config.tenants {
+            metrics.tenant(&t.name); // its series exist, at zero, before its first session
+        }
         Agent {
             config,
             backend,
@@ -128,6 +137,8 @@ impl Agent {
             dataplane: std::sync::OnceLock::new(),
             encryption: Mutex::new(HashMap::new()),
             tokens: TokenAuthority::generate(),
+            metrics,
+            metrics_addr: std::sync::OnceLock::new(),
         }
     }
 
@@ -237,6 +248,7 @@ impl Agent {
             lock(&self.tenants).remove(&tenant.name);
             return Err(e);
         }
+        self.metrics.tenant(&tenant.name);
         Ok(())
     }
 
@@ -298,7 +310,8 @@ impl Agent {
         if let Some(c) = lock(&self.containers).get(name) {
             return Ok(c.clone());
         }
-        let mut mounted = self.backend.mount(name, true)?;
+        let mut mounted: Arc<dyn Container> =
+            Arc::new(TimedContainer::new(self.backend.mount(name, true)?, self.metrics.backend_times()));
         // Wrapped once and cached: every open of a file must share the wrapper's
         // per-file state and locks.
         if let Some(settings) = lock(&self.encryption).get(name).cloned() {
@@ -482,7 +495,7 @@ impl Agent {
         {
             return Err(Error::Limit { what: "sessions of this tenant", limit: max.into() });
         }
-        let io = Arc::new(sessions::Session::new(tenant, rights.expires_at));
+        let io = Arc::new(sessions::Session::new(tenant, rights.expires_at, self.metrics.tenant(tenant)));
         let session = Arc::new(Session {
             id: io.id,
             tenant: tenant.to_owned(),
@@ -603,6 +616,34 @@ impl Agent {
     pub fn session_count(&self) -> usize {
         lock(&self.sessions).len()
     }
+
+    /// Note where `GET /metrics` is served (once, at start).
+    pub fn set_metrics_addr(&self, addr: SocketAddr) {
+        let _ = self.metrics_addr.set(addr);
+    }
+
+    /// Where `GET /metrics` is served, if it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr.get().copied()
+    }
+
+    /// Per tenant, the headline figures `dpuctl status` shows: its metrics' totals and
+    /// its sessions now.
+    pub fn tenant_figures(&self) -> Vec<dpuio_proto::v1::TenantFigures> {
+        let sessions = self.session_list();
+        self.metrics
+            .headline()
+            .into_iter()
+            .map(|h| dpuio_proto::v1::TenantFigures {
+                sessions: sessions.iter().filter(|s| s.tenant == h.tenant).count() as u32,
+                tenant: h.tenant,
+                read_bytes: h.read_bytes,
+                written_bytes: h.written_bytes,
+                operations: h.operations,
+                errors: h.errors,
+            })
+            .collect()
+    }
 }
 
 impl Session {
@@ -649,6 +690,43 @@ impl AgentView for Agent {
     fn namespace(&self) -> Option<&dyn crate::dataplane::meta::Namespace> {
         Some(self) // the policy of `crate::namespace`, as over gRPC
     }
+    fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+}
+
+/// What the metrics read when scraped.
+impl Gauges for Agent {
+    fn tenants(&self) -> Vec<TenantGauges> {
+        let mut by_name: HashMap<String, TenantGauges> = HashMap::new();
+        for t in lock(&self.tenants).values() {
+            let key_version = t
+                .encryption
+                .as_ref()
+                .map(|_| lock(&self.encryption).get(&t.container).map_or(0, |settings| settings.key_version));
+            by_name.insert(t.name.clone(), TenantGauges { tenant: t.name.clone(), key_version, ..Default::default() });
+        }
+        for s in self.session_list() {
+            let Some(g) = by_name.get_mut(&s.tenant) else { continue }; // removed, still detaching
+            g.sessions += 1;
+            g.open_handles += s.io.handle_count() as u64;
+            g.regions += s.io.region_count() as u64;
+        }
+        if let Some(dp) = self.dataplane() {
+            for (tenant, n) in dp.requests_in_flight() {
+                if let Some(g) = by_name.get_mut(&*tenant) {
+                    g.requests_in_flight = n.into();
+                }
+            }
+        }
+        let mut all: Vec<TenantGauges> = by_name.into_values().collect();
+        all.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        all
+    }
+
+    fn transports(&self) -> Vec<TransportGauges> {
+        self.dataplane().map(|dp| dp.transport_gauges()).unwrap_or_default()
+    }
 }
 
 #[cfg(test)]
@@ -674,5 +752,34 @@ mod tests {
         assert!(agent.set_qos("a", QosConfig { weight: 0, ..new }).is_err());
         assert!(agent.set_qos("a", QosConfig { max_inflight: 0, ..new }).is_err());
         assert_eq!(agent.tenant("a").unwrap().qos, new, "a refused change leaves the table alone");
+    }
+
+    #[test]
+    fn scraped_gauges_count_each_tenants_sessions_and_handles() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::config::Config {
+            tenants: vec![crate::config::TenantConfig::new("a", "a"), crate::config::TenantConfig::new("b", "b")],
+            ..crate::config::Config::default()
+        };
+        let backend = dpuio_backend::local::LocalBackend::open(dir.path().to_owned()).unwrap();
+        let agent = Agent::new(config, Arc::new(backend));
+        let session = agent.attach("a", "test", SessionRights::full()).unwrap();
+        let container = agent.mount(&session, "").unwrap();
+        let options = dpuio_backend::OpenOptions { write: true, create: true, ..Default::default() };
+        let object = container.open(&NsPath::parse("/f").unwrap(), options, 0o644).unwrap();
+        session.add_handle(object, 8).unwrap();
+
+        let gauges = Gauges::tenants(&agent);
+        let a = TenantGauges { tenant: "a".into(), sessions: 1, open_handles: 1, ..Default::default() };
+        assert_eq!(gauges, [a, TenantGauges { tenant: "b".into(), ..Default::default() }]);
+        assert!(Gauges::transports(&agent).is_empty(), "no data plane");
+        let figures = agent.tenant_figures();
+        assert_eq!(figures.iter().map(|f| (f.tenant.as_str(), f.sessions)).collect::<Vec<_>>(), [("a", 1), ("b", 0)]);
+        // The container is timed below everything else: its open shows in the backend's figures.
+        let text = agent.metrics.encode(crate::metrics::Format::Text004).unwrap();
+        assert!(text.contains("dpuio_backend_duration_seconds_count{op=\"open\"} 1\n"), "{text}");
+
+        agent.detach(session.id).unwrap();
+        assert_eq!(Gauges::tenants(&agent)[0].sessions, 0);
     }
 }

@@ -260,6 +260,13 @@ impl Drop for StorageUnderTest {
     }
 }
 
+/// The interpreter for the Python parts of the tests: the project's venv (`./x` installs
+/// numpy and prometheus-client there) if it exists, else the system's python3.
+pub fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    if venv.is_file() { venv } else { PathBuf::from("python3") }
+}
+
 /// A running `dpu-agent serve`, killed when dropped (started through
 /// [`dpuio_harness`], as `dpuio-bench` starts its own).
 pub struct AgentProcess {

@@ -55,12 +55,8 @@ pub fn sha256(c: &mut Command) -> String {
     ok(c).split_whitespace().next().expect("a digest").to_owned()
 }
 
-/// The interpreter for the Python steps: the project's venv (./x installs numpy there)
-/// if it exists, else the system's python3.
-pub fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    if venv.is_file() { venv } else { PathBuf::from("python3") }
-}
+/// The interpreter for the Python steps (the venv's, where `./x` installs numpy).
+pub use crate::python;
 
 /// Whether [`python`] can import numpy.
 pub fn has_numpy() -> bool {

@@ -333,6 +333,20 @@ async fn run(socket: &Path, command: Command) -> Result<(), String> {
             println!("sessions  {}", s.sessions);
             println!("tenants   {}", s.tenants);
             println!("draining  {}", s.draining);
+            println!("metrics   {}", if s.metrics_listen.is_empty() { "off" } else { &s.metrics_listen });
+            if !s.tenant_figures.is_empty() {
+                println!();
+                println!(
+                    "{:<16}  {:>8}  {:>14}  {:>14}  {:>10}  {:>8}",
+                    "tenant", "sessions", "read bytes", "written bytes", "ops", "errors"
+                );
+            }
+            for t in &s.tenant_figures {
+                println!(
+                    "{:<16}  {:>8}  {:>14}  {:>14}  {:>10}  {:>8}",
+                    t.tenant, t.sessions, t.read_bytes, t.written_bytes, t.operations, t.errors
+                );
+            }
         }
         Command::Sessions { tenant } => {
             let r = admin

@@ -30,6 +30,7 @@ use super::sessions::{AgentView, Handle, Session};
 use super::{DataPlane, Peer, SPLIT_BYTES};
 use crate::config::{Limits, QosConfig, TenantConfig};
 use crate::engine::RegionAccess;
+use crate::metrics::Metrics;
 use crate::runtime::lock;
 
 /// How long a test waits for something the engine should do in microseconds.
@@ -46,6 +47,7 @@ struct TestAgent {
     limits: Limits,
     tenants: HashMap<String, TenantConfig>,
     sessions: Mutex<Vec<Arc<Session>>>,
+    metrics: Arc<Metrics>,
 }
 
 impl AgentView for TestAgent {
@@ -67,6 +69,9 @@ impl AgentView for TestAgent {
     fn session_io(&self, id: u64) -> Option<Arc<Session>> {
         lock(&self.sessions).iter().find(|s| s.id == id).cloned()
     }
+    fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
 }
 
 /// The agent side: the test agent, a container, and a data plane on one loopback
@@ -87,7 +92,13 @@ impl Rig {
             .iter()
             .map(|(name, qos)| (name.to_string(), TenantConfig { qos: *qos, ..TenantConfig::new(name, "c") }))
             .collect();
-        let agent = Arc::new(TestAgent { backend, limits: Limits::default(), tenants, sessions: Mutex::default() });
+        let agent = Arc::new(TestAgent {
+            backend,
+            limits: Limits::default(),
+            tenants,
+            sessions: Mutex::default(),
+            metrics: Arc::new(Metrics::new()),
+        });
         let worker = LoopbackWorker::new(PeerAccess::PutGet).unwrap();
         let dp = Arc::new(DataPlane::with_workers(vec![any::Worker::LoopbackForTests(worker)]).unwrap());
         assert!(dp.describe().starts_with("loopback [loopback test double"), "{}", dp.describe());
@@ -111,7 +122,7 @@ impl Rig {
     fn host(&self, tenant: &str, access: PeerAccess) -> Host {
         let loopback = LoopbackWorker::new(access).unwrap();
         let worker = any::Worker::LoopbackForTests(loopback.clone());
-        let session = Arc::new(Session::new(tenant, None));
+        let session = Arc::new(Session::new(tenant, None, self.agent.metrics.tenant(tenant)));
         let (peer, agent_address, _) = self.dp.connect(testing::PROVIDER, "", &worker.address().unwrap()).unwrap();
         session.set_peer(peer.clone());
         let endpoint = worker.connect(&agent_address).unwrap();
@@ -787,4 +798,64 @@ fn fairness_one_tenant_put_get() {
 #[test]
 fn fairness_two_tenants_put_get() {
     fairness(PeerAccess::PutGet, ["t1", "t2"]);
+}
+
+// ---------------------------------------------------------------------------------
+// Metrics: every completion counts once in its tenant's figures, by how it ended.
+
+fn metrics_count_completions(access: PeerAccess) {
+    let rig = Rig::new(&[(TENANT, QosConfig::default())]);
+    rig.start(64 << 10, 2);
+    let host = rig.host(TENANT, access);
+    let size = 1 << 20;
+    let file = host.handle(rig.file("in", &pattern(5, size)));
+    let data = host.region(&rig, 1 << 20);
+    let mut ring = host.ring(&rig, 16);
+
+    // Split over the I/O threads when mapped (longer than SPLIT_BYTES), and a short one.
+    let big = 3 * SPLIT_BYTES;
+    ring.push(&read(file, &data, 0, 0, big, 1));
+    ring.push(&read(file, &data, 100, 0, 300, 2));
+    // The end of the file: 100 bytes of the 1000 asked for.
+    ring.push(&read(file, &data, size as u64 - 100, 0, 1000, 3));
+    ring.push(&Submission { user_data: 4, ..sub(Opcode::Write, file, &data, 0, 0, 500) });
+    ring.push(&read(file ^ 1, &data, 0, 0, 10, 5)); // a handle this session does not have
+    let at = wire::sqe_offset(ring.entries, ring.sq_tail); // garbage: no opcode to name
+    ring.mem.region.write_at(at, &[0xa5; wire::SQE_BYTES]);
+    ring.sq_tail += 1;
+    ring.submit(&host);
+    let statuses: Vec<_> = (0..6).map(|_| wire::Status::from_i32(ring.reap().status)).collect();
+    let ok = Some(wire::Status::Ok);
+    assert_eq!(statuses, [ok, ok, ok, ok, Some(wire::Status::BadHandle), Some(wire::Status::Malformed)]);
+
+    let headline = rig.agent.metrics.headline();
+    assert_eq!(headline.len(), 1);
+    let h = &headline[0];
+    assert_eq!((h.read_bytes, h.written_bytes), (big + 300 + 100, 500), "{h:?}");
+    assert_eq!((h.operations, h.errors), (6, 2), "{h:?}");
+    let text = rig.agent.metrics.encode(crate::metrics::Format::Text004).unwrap();
+    for series in [
+        r#"dpuio_operations_total{tenant="t1",op="read"} 4"#,
+        r#"dpuio_operations_total{tenant="t1",op="write"} 1"#,
+        r#"dpuio_operations_total{tenant="t1",op="unknown"} 1"#,
+        r#"dpuio_errors_total{tenant="t1",op="read",status="bad_handle"} 1"#,
+        r#"dpuio_errors_total{tenant="t1",op="unknown",status="malformed"} 1"#,
+        r#"dpuio_request_duration_seconds_count{tenant="t1",op="read"} 3"#,
+        r#"dpuio_request_duration_seconds_count{tenant="t1",op="write"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
+    }
+    let backend_writes =
+        text.lines().find_map(|l| l.strip_prefix(r#"dpuio_backend_duration_seconds_count{op="write"} "#));
+    assert_eq!(backend_writes, Some("1"), "{text}");
+}
+
+#[test]
+fn metrics_count_completions_mapped() {
+    metrics_count_completions(PeerAccess::Mapped);
+}
+
+#[test]
+fn metrics_count_completions_put_get() {
+    metrics_count_completions(PeerAccess::PutGet);
 }

@@ -23,6 +23,7 @@ use super::{HostRegion, HostRing, Peer};
 use crate::config::{Limits, TenantConfig};
 use crate::engine::{HandleInfo, RegionInfo, SessionView};
 use crate::error::{Error, Result};
+use crate::metrics::{Metrics, TenantMetrics};
 use crate::runtime::lock;
 
 /// What the engine needs of the agent it serves.
@@ -39,6 +40,9 @@ pub trait AgentView: Send + Sync {
     fn sessions_io(&self) -> Vec<Arc<Session>>;
     /// The data-plane half of the attached session `id`.
     fn session_io(&self, id: u64) -> Option<Arc<Session>>;
+    /// What the agent counts (the engine counts transport figures and backend times;
+    /// requests count through their session's [`Session::metrics`]).
+    fn metrics(&self) -> &Arc<Metrics>;
 
     /// The namespace policy metadata entries run through (`None`: they are refused).
     fn namespace(&self) -> Option<&dyn super::meta::Namespace> {
@@ -67,6 +71,8 @@ pub type Agent = dyn AgentView;
 pub struct Session {
     pub id: u64,
     pub tenant: String,
+    /// The tenant's counters, looked up once when the session attaches.
+    pub metrics: Arc<TenantMetrics>,
     /// When the session's rights end (`None`: with the session); from then on its
     /// handles move no data.
     expires_at: Option<SystemTime>,
@@ -98,11 +104,12 @@ fn fresh_id() -> u64 {
 
 impl Session {
     /// The tables of a new session of `tenant` whose rights end at `expires_at`, under a
-    /// fresh id.
-    pub fn new(tenant: &str, expires_at: Option<SystemTime>) -> Session {
+    /// fresh id, counting into `metrics` (the tenant's).
+    pub fn new(tenant: &str, expires_at: Option<SystemTime>, metrics: Arc<TenantMetrics>) -> Session {
         Session {
             id: fresh_id(),
             tenant: tenant.to_owned(),
+            metrics,
             expires_at,
             handles: Mutex::new(HashMap::new()),
             peer: Mutex::new(None),

@@ -3,7 +3,7 @@
 //! (`dpuio-bench qos --agent-bin`).
 //!
 //! An agent is ready when it prints its first stdout line, `dpu-agent listening on ADDR
-//! (mtls|plaintext)`; [`start`] waits for that line, keeps draining stdout afterwards
+//! (mtls|plaintext)`, followed by `metrics ADDR` when it serves `[metrics] listen`; [`start`] waits for that line, keeps draining stdout afterwards
 //! (an agent must never block on a full pipe) and hands back an [`Agent`] that kills
 //! and reaps the process when dropped, also when the start fails half-way.
 //!
@@ -53,6 +53,7 @@ pub struct Agent {
     child: Child,
     addr: String,
     plaintext: bool,
+    metrics: Option<String>,
     /// Declared last: removed after the process is gone.
     _scratch: Option<tempfile::TempDir>,
 }
@@ -61,6 +62,11 @@ impl Agent {
     /// `IP:PORT` the agent listens on.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// `IP:PORT` of the agent's `GET /metrics`, if its config has `[metrics] listen`.
+    pub fn metrics_addr(&self) -> Option<&str> {
+        self.metrics.as_deref()
     }
 
     /// The agent serves plaintext (`[tls] mode = "off"`), not mutual TLS.
@@ -122,7 +128,7 @@ pub fn start(mut agent: Command, startup: Duration) -> Result<Agent, StartError>
     let stdout = child.stdout.take();
     // From here on a failure drops `agent`, which kills the process: an agent left
     // running would outlive its test or benchmark and hold its terminal open.
-    let mut agent = Agent { child, addr: String::new(), plaintext: false, _scratch: None };
+    let mut agent = Agent { child, addr: String::new(), plaintext: false, metrics: None, _scratch: None };
     let (tx, rx) = std::sync::mpsc::channel();
     if let Some(stdout) = stdout {
         std::thread::spawn(move || {
@@ -148,9 +154,10 @@ pub fn start(mut agent: Command, startup: Duration) -> Result<Agent, StartError>
             return Err(StartError::Exited { status });
         }
     };
-    let (addr, plaintext) = parse_ready_line(&line).ok_or(StartError::UnexpectedLine { line })?;
+    let (addr, plaintext) = parse_ready_line(&line).ok_or_else(|| StartError::UnexpectedLine { line: line.clone() })?;
     agent.addr = addr;
     agent.plaintext = plaintext;
+    agent.metrics = parse_metrics_addr(&line);
     Ok(agent)
 }
 
@@ -187,6 +194,13 @@ fn parse_ready_line(line: &str) -> Option<(String, bool)> {
     Some((addr.to_owned(), words.next() == Some("(plaintext)")))
 }
 
+/// `ADDR` from a ready line that ends `metrics ADDR`.
+fn parse_metrics_addr(line: &str) -> Option<String> {
+    let mut words = line.strip_prefix(READY_PREFIX)?.split_whitespace().skip_while(|w| *w != "metrics");
+    words.next()?;
+    words.next().map(str::to_owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +212,10 @@ mod tests {
         assert_eq!(parse("dpu-agent listening on [::1]:9 (plaintext)"), Some(("[::1]:9".into(), true)));
         assert_eq!(parse("dpu-agent listening on 10.0.0.1:7300"), Some(("10.0.0.1:7300".into(), false)));
         assert_eq!(parse("dpu-agent listening on "), None);
+        let with_metrics = "dpu-agent listening on 127.0.0.1:4000 (plaintext) metrics 127.0.0.1:9464";
+        assert_eq!(parse(with_metrics), Some(("127.0.0.1:4000".into(), true)));
+        assert_eq!(parse_metrics_addr(with_metrics).as_deref(), Some("127.0.0.1:9464"));
+        assert_eq!(parse_metrics_addr("dpu-agent listening on 127.0.0.1:4000 (mtls)"), None);
         assert_eq!(parse("error: no such file"), None);
     }
 
