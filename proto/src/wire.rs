@@ -202,14 +202,32 @@ pub struct Submission {
     pub length: u64,
 }
 
+/// The first 24 bytes every entry shares: version, opcode, flags, user data, handle.
+fn entry_head(opcode: u8, flags: u16, user_data: u64, handle: u64) -> [u8; SQE_BYTES] {
+    let mut b = [0u8; SQE_BYTES];
+    b[0..2].copy_from_slice(&WIRE_VERSION.to_le_bytes());
+    b[2] = opcode;
+    b[4..6].copy_from_slice(&flags.to_le_bytes());
+    b[8..16].copy_from_slice(&user_data.to_le_bytes());
+    b[16..24].copy_from_slice(&handle.to_le_bytes());
+    b
+}
+
+/// An entry is whole and of this wire version.
+fn check_head(b: &[u8]) -> Result<(), WireError> {
+    if b.len() < SQE_BYTES {
+        return Err(WireError::Short { found: b.len(), expected: SQE_BYTES });
+    }
+    let version = u16_at(b, 0);
+    if version != WIRE_VERSION {
+        return Err(WireError::Version { found: version });
+    }
+    Ok(())
+}
+
 impl Submission {
     pub fn encode(&self) -> [u8; SQE_BYTES] {
-        let mut b = [0u8; SQE_BYTES];
-        b[0..2].copy_from_slice(&WIRE_VERSION.to_le_bytes());
-        b[2] = self.opcode as u8;
-        b[4..6].copy_from_slice(&self.flags.to_le_bytes());
-        b[8..16].copy_from_slice(&self.user_data.to_le_bytes());
-        b[16..24].copy_from_slice(&self.handle.to_le_bytes());
+        let mut b = entry_head(self.opcode as u8, self.flags, self.user_data, self.handle);
         b[24..28].copy_from_slice(&self.region_id.to_le_bytes());
         b[32..40].copy_from_slice(&self.file_offset.to_le_bytes());
         b[40..48].copy_from_slice(&self.region_offset.to_le_bytes());
@@ -221,13 +239,7 @@ impl Submission {
     /// The `user_data` of a refused entry is still readable with [`Submission::peek_user_data`]
     /// so the agent can fail it by name.
     pub fn decode(b: &[u8]) -> Result<Submission, WireError> {
-        if b.len() < SQE_BYTES {
-            return Err(WireError::Short { found: b.len(), expected: SQE_BYTES });
-        }
-        let version = u16_at(b, 0);
-        if version != WIRE_VERSION {
-            return Err(WireError::Version { found: version });
-        }
+        check_head(b)?;
         let opcode = match b[2] {
             1 => Opcode::Read,
             2 => Opcode::Write,
@@ -375,12 +387,7 @@ impl MetaOpcode {
 
 impl MetaSubmission {
     pub fn encode(&self) -> [u8; SQE_BYTES] {
-        let mut b = [0u8; SQE_BYTES];
-        b[0..2].copy_from_slice(&WIRE_VERSION.to_le_bytes());
-        b[2] = self.opcode as u8;
-        b[4..6].copy_from_slice(&self.flags.to_le_bytes());
-        b[8..16].copy_from_slice(&self.user_data.to_le_bytes());
-        b[16..24].copy_from_slice(&self.handle.to_le_bytes());
+        let mut b = entry_head(self.opcode as u8, self.flags, self.user_data, self.handle);
         b[24..28].copy_from_slice(&self.request_region.to_le_bytes());
         b[28..32].copy_from_slice(&self.answer_region.to_le_bytes());
         b[32..40].copy_from_slice(&self.request_offset.to_le_bytes());
@@ -398,13 +405,7 @@ impl MetaSubmission {
     /// range shorter than [`META_ANSWER_HEADER_BYTES`], a mode past `0o7777`, a lookup
     /// of no paths.
     pub fn decode(b: &[u8]) -> Result<MetaSubmission, WireError> {
-        if b.len() < SQE_BYTES {
-            return Err(WireError::Short { found: b.len(), expected: SQE_BYTES });
-        }
-        let version = u16_at(b, 0);
-        if version != WIRE_VERSION {
-            return Err(WireError::Version { found: version });
-        }
+        check_head(b)?;
         let opcode = MetaOpcode::from_u8(b[2]).ok_or(WireError::Opcode { found: b[2] })?;
         for (offset, zero) in [(3, b[3] == 0), (6, u16_at(b, 6) == 0), (60, u32_at(b, 60) == 0)] {
             if !zero {
