@@ -939,12 +939,12 @@ impl Client {
             .map_err(|e| Error::DataPlane { op: "submit".into(), reason: e.to_string() })?
     }
 
-    /// CPU time the data plane's progress thread has used (zero on shared memory).
     /// The data plane's transport (what `"auto"` chose); `None` without a data plane.
     pub fn transport(&self) -> Option<crate::TransportInfo> {
         self.inner.data.as_ref().map(|d| d.transport())
     }
 
+    /// CPU time the data plane's progress thread has used (zero on shared memory).
     pub fn data_plane_stats(&self) -> DataPlaneStats {
         self.inner.data.as_ref().map(|d| d.stats()).unwrap_or_default()
     }

@@ -189,6 +189,15 @@ int main(void) {
     dpuio_client *c = NULL;
     OK(dpuio_attach(&o, &c));
 
+    /* The transport `auto` chose, by the name `transports` takes. */
+    char name[32];
+    int len = dpuio_client_transport(c, name, sizeof name);
+    CHECK(len > 0 && (size_t)len == strlen(name));
+    CHECK(!strcmp(name, "ucx") || !strncmp(name, "ofi-", 4));
+    printf("ok transport %s\n", name);
+    EXPECT(dpuio_client_transport(c, name, 2), DPUIO_E_OUT_OF_RANGE, "bytes, buf has 2");
+    EXPECT(dpuio_client_transport(c, NULL, 8), DPUIO_E_INVALID_ARGUMENT, "buf is NULL");
+
     /* Bad arguments never crash. */
     dpuio_attr a;
     EXPECT(dpuio_stat(NULL, "/", &a), DPUIO_E_INVALID_ARGUMENT, "client handle is NULL");

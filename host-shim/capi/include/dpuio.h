@@ -434,6 +434,17 @@ int dpuio_detach(struct dpuio_client *client);
 int dpuio_client_limits(const struct dpuio_client *client, struct dpuio_limits *out);
 
 /**
+ * The data plane's transport this client uses (what `transports = "auto"` chose), as
+ * `transports` names them: `"ucx"`, `"ofi-shm"` or `"ofi-tcp"`. Writes it with its NUL
+ * into `buf` of `len` bytes and returns its length without the NUL; `DPUIO_E_OUT_OF_RANGE`
+ * when `len` is too small (the message says how many bytes it needs).
+ *
+ * # Safety
+ * `client` must be a live client handle; `buf` writable for `len` bytes.
+ */
+int dpuio_client_transport(const struct dpuio_client *client, char *buf, size_t len);
+
+/**
  * Attributes of `path`.
  *
  * # Safety

@@ -652,6 +652,41 @@ pub unsafe extern "C" fn dpuio_client_limits(client: *const dpuio_client, out: *
     })
 }
 
+/// The data plane's transport this client uses (what `transports = "auto"` chose), as
+/// `transports` names them: `"ucx"`, `"ofi-shm"` or `"ofi-tcp"`. Writes it with its NUL
+/// into `buf` of `len` bytes and returns its length without the NUL; `DPUIO_E_OUT_OF_RANGE`
+/// when `len` is too small (the message says how many bytes it needs).
+///
+/// # Safety
+/// `client` must be a live client handle; `buf` writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dpuio_client_transport(client: *const dpuio_client, buf: *mut c_char, len: usize) -> c_int {
+    ffi("dpuio_client_transport", || {
+        // SAFETY: see the header's thread-safety rules.
+        let c = unsafe { handles::get(client) }?;
+        let Some(transport) = c.session.client()?.transport() else {
+            return Err(Failure::new(Code::Unsupported, "this client has no data plane"));
+        };
+        let name = transport.name.as_bytes();
+        if buf.is_null() {
+            return Err(Failure::invalid("buf is NULL"));
+        }
+        if len <= name.len() {
+            return Err(Failure::new(
+                Code::OutOfRange,
+                format!("the transport's name {:?} needs {} bytes, buf has {len}", transport.name, name.len() + 1),
+            ));
+        }
+        // SAFETY: buf is non-null and writable for len > name.len() bytes (the caller's
+        // contract); the name is copied and NUL-terminated within them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(name.as_ptr().cast::<c_char>(), buf, name.len());
+            buf.add(name.len()).write(0);
+        }
+        Ok(name.len() as c_int)
+    })
+}
+
 // ---------------------------------------------------------------------------------
 // Namespace
 // ---------------------------------------------------------------------------------
