@@ -83,6 +83,9 @@ impl Error {
 /// The finer reason under [`Error::code`] that POSIX clients need (see
 /// [`dpuio_proto::reason`]); `None` where the code says enough.
 pub fn reason(e: &Error) -> Option<Reason> {
+    if let Error::NoSession { .. } = e {
+        return Some(Reason::NoSession);
+    }
     let Error::Backend(b) = e else { return None };
     match b {
         BackendError::NotADirectory { .. } => Some(Reason::NotADirectory),

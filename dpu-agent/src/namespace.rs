@@ -163,14 +163,16 @@ pub fn open_read(session: &Session, raw: &str) -> Result<(Arc<dyn Object>, Attr)
 
 /// Open (or create, as `options` say) the file at `raw` as a handle of the session:
 /// creating needs Create, and the access asked for needs Read or Write; a session has
-/// at most `max_handles` open. Returns the handle, the file's attributes and its chunk
-/// size.
+/// at most `max_handles` open. `claim`: the handle id to open it under (a resuming
+/// client's; 0 for a fresh one). Returns the handle, the file's attributes and its
+/// chunk size.
 pub fn open(
     session: &Session,
     raw: &str,
     options: OpenOptions,
     mode: u32,
     max_handles: u32,
+    claim: u64,
 ) -> Result<(u64, Attr, u64)> {
     let (container, p) = open_target(session, raw, &options)?;
     if session.io.handle_count() >= max_handles as usize {
@@ -180,7 +182,7 @@ pub fn open(
         if options.layout.chunk_bytes == 0 { container.chunk_bytes() } else { options.layout.chunk_bytes };
     let object = container.open(&p, options, mode)?;
     let attr = object.stat()?;
-    let handle = session.add_handle(object, max_handles)?;
+    let handle = session.add_handle(object, max_handles, claim)?;
     Ok((handle, attr, chunk_bytes))
 }
 
@@ -246,11 +248,11 @@ impl meta::Namespace for Agent {
             Request::Stat { path } => Reply::Attr(stat(&session, &path)?),
             Request::StatHandle { handle } => Reply::Attr(stat_handle(&session, handle)?),
             Request::Open { path, write, truncate } => {
-                opened(open(&session, &path, open_options(write, truncate)?, 0, max_handles)?)
+                opened(open(&session, &path, open_options(write, truncate)?, 0, max_handles, 0)?)
             }
             Request::Create { path, exclusive, mode } => {
                 let (options, mode) = create_options(exclusive, mode, Layout::default());
-                opened(open(&session, &path, options, mode, max_handles)?)
+                opened(open(&session, &path, options, mode, max_handles, 0)?)
             }
             Request::Close { handle } => {
                 session.io.close_handle(handle)?;

@@ -325,7 +325,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
             Err(_) => return Err(Error::invalid("access", format!("unknown access mode {}", req.access)).into()),
         };
         let options = namespace::open_options(write, req.truncate)?;
-        self.open_with(req.session_id, &caller, req.path, options, 0, Op::Open).await
+        self.open_with(req.session_id, &caller, req.path, options, 0, Op::Open, req.handle).await
     }
 
     async fn create(
@@ -336,7 +336,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let req = request.into_inner();
         let layout = Layout { chunk_bytes: req.chunk_bytes, object_class: req.object_class };
         let (options, mode) = namespace::create_options(req.exclusive, req.mode, layout);
-        self.open_with(req.session_id, &caller, req.path, options, mode, Op::Create).await
+        self.open_with(req.session_id, &caller, req.path, options, mode, Op::Create, 0).await
     }
 
     async fn close(
@@ -408,6 +408,7 @@ impl pb::namespace_server::Namespace for NamespaceService {
 }
 
 impl NamespaceService {
+    #[allow(clippy::too_many_arguments)] // the fields of Open and Create, one call for both
     async fn open_with(
         &self,
         session_id: u64,
@@ -416,11 +417,12 @@ impl NamespaceService {
         options: OpenOptions,
         mode: u32,
         op: Op,
+        claim: u64,
     ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
         let session = self.session(session_id, caller)?;
         let limit = self.agent.session_limits(&session.tenant).0;
         let metrics = session.io.metrics.clone();
-        let opened = blocking(move || namespace::open(&session, &raw, options, mode, limit)).await;
+        let opened = blocking(move || namespace::open(&session, &raw, options, mode, limit, claim)).await;
         let (handle, attr, chunk_bytes) = counted(&metrics, op, opened)?;
         Ok(Response::new(pb::OpenResponse { handle, attr: Some(attr_to_proto(&attr)), chunk_bytes }))
     }
@@ -484,7 +486,10 @@ impl pb::memory_server::Memory for MemoryService {
         if session.io.region_count() >= limit as usize {
             return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() }.into());
         }
-        let id = session.io.next_region_id();
+        let id = match req.region_id {
+            0 => session.io.next_region_id(),
+            claim => session.io.claim_region_id(claim)?,
+        };
         let region = blocking(move || {
             let region = dp
                 .register_region(&peer, id, req.address, req.length, &req.remote_key, access)

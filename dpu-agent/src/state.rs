@@ -654,11 +654,12 @@ impl Session {
 
     /// Register an open object; fails past the per-session limit. What the data plane
     /// may do with it is fixed now: the open mode narrowed by the session's rights.
-    pub fn add_handle(&self, object: Arc<dyn Object>, limit: u32) -> Result<u64> {
+    /// `claim`: the id to open it under (0: a fresh one; see [`sessions::Session::add_handle`]).
+    pub fn add_handle(&self, object: Arc<dyn Object>, limit: u32, claim: u64) -> Result<u64> {
         let path = object.path().clone();
         let readable = self.rights.check(Op::Read, &path).is_ok();
         let writable = object.writable() && self.rights.check(Op::Write, &path).is_ok();
-        self.io.add_handle(Handle { object, readable, writable }, limit)
+        self.io.add_handle(Handle { object, readable, writable }, limit, claim)
     }
 
     /// Bind the session to its host's data-plane endpoint (Attach).
@@ -767,7 +768,7 @@ mod tests {
         let container = agent.mount(&session, "").unwrap();
         let options = dpuio_backend::OpenOptions { write: true, create: true, ..Default::default() };
         let object = container.open(&NsPath::parse("/f").unwrap(), options, 0o644).unwrap();
-        session.add_handle(object, 8).unwrap();
+        session.add_handle(object, 8, 0).unwrap();
 
         let gauges = Gauges::tenants(&agent);
         let a = TenantGauges { tenant: "a".into(), sessions: 1, open_handles: 1, ..Default::default() };

@@ -1,7 +1,9 @@
 //! The client: one attached, mounted session and the namespace calls on it.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use dpuio_proto::v1 as pb;
 use pb::namespace_client::NamespaceClient;
@@ -14,6 +16,7 @@ use crate::dataplane::{
     self, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, MetaCall, RegisteredRegion, Request,
 };
 use crate::error::{Error, Result};
+use crate::resume::{self, FileRecord, Liveness, Probe, Registry, ResumeOptions};
 use dpuio_proto::wire::{self, MetaOpcode, Opcode};
 
 /// Where the CLI and library look for the agent when nothing says otherwise. An
@@ -165,6 +168,8 @@ pub struct ConnectOptions {
     /// A capability token (from a parent's [`Client::delegate`]) that narrows what this
     /// session may do; empty for the tenant's full rights. `$DPUIO_TOKEN` by default.
     pub capability_token: String,
+    /// How the client rides out an agent restart (see [`crate::resume`]).
+    pub resume: ResumeOptions,
 }
 
 impl Default for ConnectOptions {
@@ -181,21 +186,31 @@ impl Default for ConnectOptions {
             data_plane: None,
             tls: TlsOptions::from_env(),
             capability_token: std::env::var("DPUIO_TOKEN").unwrap_or_default(),
+            resume: ResumeOptions::default(),
         }
     }
 }
 
 struct Inner {
-    session_id: u64,
+    /// The session on the agent now (a new one after each resume).
+    session_id: AtomicU64,
     session: SessionClient<Channel>,
     namespace: NamespaceClient<Channel>,
-    keepalive: tokio::task::JoinHandle<()>,
+    supervisor: tokio::task::JoinHandle<()>,
     data: Option<Arc<DataPlane>>,
+    live: Arc<Liveness>,
+    /// The open files (and, through the data plane, the regions) to restore.
+    registry: Arc<Registry>,
+    /// What attached the session, to attach again after an agent restart: the
+    /// options, and the transport offered (this worker's address, which stays).
+    options: ConnectOptions,
+    offer: Option<pb::TransportInfo>,
+    container: String,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.keepalive.abort();
+        self.supervisor.abort();
     }
 }
 
@@ -470,19 +485,34 @@ impl Client {
             .await
             .map_err(|s| Error::from_status("mount", s))?
             .into_inner();
+        let live = Arc::new(Liveness::new(options.resume.clone()));
+        let offer = prepared.as_ref().map(|p| p.transport_info());
         let data = match prepared {
             Some(p) => {
                 let agent = attached.agent_transport.as_ref().ok_or_else(|| Error::Protocol {
                     op: "attach".into(),
                     reason: "the agent accepted a transport but sent no worker address".into(),
                 })?;
-                Some(Arc::new(p.finish(session_id, &agent.worker_address, channel).await?))
+                Some(Arc::new(p.finish(session_id, &agent.worker_address, channel, live.clone()).await?))
             }
             None => None,
         };
-        let keepalive = tokio::spawn(keep_alive(session.clone(), session_id, attached.lease_ms, data.clone()));
+        let registry = data.as_ref().map_or_else(|| Arc::new(Registry::default()), |d| d.registry().clone());
+        let lease_ms = attached.lease_ms;
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| Inner {
+            session_id: AtomicU64::new(session_id),
+            session,
+            namespace,
+            supervisor: tokio::spawn(supervise(weak.clone(), live.clone(), lease_ms)),
+            data,
+            live,
+            registry,
+            options,
+            offer,
+            container: attached.container,
+        });
         Ok(Client {
-            inner: Arc::new(Inner { session_id, session, namespace, keepalive, data }),
+            inner,
             tenant: attached.tenant,
             container: mounted.container,
             chunk_bytes: mounted.chunk_bytes,
@@ -490,8 +520,23 @@ impl Client {
         })
     }
 
+    /// The session on the agent now (a new one each time the client resumes after an
+    /// agent restart).
     pub fn session_id(&self) -> u64 {
-        self.inner.session_id
+        self.inner.session_id()
+    }
+
+    /// Run a control-plane call for the current session. If the agent did not run it
+    /// (it restarted and does not know the session, or could not be reached), wait
+    /// for the next word from the agent (the client attaches again in the meantime
+    /// where it must) and send it again, for as long as the resume options allow.
+    /// `idempotent` calls are also sent again after a connection lost mid-call.
+    async fn call<T, F, Fut>(&self, op: &str, idempotent: bool, f: F) -> Result<T>
+    where
+        F: Fn(u64) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.inner.call(op, idempotent, f).await
     }
 
     /// A capability token for a child process (e.g. a DataLoader worker), narrower than
@@ -501,18 +546,17 @@ impl Client {
     /// token and its expiry in Unix seconds.
     pub async fn delegate(&self, prefix: &str, operations: &[String], lifetime_s: u64) -> Result<(String, i64)> {
         let r = self
-            .inner
-            .session
-            .clone()
-            .delegate(pb::DelegateRequest {
-                session_id: self.inner.session_id,
-                path_prefix: prefix.to_owned(),
-                operations: operations.to_vec(),
-                lifetime_s,
+            .call("delegate", true, |session_id| {
+                let mut session = self.inner.session.clone();
+                let request = pb::DelegateRequest {
+                    session_id,
+                    path_prefix: prefix.to_owned(),
+                    operations: operations.to_vec(),
+                    lifetime_s,
+                };
+                async move { session.delegate(request).await }
             })
-            .await
-            .map_err(|s| Error::from_status("delegate", s))?
-            .into_inner();
+            .await?;
         Ok((r.capability_token, r.expires_unix_s))
     }
     pub fn tenant(&self) -> &str {
@@ -550,14 +594,14 @@ impl Client {
             } // the session ended while waiting: gRPC says why
         }
         let r = self
-            .ns()
-            .stat(pb::StatRequest {
-                session_id: self.session_id(),
-                target: Some(pb::stat_request::Target::Path(path.to_owned())),
+            .call(&op, true, |session_id| {
+                let mut ns = self.ns();
+                let request =
+                    pb::StatRequest { session_id, target: Some(pb::stat_request::Target::Path(path.to_owned())) };
+                async move { ns.stat(request).await }
             })
-            .await
-            .map_err(|s| Error::from_status(&op, s))?;
-        attr_from(&op, r.into_inner().attr)
+            .await?;
+        attr_from(&op, r.attr)
     }
 
     /// Attributes of many paths in as few calls as the agent's limit allows; each path
@@ -631,11 +675,13 @@ impl Client {
         let per_call = (self.limits.max_lookup_paths as usize).max(1);
         for chunk in paths.chunks(per_call) {
             let r = self
-                .ns()
-                .lookup(pb::LookupRequest { session_id: self.session_id(), paths: chunk.to_vec() })
-                .await
-                .map_err(|s| Error::from_status("lookup", s))?;
-            for result in r.into_inner().results {
+                .call("lookup", true, |session_id| {
+                    let mut ns = self.ns();
+                    let request = pb::LookupRequest { session_id, paths: chunk.to_vec() };
+                    async move { ns.lookup(request).await }
+                })
+                .await?;
+            for result in r.results {
                 let op = format!("lookup {}", result.path);
                 out.push(match result.result {
                     Some(pb::lookup_result::Result::Attr(a)) => attr_from(&op, Some(a)),
@@ -652,12 +698,15 @@ impl Client {
     /// Create a directory (with `parents`, also its missing ancestors, like `mkdir -p`).
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<Attr> {
         let op = format!("mkdir {path}");
+        // `mkdir -p` may run twice; a plain mkdir that ran would then fail with "exists".
         let r = self
-            .ns()
-            .mkdir(pb::MkdirRequest { session_id: self.session_id(), path: path.to_owned(), mode: 0, parents })
-            .await
-            .map_err(|s| Error::from_status(&op, s))?;
-        attr_from(&op, r.into_inner().attr)
+            .call(&op, parents, |session_id| {
+                let mut ns = self.ns();
+                let request = pb::MkdirRequest { session_id, path: path.to_owned(), mode: 0, parents };
+                async move { ns.mkdir(request).await }
+            })
+            .await?;
+        attr_from(&op, r.attr)
     }
 
     /// Stream a directory in batches; `each` sees every batch in order, so a huge
@@ -706,16 +755,17 @@ impl Client {
             }
         }
         let mut stream = self
-            .ns()
-            .readdir(pb::ReaddirRequest {
-                session_id: self.session_id(),
-                path: path.to_owned(),
-                anchor: anchor.unwrap_or_default().to_owned(),
-                batch_size,
+            .call(&op, true, |session_id| {
+                let mut ns = self.ns();
+                let request = pb::ReaddirRequest {
+                    session_id,
+                    path: path.to_owned(),
+                    anchor: anchor.unwrap_or_default().to_owned(),
+                    batch_size,
+                };
+                async move { ns.readdir(request).await }
             })
-            .await
-            .map_err(|s| Error::from_status(&op, s))?
-            .into_inner();
+            .await?;
         while let Some(batch) = stream.next().await {
             let batch = batch.map_err(|s| Error::from_status(&op, s))?;
             let entries = batch
@@ -750,19 +800,22 @@ impl Client {
             return self.open_ring(&op, path, MetaOpcode::Open, flags, 0);
         }
         let r = self
-            .ns()
-            .open(pb::OpenRequest {
-                session_id: self.session_id(),
-                path: path.to_owned(),
-                access: match access {
-                    Access::ReadOnly => pb::Access::ReadOnly,
-                    Access::ReadWrite => pb::Access::ReadWrite,
-                } as i32,
-                truncate: false,
+            .call(&op, true, |session_id| {
+                let mut ns = self.ns();
+                let request = pb::OpenRequest {
+                    session_id,
+                    path: path.to_owned(),
+                    access: match access {
+                        Access::ReadOnly => pb::Access::ReadOnly,
+                        Access::ReadWrite => pb::Access::ReadWrite,
+                    } as i32,
+                    truncate: false,
+                    handle: 0,
+                };
+                async move { ns.open(request).await }
             })
-            .await
-            .map_err(|s| Error::from_status(&op, s))?;
-        self.file(&op, path, r.into_inner())
+            .await?;
+        self.file(&op, path, access == Access::ReadWrite, r)
     }
 
     /// Create a file (or, unless `exclusive`, truncate an existing one) and open it
@@ -774,16 +827,13 @@ impl Client {
             return self.open_ring(&op, path, MetaOpcode::Create, flags, 0);
         }
         let r = self
-            .ns()
-            .create(pb::CreateRequest {
-                session_id: self.session_id(),
-                path: path.to_owned(),
-                exclusive,
-                ..Default::default()
+            .call(&op, !exclusive, |session_id| {
+                let mut ns = self.ns();
+                let request = pb::CreateRequest { session_id, path: path.to_owned(), exclusive, ..Default::default() };
+                async move { ns.create(request).await }
             })
-            .await
-            .map_err(|s| Error::from_status(&op, s))?;
-        self.file(&op, path, r.into_inner())
+            .await?;
+        self.file(&op, path, true, r)
     }
 
     /// Open or create over the ring: the handle is an ordinary session handle.
@@ -791,13 +841,8 @@ impl Client {
         let dp = self.data()?;
         let call = MetaCall { opcode, flags, handle: 0, strings: &[path], arg: mode };
         let header = dp.metadata(op, &call, None, |mem, at, n| meta_header(op, mem, at, n))?;
-        Ok(File {
-            inner: self.inner.clone(),
-            handle: header.handle,
-            path: path.to_owned(),
-            attr: attr_of(op, &header.attr)?,
-            chunk_bytes: header.chunk_bytes,
-        })
+        let write = opcode == MetaOpcode::Create || flags & wire::META_WRITE != 0;
+        Ok(File::opened(&self.inner, header.handle, path, write, attr_of(op, &header.attr)?, header.chunk_bytes))
     }
 
     /// The whole file at `path` in one submission where it fits the ring's answer
@@ -840,53 +885,54 @@ impl Client {
         })
     }
 
-    fn file(&self, op: &str, path: &str, r: pb::OpenResponse) -> Result<File> {
-        Ok(File {
-            inner: self.inner.clone(),
-            handle: r.handle,
-            path: path.to_owned(),
-            attr: attr_from(op, r.attr)?,
-            chunk_bytes: r.chunk_bytes,
-        })
+    fn file(&self, op: &str, path: &str, write: bool, r: pb::OpenResponse) -> Result<File> {
+        Ok(File::opened(&self.inner, r.handle, path, write, attr_from(op, r.attr)?, r.chunk_bytes))
     }
 
     /// Remove a file or an empty directory; `recursive` removes a whole tree.
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
-        self.ns()
-            .remove(pb::RemoveRequest { session_id: self.session_id(), path: path.to_owned(), recursive })
-            .await
-            .map_err(|s| Error::from_status(format!("remove {path}"), s))?;
+        self.call(&format!("remove {path}"), false, |session_id| {
+            let mut ns = self.ns();
+            let request = pb::RemoveRequest { session_id, path: path.to_owned(), recursive };
+            async move { ns.remove(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// Rename; fails if `to` exists.
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
-        self.ns()
-            .rename(pb::RenameRequest { session_id: self.session_id(), from: from.to_owned(), to: to.to_owned() })
-            .await
-            .map_err(|s| Error::from_status(format!("rename {from} to {to}"), s))?;
+        self.call(&format!("rename {from} to {to}"), false, |session_id| {
+            let mut ns = self.ns();
+            let request = pb::RenameRequest { session_id, from: from.to_owned(), to: to.to_owned() };
+            async move { ns.rename(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// Set a file's size by path.
     pub async fn truncate(&self, path: &str, size: u64) -> Result<()> {
-        self.ns()
-            .truncate(pb::TruncateRequest {
-                session_id: self.session_id(),
+        self.call(&format!("truncate {path}"), true, |session_id| {
+            let mut ns = self.ns();
+            let request = pb::TruncateRequest {
+                session_id,
                 target: Some(pb::truncate_request::Target::Path(path.to_owned())),
                 size,
-            })
-            .await
-            .map_err(|s| Error::from_status(format!("truncate {path}"), s))?;
+            };
+            async move { ns.truncate(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// Make every acknowledged change in the container durable.
     pub async fn sync(&self) -> Result<()> {
-        self.ns()
-            .sync(pb::SyncRequest { session_id: self.session_id(), handle: 0 })
-            .await
-            .map_err(|s| Error::from_status("sync", s))?;
+        self.call("sync", true, |session_id| {
+            let mut ns = self.ns();
+            async move { ns.sync(pb::SyncRequest { session_id, handle: 0 }).await }
+        })
+        .await?;
         Ok(())
     }
 
@@ -906,7 +952,21 @@ impl Client {
     /// `access` says which way the agent may move data (reads land in WRITE_BY_AGENT
     /// regions, writes come from READ_BY_AGENT ones; READ_WRITE for both).
     pub async fn register_region(&self, length: usize, access: pb::RegionAccess) -> Result<RegisteredRegion> {
-        self.data()?.register(length, access).await
+        let dp = self.data()?;
+        let live = &self.inner.live;
+        let deadline = Instant::now() + live.options.max_wait;
+        loop {
+            let seen = live.epoch();
+            match dp.register(length, access).await {
+                // Registered in a session the agent had forgotten: again in the next.
+                Err(e @ Error::Agent { reason: Some(dpuio_proto::reason::Reason::NoSession), .. })
+                    if live.options.enabled() && Instant::now() < deadline =>
+                {
+                    live.next_probe(seen).await.map_err(|why| Error::DataPlane { op: e.to_string(), reason: why })?;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Tell the agent to forget a region, then free it.
@@ -951,6 +1011,7 @@ impl Client {
 
     /// End the session now (its written handles are synced by the agent).
     pub async fn detach(self) -> Result<()> {
+        self.inner.supervisor.abort();
         let mut session = self.inner.session.clone();
         session
             .detach(pb::DetachRequest { session_id: self.session_id() })
@@ -961,6 +1022,22 @@ impl Client {
 }
 
 impl File {
+    /// A file the agent opened as `handle`: kept in the session's registry, to be
+    /// opened again under the same handle after an agent restart.
+    fn opened(inner: &Arc<Inner>, handle: u64, path: &str, write: bool, attr: Attr, chunk_bytes: u64) -> File {
+        inner.registry.add_file(handle, FileRecord { path: path.to_owned(), write });
+        File { inner: inner.clone(), handle, path: path.to_owned(), attr, chunk_bytes }
+    }
+
+    /// A control-plane call on this file's handle (see [`Client::call`]).
+    async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T>
+    where
+        F: Fn(u64) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.inner.call(op, true, f).await
+    }
+
     pub fn handle(&self) -> u64 {
         self.handle
     }
@@ -983,41 +1060,39 @@ impl File {
             return dp.metadata(&op, &call, None, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
         }
         let r = self
-            .inner
-            .namespace
-            .clone()
-            .stat(pb::StatRequest {
-                session_id: self.inner.session_id,
-                target: Some(pb::stat_request::Target::Handle(self.handle)),
+            .call(&op, |session_id| {
+                let mut ns = self.inner.namespace.clone();
+                let request =
+                    pb::StatRequest { session_id, target: Some(pb::stat_request::Target::Handle(self.handle)) };
+                async move { ns.stat(request).await }
             })
-            .await
-            .map_err(|s| Error::from_status(&op, s))?;
-        attr_from(&op, r.into_inner().attr)
+            .await?;
+        attr_from(&op, r.attr)
     }
 
     /// Set the size through the handle (needs write access).
     pub async fn truncate(&self, size: u64) -> Result<()> {
-        self.inner
-            .namespace
-            .clone()
-            .truncate(pb::TruncateRequest {
-                session_id: self.inner.session_id,
+        self.call(&format!("truncate {}", self.path), |session_id| {
+            let mut ns = self.inner.namespace.clone();
+            let request = pb::TruncateRequest {
+                session_id,
                 target: Some(pb::truncate_request::Target::Handle(self.handle)),
                 size,
-            })
-            .await
-            .map_err(|s| Error::from_status(format!("truncate {}", self.path), s))?;
+            };
+            async move { ns.truncate(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// Make this file durable.
     pub async fn sync(&self) -> Result<()> {
-        self.inner
-            .namespace
-            .clone()
-            .sync(pb::SyncRequest { session_id: self.inner.session_id, handle: self.handle })
-            .await
-            .map_err(|s| Error::from_status(format!("sync {}", self.path), s))?;
+        self.call(&format!("sync {}", self.path), |session_id| {
+            let mut ns = self.inner.namespace.clone();
+            let handle = self.handle;
+            async move { ns.sync(pb::SyncRequest { session_id, handle }).await }
+        })
+        .await?;
         Ok(())
     }
 
@@ -1096,32 +1171,207 @@ impl File {
         if self.inner.data.is_some() {
             return self.close_blocking();
         }
-        self.inner
-            .namespace
-            .clone()
-            .close(pb::CloseRequest { session_id: self.inner.session_id, handle: self.handle })
-            .await
-            .map_err(|s| Error::from_status(format!("close {}", self.path), s))?;
+        self.call(&format!("close {}", self.path), |session_id| {
+            let mut ns = self.inner.namespace.clone();
+            let handle = self.handle;
+            async move { ns.close(pb::CloseRequest { session_id, handle }).await }
+        })
+        .await?;
         Ok(())
     }
 }
 
-async fn keep_alive(mut session: SessionClient<Channel>, session_id: u64, lease_ms: u64, data: Option<Arc<DataPlane>>) {
-    // Renew at a third of the lease so one lost renewal does not end the session.
-    let period = Duration::from_millis((lease_ms / 3).max(100));
+impl Drop for File {
+    fn drop(&mut self) {
+        // Closed, or no longer anyone's to use: not to be opened again on a resume.
+        self.inner.registry.remove_file(self.handle);
+    }
+}
+
+/// Keep the session alive, and ride out an agent restart: renew the lease at a third
+/// of it; when a renewal (or a probe asked for by a quiet wait, [`Liveness::suspect`])
+/// finds the agent unreachable, ask every 100 ms; when the agent says it does not know
+/// the session, attach again ([`Inner::resume`]). Gives up after
+/// [`ResumeOptions::max_wait`] without an agent, or at once when the agent ended the
+/// session for good (or resuming is off), so that waiting calls say why.
+async fn supervise(inner: Weak<Inner>, live: Arc<Liveness>, lease_ms: u64) {
+    let mut unreachable_since: Option<Instant> = None;
     loop {
-        tokio::time::sleep(period).await;
-        if let Err(status) = session.keep_alive(pb::KeepAliveRequest { session_id }).await
-            && matches!(status.code(), tonic::Code::FailedPrecondition | tonic::Code::Unauthenticated)
-        {
-            // The session is gone (detached, lease lapsed, tenant removed): the agent
-            // no longer serves its rings, so ring calls waiting now say why instead
-            // of waiting out their timeout; gRPC calls say so themselves.
-            if let Some(data) = data {
-                data.session_ended(status);
-            }
-            return;
+        tokio::select! {
+            _ = tokio::time::sleep(resume::probe_period(lease_ms, unreachable_since.is_some())) => {}
+            _ = live.suspected() => {}
         }
+        let Some(inner) = inner.upgrade() else { return };
+        let session_id = inner.session_id();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(2),
+            inner.session.clone().keep_alive(pb::KeepAliveRequest { session_id }),
+        )
+        .await
+        .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer to a keep-alive within 2 s")))
+        .map(|_| ());
+        let resuming = live.options.enabled();
+        let outcome = match resume::classify(&answer) {
+            Probe::Alive => {
+                if unreachable_since.take().is_some() {
+                    tracing::info!(session = format!("{session_id:#018x}"), "the agent answers again");
+                }
+                Ok(())
+            }
+            Probe::Unreachable => Err(answer.err().map(|s| s.message().to_owned()).unwrap_or_default()),
+            Probe::Forgotten if resuming => match inner.resume().await {
+                Ok(()) => {
+                    unreachable_since = None;
+                    Ok(())
+                }
+                Err(e)
+                    if e.code().is_some_and(|c| {
+                        matches!(
+                            c,
+                            tonic::Code::PermissionDenied | tonic::Code::Unauthenticated | tonic::Code::InvalidArgument
+                        )
+                    }) =>
+                {
+                    inner.give_up(format!("the agent restarted and refused to attach this client again: {e}"));
+                    return;
+                }
+                Err(e) => Err(format!("attaching again: {e}")),
+            },
+            Probe::Forgotten | Probe::Ended => {
+                // The session is gone (detached, lease lapsed, tenant removed): the agent
+                // no longer serves its rings, so ring calls waiting now say why instead
+                // of waiting out their timeout; gRPC calls say so themselves.
+                if let (Some(data), Err(status)) = (&inner.data, answer) {
+                    data.session_ended(status);
+                }
+                live.probed();
+                return;
+            }
+        };
+        if let Err(why) = outcome {
+            let since = *unreachable_since.get_or_insert_with(|| {
+                tracing::warn!(agent = %inner.options.agent, error = %why, "the agent does not answer; waiting for it");
+                Instant::now()
+            });
+            if resuming && since.elapsed() >= live.options.max_wait {
+                inner.give_up(format!(
+                    "the agent at {} has not come back within {:?} (DPUIO_RESUME_S): {why}",
+                    inner.options.agent, live.options.max_wait
+                ));
+                return;
+            }
+        }
+        live.probed();
+    }
+}
+
+impl Inner {
+    fn session_id(&self) -> u64 {
+        self.session_id.load(Ordering::Acquire)
+    }
+
+    /// See [`Client::call`].
+    async fn call<T, F, Fut>(&self, op: &str, idempotent: bool, f: F) -> Result<T>
+    where
+        F: Fn(u64) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = Instant::now() + self.live.options.max_wait;
+        loop {
+            let seen = self.live.epoch();
+            match f(self.session_id()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s)
+                    if self.live.options.enabled()
+                        && resume::worth_resending(&s, idempotent)
+                        && Instant::now() < deadline =>
+                {
+                    self.live
+                        .next_probe(seen)
+                        .await
+                        .map_err(|why| Error::from_status(op, tonic::Status::unavailable(why)))?;
+                }
+                Err(s) => return Err(Error::from_status(op, s)),
+            }
+        }
+    }
+
+    /// Attach again to an agent that no longer knows the session: a new session with
+    /// the same options and transport, the container mounted, every region registered
+    /// and every open file re-opened under its id, fresh rings. Then calls and waiting
+    /// rings move to it.
+    async fn resume(&self) -> Result<()> {
+        let old = self.session_id();
+        let attached = self
+            .session
+            .clone()
+            .attach(pb::AttachRequest {
+                client_name: self.options.client_name.clone(),
+                tenant: self.options.tenant.clone(),
+                transport: self.offer.clone(),
+                capability_token: self.options.capability_token.clone(),
+            })
+            .await
+            .map_err(|s| Error::from_status("attach again", s))?
+            .into_inner();
+        let session_id = attached.session_id;
+        let restored = self.restore(session_id, &attached).await;
+        let reattached = match restored {
+            Ok(r) => r,
+            Err(e) => {
+                // Leave no half-restored session behind.
+                let _ = self.session.clone().detach(pb::DetachRequest { session_id }).await;
+                return Err(e);
+            }
+        };
+        self.session_id.store(session_id, Ordering::Release);
+        match (&self.data, reattached) {
+            (Some(dp), Some(r)) => dp.install(r),
+            _ => self.live.resumed(),
+        }
+        tracing::info!(
+            old = format!("{old:#018x}"),
+            new = format!("{session_id:#018x}"),
+            files = self.registry.files().len(),
+            "attached again after the agent restarted"
+        );
+        Ok(())
+    }
+
+    async fn restore(&self, session_id: u64, attached: &pb::AttachResponse) -> Result<Option<dataplane::Reattached>> {
+        let mut ns = self.namespace.clone();
+        ns.mount(pb::MountRequest { session_id, container: self.container.clone() })
+            .await
+            .map_err(|s| Error::from_status("mount again", s))?;
+        let reattached = match &self.data {
+            Some(dp) => {
+                let agent = attached.agent_transport.as_ref().ok_or_else(|| Error::Protocol {
+                    op: "attach again".into(),
+                    reason: "the agent accepted the transport but sent no worker address".into(),
+                })?;
+                Some(dp.reattach(session_id, &agent.worker_address).await?)
+            }
+            None => None,
+        };
+        for (handle, file) in self.registry.files() {
+            let access = if file.write { pb::Access::ReadWrite } else { pb::Access::ReadOnly };
+            let request =
+                pb::OpenRequest { session_id, path: file.path.clone(), access: access as i32, truncate: false, handle };
+            if let Err(s) = ns.open(request).await {
+                // Gone or no longer allowed: requests on it fail as on a closed handle.
+                tracing::warn!(path = %file.path, error = %s.message(), "cannot open a file again after the agent restarted");
+            }
+        }
+        Ok(reattached)
+    }
+
+    /// Stop waiting for the agent: calls and waiting rings fail with `why`.
+    fn give_up(&self, why: String) {
+        tracing::error!(agent = %self.options.agent, "{why}");
+        if let Some(data) = &self.data {
+            data.session_ended(tonic::Status::unavailable(why.clone()));
+        }
+        self.live.give_up(why);
     }
 }
 
@@ -1137,7 +1387,7 @@ impl std::fmt::Debug for File {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("session_id", &format_args!("{:#018x}", self.inner.session_id))
+            .field("session_id", &format_args!("{:#018x}", self.inner.session_id()))
             .field("tenant", &self.tenant)
             .field("container", &self.container)
             .finish()

@@ -17,7 +17,7 @@
 //! free ring for the duration of its submit-and-wait, so threads never share a ring at
 //! the same time and need no lock on the fast path beyond taking it.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use dpuio_proto::v1 as pb;
@@ -29,6 +29,7 @@ use pb::memory_client::MemoryClient;
 use tonic::transport::Channel;
 
 use crate::error::{Error, Result};
+use crate::resume::{Liveness, RegionRecord, Registry};
 
 /// How the host side of the data plane is set up.
 #[derive(Debug, Clone)]
@@ -190,6 +191,18 @@ impl TransportInfo {
 pub struct RegisteredRegion {
     region: any::Region,
     id: u32,
+    /// Where the session keeps it for registering again after an agent restart (not
+    /// for the rings' own regions, which are made anew).
+    registry: Option<Weak<Registry>>,
+}
+
+impl Drop for RegisteredRegion {
+    fn drop(&mut self) {
+        // Its memory goes now: a resumed session must not register it again.
+        if let Some(registry) = self.registry.as_ref().and_then(Weak::upgrade) {
+            registry.remove_region(self.id);
+        }
+    }
 }
 
 impl RegisteredRegion {
@@ -227,6 +240,76 @@ struct Ring {
     /// agent cannot wake this ring, a waiter sleeps half of it in one go (hybrid
     /// polling, as Linux does for NVMe) instead of many short steps.
     latency: Duration,
+    /// The session generation ([`Liveness::generation`]) the ring was registered in.
+    generation: u64,
+    /// The entries not yet completed, by the slot their `user_data` names.
+    slots: Slots,
+}
+
+/// The entries of a ring not yet completed, so that they can be submitted again on a
+/// new ring after an agent restart. Each entry goes out with its slot number as
+/// `user_data` (completions come in any order); its completion gives the caller's back.
+struct Slots {
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
+    next_seq: u64,
+}
+
+struct Slot {
+    entry: [u8; wire::SQE_BYTES],
+    user_data: u64,
+    /// Order of submission, kept when submitted again.
+    seq: u64,
+    /// Whether it can go to another ring as it is: not when it points into its ring's
+    /// own memory (metadata requests and answers).
+    movable: bool,
+}
+
+impl Slots {
+    fn new(entries: u32) -> Slots {
+        Slots { slots: (0..entries).map(|_| None).collect(), free: (0..entries).rev().collect(), next_seq: 0 }
+    }
+
+    /// Keep `entry`; returns the slot number that goes out as its `user_data`.
+    fn take(&mut self, entry: &[u8; wire::SQE_BYTES], movable: bool) -> Option<u32> {
+        let slot = self.free.pop()?;
+        let at = wire::SQE_USER_DATA_OFFSET;
+        let user_data = u64::from_le_bytes(entry[at..at + 8].try_into().expect("8 bytes"));
+        self.next_seq += 1;
+        self.slots[slot as usize] = Some(Slot { entry: *entry, user_data, seq: self.next_seq, movable });
+        Some(slot)
+    }
+
+    /// The caller's `user_data` of the entry in `slot`, which is done.
+    fn finish(&mut self, slot: u64) -> Option<u64> {
+        let s = self.slots.get_mut(usize::try_from(slot).ok()?)?.take()?;
+        self.free.push(slot as u32);
+        Some(s.user_data)
+    }
+
+    /// Forget the newest `n` entries (pushed, never submitted, withdrawn).
+    fn withdraw(&mut self, n: u64) {
+        for _ in 0..n {
+            let newest = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| Some((i, s.as_ref()?.seq)))
+                .max_by_key(|(_, seq)| *seq);
+            if let Some((i, _)) = newest {
+                self.slots[i] = None;
+                self.free.push(i as u32);
+            }
+        }
+    }
+
+    /// Every entry not completed, oldest first, leaving the slots empty.
+    fn drain(&mut self) -> Vec<Slot> {
+        let mut all: Vec<Slot> = self.slots.iter_mut().filter_map(Option::take).collect();
+        all.sort_by_key(|s| s.seq);
+        self.free = (0..self.slots.len() as u32).rev().collect();
+        all
+    }
 }
 
 impl Ring {
@@ -275,7 +358,7 @@ impl Ring {
 
     /// The next completion, if the agent has posted it.
     fn reap(&mut self) -> Option<Completion> {
-        if self.cq_head == self.sq_tail {
+        if self.cq_head == self.sq_tail && self.slots.free.len() != self.slots.slots.len() {
             return None;
         }
         let at = wire::cqe_offset(self.entries, self.cq_head);
@@ -284,9 +367,18 @@ impl Ring {
         }
         let mut bytes = [0u8; wire::CQE_BYTES];
         self.mem().read_at(at, &mut bytes);
-        let c = Completion::decode(&bytes).ok()?;
+        let mut c = Completion::decode(&bytes).ok()?;
         self.cq_head += 1;
         self.mem().store_u64_release(wire::CQ_HEAD_OFFSET, self.cq_head);
+        // An agent that echoes something else is answered as it said.
+        if let Some(user_data) = self.slots.finish(c.user_data) {
+            c.user_data = user_data;
+        }
+        if self.cq_head == self.sq_tail && self.slots.free.len() != self.slots.slots.len() {
+            // Nothing in flight: an entry whose completion echoed something else (a
+            // hostile test's) no longer holds its slot.
+            self.slots.drain();
+        }
         Some(c)
     }
 }
@@ -300,15 +392,32 @@ pub(crate) struct DataPlane {
     /// progress spins on a lock the agent holds while it writes here (measured: half
     /// of the host's CPU of a sequential read at 2 ms slices).
     progress_on_reap: bool,
-    endpoint: any::Endpoint,
+    /// The session and the connection to its agent: replaced when the client resumes
+    /// after an agent restart (the worker, its regions and this table stay).
+    conn: RwLock<Arc<Conn>>,
     progress: Mutex<Option<ProgressThread>>,
-    session_id: u64,
     memory: MemoryClient<Channel>,
+    /// Free rings of the current generation.
     rings: Mutex<Vec<Ring>>,
     ring_freed: Condvar,
     options: DataPlaneOptions,
     /// Set when the keep-alive learns the session is gone: why (the agent's answer).
     ended: Mutex<Option<tonic::Status>>,
+    live: Arc<Liveness>,
+    registry: Arc<Registry>,
+}
+
+/// A session set up on a restarted agent, not yet serving ([`DataPlane::install`]).
+pub(crate) struct Reattached {
+    conn: Conn,
+    rings: Vec<Ring>,
+}
+
+/// A session's connection to its agent's worker.
+struct Conn {
+    endpoint: any::Endpoint,
+    session_id: u64,
+    generation: u64,
 }
 
 /// The host's transport before Attach: its worker address goes into the request.
@@ -357,31 +466,41 @@ pub(crate) fn prepare(options: DataPlaneOptions, spec: &Spec) -> Result<Prepared
 
 impl Prepared {
     /// Connect to the agent's worker and register the rings (after Attach).
-    pub(crate) async fn finish(self, session_id: u64, agent_address: &[u8], channel: Channel) -> Result<DataPlane> {
-        let worker = self.worker.clone();
-        let address = agent_address.to_vec();
-        let endpoint = tokio::task::spawn_blocking(move || worker.connect(&address))
-            .await
-            .map_err(|e| Error::DataPlane { op: "connect to the agent".into(), reason: e.to_string() })?
-            .map_err(|e| Error::DataPlane { op: "connect to the agent".into(), reason: e.to_string() })?;
+    pub(crate) async fn finish(
+        self,
+        session_id: u64,
+        agent_address: &[u8],
+        channel: Channel,
+        live: Arc<Liveness>,
+    ) -> Result<DataPlane> {
+        let endpoint = connect(&self.worker, agent_address).await?;
         let dp = DataPlane {
             progress_on_reap: !self.worker.wakes_on_receive(),
             worker: self.worker,
-            endpoint,
+            conn: RwLock::new(Arc::new(Conn { endpoint, session_id, generation: live.generation() })),
             progress: Mutex::new(self.progress),
-            session_id,
             memory: MemoryClient::new(channel),
             rings: Mutex::new(Vec::new()),
             ring_freed: Condvar::new(),
             options: self.options,
             ended: Mutex::new(None),
+            live,
+            registry: Arc::new(Registry::default()),
         };
-        for _ in 0..dp.options.rings {
-            let ring = dp.new_ring().await?;
-            dp.rings.lock().unwrap_or_else(|p| p.into_inner()).push(ring);
-        }
+        let rings = dp.new_rings(session_id, dp.live.generation()).await?;
+        *dp.rings.lock().unwrap_or_else(|p| p.into_inner()) = rings;
         Ok(dp)
     }
+}
+
+/// An endpoint from `worker` to the agent's worker at `address`.
+async fn connect(worker: &any::Worker, address: &[u8]) -> Result<any::Endpoint> {
+    let worker = worker.clone();
+    let address = address.to_vec();
+    tokio::task::spawn_blocking(move || worker.connect(&address))
+        .await
+        .map_err(|e| Error::DataPlane { op: "connect to the agent".into(), reason: e.to_string() })?
+        .map_err(|e| Error::DataPlane { op: "connect to the agent".into(), reason: e.to_string() })
 }
 
 /// One request in a batch.
@@ -399,6 +518,23 @@ pub struct Request {
     pub user_data: u64,
 }
 
+impl Request {
+    /// The submission entry.
+    fn entry(&self) -> [u8; wire::SQE_BYTES] {
+        Submission {
+            opcode: self.opcode,
+            flags: if self.sync { wire::FLAG_SYNC } else { 0 },
+            user_data: self.user_data,
+            handle: self.handle,
+            region_id: self.region_id,
+            file_offset: self.file_offset,
+            region_offset: self.region_offset,
+            length: self.length,
+        }
+        .encode()
+    }
+}
+
 /// How one request ended.
 #[derive(Debug, Clone, Copy)]
 pub struct Done {
@@ -408,7 +544,25 @@ pub struct Done {
 }
 
 impl DataPlane {
+    /// The session the data plane serves now.
+    pub(crate) fn session_id(&self) -> u64 {
+        self.conn().session_id
+    }
+
+    fn conn(&self) -> Arc<Conn> {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Allocate a region through the transport and register it with the agent; kept
+    /// for registering again under the same id after an agent restart.
     pub(crate) async fn register(&self, length: usize, access: pb::RegionAccess) -> Result<RegisteredRegion> {
+        let (region, record) = self.alloc(length, access)?;
+        let id = self.register_memory(self.session_id(), &record, 0).await?;
+        self.registry.add_region(id, record);
+        Ok(RegisteredRegion { region, id, registry: Some(Arc::downgrade(&self.registry)) })
+    }
+
+    fn alloc(&self, length: usize, access: pb::RegionAccess) -> Result<(any::Region, RegionRecord)> {
         let region = self
             .worker
             .alloc_region(length)
@@ -416,46 +570,59 @@ impl DataPlane {
         let remote_key = region
             .packed_key()
             .map_err(|e| Error::DataPlane { op: "pack the region's key".into(), reason: e.to_string() })?;
-        let r = self
+        let record = RegionRecord { address: region.addr(), length: length as u64, remote_key, access: access as i32 };
+        Ok((region, record))
+    }
+
+    /// Register memory in `session_id` under `claim` (0: the agent picks the id).
+    async fn register_memory(&self, session_id: u64, r: &RegionRecord, claim: u32) -> Result<u32> {
+        let answer = self
             .memory
             .clone()
             .register_region(pb::RegisterRegionRequest {
-                session_id: self.session_id,
-                address: region.addr(),
-                length: length as u64,
-                remote_key,
-                access: access as i32,
+                session_id,
+                address: r.address,
+                length: r.length,
+                remote_key: r.remote_key.clone(),
+                access: r.access,
+                region_id: claim,
             })
             .await
             .map_err(|s| Error::from_status("register region", s))?;
-        Ok(RegisteredRegion { region, id: r.into_inner().region_id })
+        Ok(answer.into_inner().region_id)
     }
 
     pub(crate) async fn deregister(&self, region: RegisteredRegion) -> Result<()> {
         self.memory
             .clone()
-            .deregister_region(pb::DeregisterRegionRequest { session_id: self.session_id, region_id: region.id })
+            .deregister_region(pb::DeregisterRegionRequest { session_id: self.session_id(), region_id: region.id })
             .await
             .map_err(|s| Error::from_status("deregister region", s))?;
         drop(region); // unmapped only after the agent forgot it
         Ok(())
     }
 
-    async fn new_ring(&self) -> Result<Ring> {
+    /// The session's rings, registered in `session_id`.
+    async fn new_rings(&self, session_id: u64, generation: u64) -> Result<Vec<Ring>> {
+        let mut rings = Vec::with_capacity(self.options.rings);
+        for _ in 0..self.options.rings {
+            rings.push(self.new_ring(session_id, generation).await?);
+        }
+        Ok(rings)
+    }
+
+    async fn new_ring(&self, session_id: u64, generation: u64) -> Result<Ring> {
         let entries = self.options.ring_entries;
         // The ring, then its metadata areas: one registration serves both.
         let bytes = meta_request_offset(entries) + META_REQUEST_BYTES + META_ANSWER_BYTES;
-        let mut region = self.register(bytes, pb::RegionAccess::ReadWrite).await?;
+        let (memory, record) = self.alloc(bytes, pb::RegionAccess::ReadWrite)?;
+        let id = self.register_memory(session_id, &record, 0).await?;
+        let mut region = RegisteredRegion { region: memory, id, registry: None };
         region.region.write_at(0, &wire::RingHeader { entries }.encode());
         let r = self
             .memory
             .clone()
-            .register_ring(pb::RegisterRingRequest {
-                session_id: self.session_id,
-                region_id: region.id,
-                offset: 0,
-                entries,
-            })
+            .register_ring(pb::RegisterRingRequest { session_id, region_id: region.id, offset: 0, entries })
             .await
             .map_err(|s| Error::from_status("register ring", s))?;
         Ok(Ring {
@@ -466,7 +633,40 @@ impl DataPlane {
             cq_head: 0,
             submitted_at: None,
             latency: Duration::ZERO,
+            generation,
+            slots: Slots::new(entries),
         })
+    }
+
+    /// Set up `session_id` on a restarted agent (whose worker is at `agent_address`):
+    /// connect to it, register every region again under its id, and fresh rings. The
+    /// caller re-opens the files, then [`DataPlane::install`]s it.
+    pub(crate) async fn reattach(&self, session_id: u64, agent_address: &[u8]) -> Result<Reattached> {
+        let endpoint = connect(&self.worker, agent_address).await?;
+        // Regions first: their ids are claimed, the rings' come after them.
+        for (id, record) in self.registry.regions() {
+            self.register_memory(session_id, &record, id).await?;
+        }
+        let generation = self.conn().generation + 1;
+        let rings = self.new_rings(session_id, generation).await?;
+        Ok(Reattached { conn: Conn { endpoint, session_id, generation }, rings })
+    }
+
+    /// Serve the new session: calls take its rings, and waiters move their entries
+    /// to them.
+    pub(crate) fn install(&self, new: Reattached) {
+        let old = std::mem::replace(&mut *self.conn.write().unwrap_or_else(|p| p.into_inner()), Arc::new(new.conn));
+        let stale = std::mem::replace(&mut *self.rings.lock().unwrap_or_else(|p| p.into_inner()), new.rings);
+        *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.live.resumed();
+        self.ring_freed.notify_all();
+        // Closing the old endpoint may wait out its close timeout (its peer is gone).
+        std::thread::spawn(move || drop((old, stale)));
+    }
+
+    /// The session's regions and files, for a resume.
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.registry
     }
 
     fn take_ring(&self) -> Ring {
@@ -480,7 +680,12 @@ impl DataPlane {
     }
 
     fn give_ring(&self, ring: Ring) {
-        self.rings.lock().unwrap_or_else(|p| p.into_inner()).push(ring);
+        let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        if ring.generation != self.conn().generation {
+            return; // of a session the agent no longer has: freed
+        }
+        rings.push(ring);
+        drop(rings);
         self.ring_freed.notify_one();
     }
 
@@ -492,9 +697,21 @@ impl DataPlane {
         if ring.mem().load_u32_acquire(wire::AGENT_POLLING_OFFSET) != 0 {
             return Ok(());
         }
-        self.endpoint
-            .send_doorbell(&wire::Doorbell { session_id: self.session_id, ring_id: ring.id }.encode())
-            .map_err(|e| Error::DataPlane { op: "ring the doorbell".into(), reason: e.to_string() })?;
+        let conn = self.conn.read().unwrap_or_else(|p| p.into_inner());
+        if conn.generation != ring.generation {
+            return Ok(()); // the waiter moves the entries to a ring of the new session
+        }
+        let rung =
+            conn.endpoint.send_doorbell(&wire::Doorbell { session_id: conn.session_id, ring_id: ring.id }.encode());
+        if let Err(e) = rung {
+            if !self.live.options.enabled() {
+                return Err(Error::DataPlane { op: "ring the doorbell".into(), reason: e.to_string() });
+            }
+            // The agent may be gone: find out, and resubmit on the next session if so.
+            tracing::debug!(error = %e, "doorbell failed; probing the agent");
+            self.live.suspect();
+            return Ok(());
+        }
         // Push the doorbell out now (on shared memory nobody else progresses this side).
         self.worker.progress();
         Ok(())
@@ -503,7 +720,7 @@ impl DataPlane {
     /// A batch on a ring of its own (see [`Batch`]).
     pub(crate) fn batch(self: &std::sync::Arc<Self>) -> Batch {
         let ring = self.take_ring();
-        Batch { dp: self.clone(), ring: Some(ring), staged: 0 }
+        Batch { dp: self.clone(), ring: Some(ring), staged: 0, lost: Vec::new(), quiet_since: None }
     }
 
     /// Submit `requests` (any number: they go in ring-sized waves) and wait for all of
@@ -549,33 +766,46 @@ impl DataPlane {
         if let Some(status) = self.ended() {
             return Err(Error::from_status(op, status)); // before taking a ring it would lose
         }
+        // Run once more on the next session's ring if the agent restarted before it
+        // answered, unless running it twice could answer differently (an exclusive
+        // create that did run would then fail with "exists").
+        let repeatable = !(call.opcode == MetaOpcode::Create && call.flags & wire::META_EXCLUSIVE != 0);
         let mut batch = self.batch();
-        let ring = batch.ring();
-        let request_at = meta_request_offset(ring.entries);
-        ring.region.region.write_at(request_at, &request);
-        let (answer_region, answer_offset, answer_length) = match to {
-            Some((r, offset, length)) => (r.id, offset, length),
-            None => (ring.region.id, (request_at + META_REQUEST_BYTES) as u64, META_ANSWER_BYTES as u32),
+        let mut attempts = 0;
+        let (answer_offset, answer_length, result) = loop {
+            let ring = batch.ring();
+            let request_at = meta_request_offset(ring.entries);
+            ring.region.region.write_at(request_at, &request);
+            let (answer_region, answer_offset, answer_length) = match to {
+                Some((r, offset, length)) => (r.id, offset, length),
+                None => (ring.region.id, (request_at + META_REQUEST_BYTES) as u64, META_ANSWER_BYTES as u32),
+            };
+            let has_request = !request.is_empty();
+            let entry = MetaSubmission {
+                opcode: call.opcode,
+                flags: call.flags,
+                user_data: 0,
+                handle: call.handle,
+                request_region: if has_request { ring.region.id } else { 0 },
+                answer_region,
+                request_offset: if has_request { request_at as u64 } else { 0 },
+                answer_offset,
+                request_length: request.len() as u32,
+                answer_length,
+                arg: call.arg,
+            };
+            batch.push_entry(&entry.encode(), false)?;
+            batch.submit()?;
+            let done = batch.wait(1, self.options.timeout)?;
+            let result = done
+                .first()
+                .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "no completion".into() })?
+                .result;
+            match result {
+                Err(wire::Status::Lost) if repeatable && attempts < 3 => attempts += 1,
+                _ => break (answer_offset, answer_length, result),
+            }
         };
-        let has_request = !request.is_empty();
-        let entry = MetaSubmission {
-            opcode: call.opcode,
-            flags: call.flags,
-            user_data: 0,
-            handle: call.handle,
-            request_region: if has_request { ring.region.id } else { 0 },
-            answer_region,
-            request_offset: if has_request { request_at as u64 } else { 0 },
-            answer_offset,
-            request_length: request.len() as u32,
-            answer_length,
-            arg: call.arg,
-        };
-        batch.push_raw_entry(&entry.encode())?;
-        batch.submit()?;
-        let done = batch.wait(1, self.options.timeout)?;
-        let result =
-            done.first().ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "no completion".into() })?.result;
         let mem = match to {
             Some((r, ..)) => r.memory(),
             None => batch.ring().mem(),
@@ -622,11 +852,14 @@ impl DataPlane {
                 sync: false,
                 user_data: 0,
             };
-            batch.push(&request)?;
+            batch.push_entry(&request.entry(), false)?;
             batch.submit()?;
             let done = batch.wait(1, self.options.timeout)?;
             let d =
                 done.first().ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "no completion".into() })?;
+            if d.result == Err(wire::Status::Lost) {
+                continue; // into the old ring's memory: read it again into the new one's
+            }
             let n = d.result.map_err(|status| Error::Io { op: op.to_owned(), status })? as usize;
             if n == 0 {
                 break; // the file shrank
@@ -653,7 +886,7 @@ impl DataPlane {
     }
 
     pub(crate) fn transport(&self) -> TransportInfo {
-        TransportInfo::of(&self.worker, &self.endpoint)
+        TransportInfo::of(&self.worker, &self.conn().endpoint)
     }
 
     pub(crate) fn stats(&self) -> DataPlaneStats {
@@ -668,10 +901,21 @@ impl DataPlane {
 ///
 /// A batch holds its ring until dropped; dropping it with requests in flight waits for
 /// them (the agent may still be writing into their regions).
+///
+/// When the agent restarts, the client attaches again (see [`crate::resume`]) and a
+/// batch moves its entries that had not completed to a ring of the new session; the
+/// caller sees a stall. Entries that pointed into the old ring's memory complete with
+/// [`wire::Status::Lost`].
 pub struct Batch {
     dp: std::sync::Arc<DataPlane>,
     ring: Option<Ring>,
     staged: u64,
+    /// Completions made here (entries lost with an old session's ring), handed out by
+    /// the next [`Batch::poll`].
+    lost: Vec<Done>,
+    /// When the last completion came (or the first wait began): a wait that goes quiet
+    /// for [`crate::ResumeOptions::probe_after`] asks whether the agent is there.
+    quiet_since: Option<Instant>,
 }
 
 impl Batch {
@@ -692,25 +936,18 @@ impl Batch {
 
     /// Add a request (not yet visible to the agent: see [`Batch::submit`]).
     pub fn push(&mut self, r: &Request) -> Result<()> {
-        self.push_raw_entry(
-            &Submission {
-                opcode: r.opcode,
-                flags: if r.sync { wire::FLAG_SYNC } else { 0 },
-                user_data: r.user_data,
-                handle: r.handle,
-                region_id: r.region_id,
-                file_offset: r.file_offset,
-                region_offset: r.region_offset,
-                length: r.length,
-            }
-            .encode(),
-        )
+        self.push_entry(&r.entry(), true)
     }
 
-    /// Add 64 raw bytes as a submission entry, exactly as given: for tools and tests
-    /// that exercise the agent's checks. A malformed entry completes with
-    /// [`wire::Status::Malformed`].
+    /// Add 64 raw bytes as a submission entry, as given but for its `user_data`, which
+    /// the completion echoes all the same: for tools and tests that exercise the
+    /// agent's checks. A malformed entry completes with [`wire::Status::Malformed`].
     pub fn push_raw_entry(&mut self, entry: &[u8; wire::SQE_BYTES]) -> Result<()> {
+        self.push_entry(entry, true)
+    }
+
+    /// Add an entry; `movable`: whether it may go to another session's ring as it is.
+    pub(crate) fn push_entry(&mut self, entry: &[u8; wire::SQE_BYTES], movable: bool) -> Result<()> {
         if self.room() == 0 {
             return Err(Error::DataPlane {
                 op: "push".into(),
@@ -718,8 +955,15 @@ impl Batch {
             });
         }
         let ring = self.ring();
+        let slot = ring.slots.take(entry, movable).ok_or_else(|| Error::DataPlane {
+            op: "push".into(),
+            reason: "no free slot: submit and reap completions first".into(),
+        })?;
+        let mut tagged = *entry;
+        let at = wire::SQE_USER_DATA_OFFSET;
+        tagged[at..at + 8].copy_from_slice(&u64::from(slot).to_le_bytes());
         let at = wire::sqe_offset(ring.entries, ring.sq_tail);
-        ring.region.region.write_at(at, entry);
+        ring.region.region.write_at(at, &tagged);
         ring.sq_tail += 1;
         self.staged += 1;
         Ok(())
@@ -728,6 +972,9 @@ impl Batch {
     /// Make the pushed entries visible to the agent and ring its doorbell once.
     /// Returns how many were submitted.
     pub fn submit(&mut self) -> Result<usize> {
+        if self.ring().generation != self.dp.live.generation() {
+            self.move_to_new_session();
+        }
         let staged = std::mem::take(&mut self.staged) as usize;
         if staged > 0 {
             let dp = self.dp.clone();
@@ -738,9 +985,39 @@ impl Batch {
         Ok(staged)
     }
 
+    /// The client resumed on a restarted agent: take a ring of the new session and
+    /// submit there every entry this one had not completed (entries pushed and not
+    /// yet submitted go too); those that cannot move complete with
+    /// [`wire::Status::Lost`].
+    fn move_to_new_session(&mut self) {
+        let Some(mut old) = self.ring.take() else { return };
+        let pending = old.slots.drain();
+        drop(old); // the agent that served it is gone
+        self.ring = Some(self.dp.take_ring());
+        let moved = pending.iter().filter(|s| s.movable).count();
+        tracing::info!(moved, lost = pending.len() - moved, "resubmitting on the resumed session");
+        self.staged = 0;
+        for slot in pending {
+            if slot.movable {
+                // Fits: the new ring is as long as the old one, and empty. The slot
+                // kept the entry with the caller's user_data.
+                let _ = self.push_entry(&slot.entry, true);
+            } else {
+                self.lost.push(Done { user_data: slot.user_data, result: Err(wire::Status::Lost) });
+            }
+        }
+        let dp = self.dp.clone();
+        let ring = self.ring();
+        if ring.in_flight() > 0 {
+            ring.submitted_at = Some(Instant::now());
+            let _ = dp.ring_doorbell(ring);
+        }
+        self.staged = 0;
+    }
+
     /// Completions available now, without waiting.
     pub fn poll(&mut self) -> Vec<Done> {
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.lost);
         let ring = self.ring();
         while let Some(c) = ring.reap() {
             out.push(Done {
@@ -772,8 +1049,8 @@ impl Batch {
     /// Wait until at least `min` completions are available (fewer if fewer are in
     /// flight), or `timeout` passes; returns every completion available then.
     pub fn wait(&mut self, min: usize, timeout: Duration) -> Result<Vec<Done>> {
-        let min = min.min(self.in_flight() - self.staged as usize);
-        let deadline = Instant::now() + timeout;
+        let min = min.min(self.in_flight() - self.staged as usize + self.lost.len());
+        let mut deadline = Instant::now() + timeout;
         let mut done = self.poll();
         let mut idle = 0u32;
         while done.len() < min {
@@ -781,6 +1058,7 @@ impl Batch {
             if !more.is_empty() {
                 done.extend(more);
                 idle = 0;
+                self.quiet_since = None;
                 continue;
             }
             // Spin briefly (small requests complete in microseconds), then sleep: on the
@@ -794,7 +1072,26 @@ impl Batch {
             if let Some(status) = self.dp.ended() {
                 return Err(Error::from_status("wait for completions", status));
             }
-            if self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET) != 0 {
+            let live = self.dp.live.clone();
+            if live.options.enabled() {
+                if let Some(why) = live.failed() {
+                    return Err(Error::DataPlane { op: "wait for completions".into(), reason: why });
+                }
+                if self.ring().generation != live.generation() {
+                    self.move_to_new_session();
+                    deadline = Instant::now() + timeout;
+                    idle = 0;
+                    continue;
+                }
+                // Quiet for a while, or the session's rings closed: is the agent there?
+                let quiet = *self.quiet_since.get_or_insert_with(Instant::now);
+                if quiet.elapsed() >= live.options.probe_after
+                    || self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET) != 0
+                {
+                    live.suspect();
+                    self.quiet_since = Some(Instant::now());
+                }
+            } else if self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET) != 0 {
                 // The session ended on the agent; gRPC calls now say why.
                 self.dp.session_ended(tonic::Status::failed_precondition("the session ended"));
                 return Err(Error::DataPlane {
@@ -843,6 +1140,7 @@ impl Drop for Batch {
         if let Some(mut ring) = self.ring.take() {
             // Entries pushed but never submitted are withdrawn.
             ring.sq_tail -= self.staged;
+            ring.slots.withdraw(self.staged);
             self.dp.give_ring(ring);
         }
     }

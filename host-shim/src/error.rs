@@ -105,7 +105,7 @@ pub(crate) fn io_errno(status: dpuio_proto::wire::Status) -> i32 {
         S::Access => Errno::ACCESS,
         S::OutOfRange | S::Malformed | S::BadRegion | S::TooLarge => Errno::INVAL,
         S::BadHandle => Errno::BADF,
-        S::Busy => Errno::AGAIN,
+        S::Busy | S::Lost => Errno::AGAIN,
         S::Cancelled => Errno::INTR,
         // Integrity: stored data failed authentication; nothing of it was released.
         _ => Errno::IO,

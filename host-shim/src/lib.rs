@@ -7,7 +7,8 @@
 //!
 //! What it deliberately does not do: decide policy (the agent checks everything the
 //! host sends) or retry behind the caller's back (errors come back with the agent's
-//! reason).
+//! reason). The one exception is an agent restart ([`resume`]): calls the agent did
+//! not run are sent again once the client has attached to the new agent.
 #![forbid(unsafe_code)]
 
 pub mod blocking;
@@ -16,6 +17,7 @@ mod client;
 mod dataplane;
 mod error;
 pub mod posix;
+pub mod resume;
 
 pub use client::{
     Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool, TlsOptions,
@@ -24,6 +26,7 @@ pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredReg
 pub use dpuio_proto::v1::RegionAccess;
 pub use dpuio_proto::wire::{Opcode, Status as IoStatus};
 pub use error::{Error, Result};
+pub use resume::ResumeOptions;
 
 /// CPU time this process has used so far (all threads: the caller's and the shim's
 /// progress thread), for reporting host CPU per GiB moved.

@@ -23,6 +23,9 @@ pub enum Reason {
     DirectoryNotEmpty,
     /// The backend's storage or quota is full (`ENOSPC`).
     NoSpace,
+    /// The agent does not know the session (it restarted, or the lease lapsed): a
+    /// client may attach again and resume; the call was not run.
+    NoSession,
 }
 
 impl Reason {
@@ -33,6 +36,7 @@ impl Reason {
             Reason::IsADirectory => "is-a-directory",
             Reason::DirectoryNotEmpty => "directory-not-empty",
             Reason::NoSpace => "no-space",
+            Reason::NoSession => "no-session",
         }
     }
 
@@ -44,6 +48,7 @@ impl Reason {
             Reason::IsADirectory => 2,
             Reason::DirectoryNotEmpty => 3,
             Reason::NoSpace => 4,
+            Reason::NoSession => 5,
         }
     }
 
@@ -58,7 +63,8 @@ impl Reason {
     }
 }
 
-const ALL: [Reason; 4] = [Reason::NotADirectory, Reason::IsADirectory, Reason::DirectoryNotEmpty, Reason::NoSpace];
+const ALL: [Reason; 5] =
+    [Reason::NotADirectory, Reason::IsADirectory, Reason::DirectoryNotEmpty, Reason::NoSpace, Reason::NoSession];
 
 #[cfg(test)]
 mod tests {

@@ -203,6 +203,9 @@ pub struct Submission {
 }
 
 /// The first 24 bytes every entry shares: version, opcode, flags, user data, handle.
+/// Where an entry carries its `user_data` (echoed in its completion).
+pub const SQE_USER_DATA_OFFSET: usize = 8;
+
 fn entry_head(opcode: u8, flags: u16, user_data: u64, handle: u64) -> [u8; SQE_BYTES] {
     let mut b = [0u8; SQE_BYTES];
     b[0..2].copy_from_slice(&WIRE_VERSION.to_le_bytes());
@@ -718,14 +721,21 @@ pub enum Status {
     /// The namespace refused or failed a metadata entry; its answer range holds the
     /// reason ([`MetaError`]: the gRPC code and message).
     Refused = -11,
+    /// Never sent by an agent: the host's client completes an entry with it when the
+    /// agent restarted before answering and the entry could not be submitted again
+    /// (it pointed into the old ring's own memory). It may or may not have run.
+    Lost = -12,
 }
 
 impl Status {
     pub fn from_i32(v: i32) -> Option<Status> {
         use Status::*;
-        [Ok, Malformed, BadRegion, OutOfRange, BadHandle, Access, TooLarge, Io, Busy, Integrity, Cancelled, Refused]
-            .into_iter()
-            .find(|s| *s as i32 == v)
+        [
+            Ok, Malformed, BadRegion, OutOfRange, BadHandle, Access, TooLarge, Io, Busy, Integrity, Cancelled, Refused,
+            Lost,
+        ]
+        .into_iter()
+        .find(|s| *s as i32 == v)
     }
 
     /// A short description for error messages.
@@ -743,6 +753,7 @@ impl Status {
             Status::Integrity => "integrity check failed",
             Status::Cancelled => "session ending",
             Status::Refused => "refused by the namespace",
+            Status::Lost => "the agent restarted before answering; it may or may not have run: submit it again",
         }
     }
 }

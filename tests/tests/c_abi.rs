@@ -344,3 +344,128 @@ fn error_paths_threads_and_batches_from_c() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.ends_with("all ok\n"), "{stdout}");
 }
+
+/// A batch loop that runs until `STOP` exists: each round reads the whole file in
+/// 1 MiB requests through one batch and checks its checksum. Prints the rounds and the
+/// longest one.
+const RESTART_C: &str = r#"
+#include <dpuio.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK (1u << 20)
+#define CHUNKS 8
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int fail(const char *what, int code) {
+    fprintf(stderr, "%s: %d %s\n", what, code, dpuio_last_error_message());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    const char *path = argv[1], *stop = argv[2];
+    uint64_t want = strtoull(argv[3], NULL, 16);
+    dpuio_attach_options o;
+    dpuio_attach_options_init(&o);
+    o.transports = "ucx-shm";
+    o.rings = 2;
+    o.resume_wait_ms = 30000;
+    dpuio_client *c;
+    int rc = dpuio_attach(&o, &c);
+    if (rc) return fail("attach", rc);
+    dpuio_file *f;
+    if ((rc = dpuio_open(c, path, DPUIO_O_RDONLY, &f))) return fail("open", rc);
+    dpuio_region *r;
+    if ((rc = dpuio_region_create(c, (size_t)CHUNK * CHUNKS, DPUIO_REGION_WRITE_BY_AGENT, &r))) return fail("region", rc);
+    const unsigned char *mem = dpuio_region_ptr(r);
+    dpuio_batch *b;
+    if ((rc = dpuio_batch_create(c, &b))) return fail("batch", rc);
+    unsigned rounds = 0;
+    double longest = 0;
+    while (access(stop, F_OK) != 0) {
+        double t0 = now();
+        for (unsigned i = 0; i < CHUNKS; i++) {
+            rc = dpuio_batch_prep_read(b, f, r, (uint64_t)i * CHUNK, CHUNK, (uint64_t)i * CHUNK, i);
+            if (rc) return fail("prep", rc);
+        }
+        if ((rc = dpuio_batch_submit(b)) != CHUNKS) return fail("submit", rc);
+        dpuio_completion done[CHUNKS];
+        size_t got = 0;
+        while (got < CHUNKS) {
+            rc = dpuio_batch_wait(b, done + got, CHUNKS - got, CHUNKS - got, -1);
+            if (rc < 0) return fail("wait", rc);
+            got += (size_t)rc;
+        }
+        for (unsigned i = 0; i < CHUNKS; i++) {
+            if (done[i].result != CHUNK) {
+                fprintf(stderr, "round %u: request %" PRIu64 " ended %" PRId64 " (status %d)\n", rounds,
+                        done[i].user_data, done[i].result, done[i].status);
+                return 1;
+            }
+        }
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t k = 0; k < (size_t)CHUNK * CHUNKS; k++) h = (h ^ mem[k]) * 0x100000001b3ull;
+        if (h != want) {
+            fprintf(stderr, "round %u: checksum %016" PRIx64 ", want %016" PRIx64 "\n", rounds, h, want);
+            return 1;
+        }
+        double took = now() - t0;
+        if (took > longest) longest = took;
+        rounds++;
+        memset((void *)mem, 0, (size_t)CHUNK * CHUNKS);
+    }
+    dpuio_batch_destroy(b);
+    dpuio_region_destroy(r);
+    dpuio_close(f);
+    dpuio_detach(c);
+    printf("rounds %u longest_ms %.0f\n", rounds, longest * 1000);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_c_batch_loop_keeps_running_through_kill_9_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = TestAgent::start(dir.path());
+    let data = pattern_file(&agent, "blob.bin", 8 << 20);
+    let source = dir.path().join("restart.c");
+    std::fs::write(&source, RESTART_C).unwrap();
+    let exe = cc("restart", &source, Link::Shared, dir.path());
+    let stop = dir.path().join("stop");
+    let mut cmd = Command::new(&exe);
+    hermetic(&mut cmd, &agent.agent.data_dir.join(".home"))
+        .args(["/data/blob.bin", stop.to_str().unwrap(), &format!("{:016x}", fnv1a(&data))])
+        .env("DPUIO_AGENT", agent.agent.url())
+        .env("DPUIO_CONFIG_DIR", &agent.config_dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let program = cmd.spawn().expect("start the C loop");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    agent.agent.signal("KILL");
+    agent.agent.wait(std::time::Duration::from_secs(10));
+    let addr = agent.agent.addr.clone();
+    agent.agent = AgentProcess::start(&dir.path().join("agent"), &["--listen", &addr]);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    std::fs::write(&stop, b"").unwrap();
+    let out = program.wait_with_output().expect("the C loop");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let longest_ms: f64 = stdout
+        .split_whitespace()
+        .skip_while(|w| *w != "longest_ms")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no figures in {stdout:?}"));
+    assert!(longest_ms <= 5000.0, "a round stalled {longest_ms} ms (at most 5 s)");
+}

@@ -187,7 +187,7 @@ impl Host {
     }
 
     fn handle(&self, object: Arc<dyn Object>) -> u64 {
-        self.session.add_handle(Handle { object, readable: true, writable: true }, 64).unwrap()
+        self.session.add_handle(Handle { object, readable: true, writable: true }, 64, 0).unwrap()
     }
 
     fn ring_doorbell(&self, ring: &Ring) {

@@ -119,13 +119,21 @@ impl Session {
         }
     }
 
-    /// Register an open file; fails past the per-session limit.
-    pub fn add_handle(&self, handle: Handle, limit: u32) -> Result<u64> {
+    /// Register an open file under a fresh id, or under `claim` when it is not 0 (a
+    /// client resuming after an agent restart keeps the ids its entries carry); fails
+    /// past the per-session limit or when the claimed id is open already.
+    pub fn add_handle(&self, handle: Handle, limit: u32, claim: u64) -> Result<u64> {
         let mut handles = lock(&self.handles);
         if handles.len() >= limit as usize {
             return Err(Error::Limit { what: "open handles in this session", limit: limit.into() });
         }
-        let id = fresh_id();
+        let id = match claim {
+            0 => fresh_id(),
+            id if handles.contains_key(&id) => {
+                return Err(Error::invalid("handle", format!("{id:#x} is open in this session already")));
+            }
+            id => id,
+        };
         handles.insert(id, Arc::new(handle));
         Ok(id)
     }
@@ -163,9 +171,21 @@ impl Session {
         })
     }
 
-    /// A fresh region id (never 0, never reused within the session).
+    /// A fresh region id (never 0, never reused within the session, never one claimed).
     pub fn next_region_id(&self) -> u32 {
         self.next_region_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Take `id` for a region a resuming client registers again ([`add_region`]
+    /// refuses it if registered); fresh ids then start above it.
+    ///
+    /// [`add_region`]: Session::add_region
+    pub fn claim_region_id(&self, id: u32) -> Result<u32> {
+        if id == 0 || id == u32::MAX {
+            return Err(Error::invalid("region_id", format!("{id} cannot be claimed")));
+        }
+        self.next_region_id.fetch_max(id + 1, Ordering::Relaxed);
+        Ok(id)
     }
 
     /// Add a registered region; fails past the per-session limit.
@@ -173,6 +193,12 @@ impl Session {
         let mut regions = lock(&self.regions);
         if regions.len() >= limit as usize {
             return Err(Error::Limit { what: "registered regions in this session", limit: limit.into() });
+        }
+        if regions.contains_key(&region.id) {
+            return Err(Error::invalid(
+                "region_id",
+                format!("region {} is registered in this session already", region.id),
+            ));
         }
         let region = Arc::new(region);
         regions.insert(region.id, region.clone());

@@ -259,6 +259,13 @@ typedef struct dpuio_attach_options {
    * A capability token narrowing what this client may do. Default: `$DPUIO_TOKEN`.
    */
   const char *token;
+  /**
+   * How long calls wait for a restarted agent while the client attaches again
+   * (regions, files and requests in flight are restored; calls see a stall, not an
+   * error). Negative: do not resume (a restart fails calls with DPUIO_E_UNAVAILABLE).
+   * Default (0): `$DPUIO_RESUME_S` seconds, else 60000.
+   */
+  int32_t resume_wait_ms;
 } dpuio_attach_options;
 
 /**

@@ -181,6 +181,11 @@ pub struct dpuio_attach_options {
     pub ca: *const c_char,
     /// A capability token narrowing what this client may do. Default: `$DPUIO_TOKEN`.
     pub token: *const c_char,
+    /// How long calls wait for a restarted agent while the client attaches again
+    /// (regions, files and requests in flight are restored; calls see a stall, not an
+    /// error). Negative: do not resume (a restart fails calls with DPUIO_E_UNAVAILABLE).
+    /// Default (0): `$DPUIO_RESUME_S` seconds, else 60000.
+    pub resume_wait_ms: i32,
 }
 
 /// What the agent allows this client (see `dpuio_client_limits`).
@@ -511,6 +516,7 @@ pub unsafe extern "C" fn dpuio_attach_options_init(options: *mut dpuio_attach_op
         key: std::ptr::null(),
         ca: std::ptr::null(),
         token: std::ptr::null(),
+        resume_wait_ms: 0,
     };
     // SAFETY: forwarded contract; put() checks NULL and alignment.
     let _ = unsafe { put(options, defaults, "options") };
@@ -533,6 +539,11 @@ fn connect_options(o: &dpuio_attach_options) -> Result<ConnectOptions> {
     }
     if o.connect_timeout_ms > 0 {
         c.connect_timeout = Duration::from_millis(u64::from(o.connect_timeout_ms));
+    }
+    match o.resume_wait_ms {
+        0 => {}
+        ms if ms < 0 => c.resume.max_wait = Duration::ZERO,
+        ms => c.resume.max_wait = Duration::from_millis(ms as u64),
     }
     // SAFETY: as above.
     if let Some(cert) = unsafe { optional_text(o.cert, "options.cert") }? {

@@ -301,6 +301,10 @@ class Client:
         region_cache_bytes: registered memory kept for reuse by :meth:`read_bytes`,
             :meth:`write_bytes`, :meth:`read_file` and checkpoints (default 256 MiB;
             0: register per call).
+        resume: seconds calls wait for a restarted agent while the client attaches
+            again, re-registers its memory and re-opens its files (calls then go on
+            as if nothing happened); 0 turns it off. Default: ``$DPUIO_RESUME_S``,
+            else 60.
     """
 
     def __init__(
@@ -319,6 +323,7 @@ class Client:
         ca=None,
         token=None,
         region_cache_bytes=DEFAULT_REGION_CACHE_BYTES,
+        resume=None,
     ):
         self._options = dict(
             cert=os.fspath(cert) if cert is not None else None,
@@ -334,6 +339,7 @@ class Client:
             timeout=float(timeout or 0.0),
             connect_timeout=float(connect_timeout or 0.0),
             region_cache_bytes=int(region_cache_bytes),
+            resume=None if resume is None else float(resume),
         )
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -381,6 +387,7 @@ class Client:
             key=o["key"],
             ca=o["ca"],
             token=o["token"],
+            resume_s=o["resume"],
         )
         _LIVE_SESSIONS.add(session)
         return session

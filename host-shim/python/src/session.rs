@@ -61,7 +61,7 @@ impl PySession {
 #[pymethods]
 impl PySession {
     #[new]
-    #[pyo3(signature = (agent, tenant="", client_name="", transports=None, rings=0, ring_entries=0, timeout_s=0.0, connect_timeout_s=0.0, cert=None, key=None, ca=None, token=None))]
+    #[pyo3(signature = (agent, tenant="", client_name="", transports=None, rings=0, ring_entries=0, timeout_s=0.0, connect_timeout_s=0.0, cert=None, key=None, ca=None, token=None, resume_s=None))]
     #[allow(clippy::too_many_arguments)] // keyword arguments from Python
     fn new(
         py: Python<'_>,
@@ -77,6 +77,7 @@ impl PySession {
         key: Option<std::path::PathBuf>,
         ca: Option<std::path::PathBuf>,
         token: Option<String>,
+        resume_s: Option<f64>,
     ) -> R<PySession> {
         // Everything not set here comes from the shim's defaults, which read the
         // environment as the CLI does ($DPUIO_CONFIG_DIR, $DPUIO_CERT, $DPUIO_TOKEN, ...).
@@ -93,6 +94,12 @@ impl PySession {
         }
         if let Some(t) = seconds("connect_timeout", connect_timeout_s)? {
             options.connect_timeout = t;
+        }
+        // None: $DPUIO_RESUME_S or 60 s; 0: do not resume after an agent restart.
+        match resume_s {
+            Some(0.0) => options.resume.max_wait = std::time::Duration::ZERO,
+            Some(s) => options.resume.max_wait = seconds("resume", s)?.unwrap_or_default(),
+            None => {}
         }
         if let Some(transports) = transports {
             let mut d = DataPlaneOptions { transports, ..Default::default() };

@@ -31,7 +31,7 @@ BIN_DIR = Path(os.environ.get("DPUIO_BIN_DIR", ROOT / "target" / "debug"))
 
 
 class Agent:
-    def __init__(self, data_dir, config_dir, config=None):
+    def __init__(self, data_dir, config_dir, config=None, listen="127.0.0.1:0"):
         binary = BIN_DIR / "dpu-agent"
         if not binary.is_file():
             pytest.fail(f"{binary} is missing: build it with `cargo build --workspace --bins`", pytrace=False)
@@ -39,7 +39,8 @@ class Agent:
         #: The agent's ``DPUIO_CONFIG_DIR`` (clients of this agent use the same).
         self.config_dir = Path(config_dir)
         self.config_dir.mkdir(parents=True, exist_ok=True)
-        args = [str(binary), "serve", "--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0"]
+        self._config = config
+        args = [str(binary), "serve", "--data-dir", str(self.data_dir), "--listen", listen]
         #: With DPUIO_TEST_BACKEND=daos: (pool, container label).
         self.daos = None
         if os.environ.get("DPUIO_TEST_BACKEND") == "daos":
@@ -111,6 +112,16 @@ class Agent:
             (self.container / path.lstrip("/")).unlink()
         else:
             self._cli("rm", path)
+
+    def restart(self):
+        """Kill the agent with SIGKILL and start another on the same address and data
+        directory (what a crash and its supervisor's restart look like to clients)."""
+        self.proc.kill()
+        self.proc.wait(timeout=20)
+        if self.daos is not None:
+            pytest.skip("restarting an agent over DAOS is not covered here (the fixture makes a container per agent)")
+        again = Agent(self.data_dir, self.config_dir, config=self._config, listen=self.addr)
+        self.proc = again.proc
 
     def stop(self):
         self.proc.terminate()
