@@ -22,6 +22,23 @@ pub enum ServeError {
         #[source]
         source: dpuio_crypto::Error,
     },
+    /// The state file (what `dpuctl` changed) could not be read or is not usable.
+    #[error("{0}")]
+    State(#[from] crate::persist::store::StateError),
+    /// A key version rotated in with `dpuctl` and recorded in the state file cannot be read.
+    #[error(
+        "tenant {tenant}: key version {version} was rotated in with dpuctl and is recorded in the state file {state_file}, \
+         but its file cannot be used: {source}; files wrapped under it need it: restore {file} (mode 0600), \
+         or name the key in the tenant's [tenants.encryption] keys"
+    )]
+    PersistedKey {
+        tenant: String,
+        version: u32,
+        file: String,
+        state_file: String,
+        #[source]
+        source: dpuio_crypto::Error,
+    },
     #[error("cannot prepare the tenants' containers: {0}")]
     Containers(#[source] crate::error::Error),
     #[error("cannot listen on {addr}: {source} (is another agent running there? pick another --listen address)")]
