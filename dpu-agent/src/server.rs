@@ -104,12 +104,14 @@ fn persisted_settings(config: &Config) -> Result<(crate::persist::store::Store, 
     for (name, record) in &merged.state.tenants {
         for key in &record.keys {
             let mut probe = dpuio_crypto::FileKeySource::new();
-            probe.add_key_file(name, key.version, &key.file).map_err(|source| ServeError::PersistedKey {
-                tenant: name.clone(),
-                version: key.version,
-                file: key.file.display().to_string(),
-                state_file: path.display().to_string(),
-                source,
+            probe.add_key_file(name, key.version, &key.file).map_err(|source| {
+                ServeError::PersistedKey(Box::new(crate::serve_error::PersistedKeyError {
+                    tenant: name.clone(),
+                    version: key.version,
+                    file: key.file.display().to_string(),
+                    state_file: path.display().to_string(),
+                    source,
+                }))
             })?;
         }
     }

@@ -122,7 +122,7 @@ impl Store {
     /// Write the content now to the file.
     pub fn save(&self) -> std::result::Result<(), StateError> {
         let state = lock(&self.state);
-        self.write(&*state)
+        self.write(&state)
     }
 
     fn write(&self, state: &PersistedState) -> std::result::Result<(), StateError> {
@@ -140,11 +140,11 @@ impl Store {
     pub fn change<T>(&self, change: impl FnOnce(&mut PersistedState) -> Result<T>) -> Result<T> {
         let mut state = lock(&self.state);
         let before = state.clone();
-        let outcome = change(&mut *state);
+        let outcome = change(&mut state);
         if *state == before {
             return outcome;
         }
-        match (self.write(&*state), outcome) {
+        match (self.write(&state), outcome) {
             (Ok(()), outcome) => outcome,
             (Err(e), Ok(_)) => Err(Error::Internal(format!(
                 "{e}: the change is in force now but not saved, so a restart would undo it; \
