@@ -5,8 +5,10 @@
 //! with a client certificate (or a shell as another user) cannot reach it. `dpuctl`
 //! is its client.
 //!
-//! Changes made here (tenants added or removed, QoS) last until the agent restarts;
-//! write them into the config file to keep them.
+//! Changes made here (tenants added or removed, QoS, session limits, rotated-in keys)
+//! are recorded in the state file of the data directory once they are in force, and
+//! applied again at the next start ([`crate::persist`] has the rules: the config file
+//! wins for a setting it changed since).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +20,8 @@ use tonic::{Request, Response, Status};
 
 use crate::config::{QosConfig, TenantConfig, check_identifier};
 use crate::error::{Error, Result};
+use crate::persist::store::now_unix_s;
+use crate::persist::{Origin, TenantLimits, TenantOrigins};
 use crate::runtime::blocking;
 use crate::serve_error::ServeError;
 use crate::state::Agent;
@@ -102,6 +106,17 @@ fn qos_from_proto(q: Option<pb::Qos>) -> Result<QosConfig> {
     out.limits.ops_per_s = q.ops_per_s;
     out.limits.bytes_burst = q.burst_bytes;
     out.limits.ops_burst = q.burst_ops;
+    // What the config file accepts (TOML integers are signed): the state file keeps it.
+    for (field, v) in [
+        ("qos.bytes_per_s", q.bytes_per_s),
+        ("qos.ops_per_s", q.ops_per_s),
+        ("qos.burst_bytes", q.burst_bytes),
+        ("qos.burst_ops", q.burst_ops),
+    ] {
+        if v > i64::MAX as u64 {
+            return Err(Error::invalid(field, format!("{v} is more than the largest value, {}", i64::MAX)));
+        }
+    }
     if q.weight > dpuio_auth::qos::MAX_WEIGHT {
         return Err(Error::invalid(
             "qos.weight",
@@ -129,6 +144,26 @@ fn tenant_to_proto(t: &TenantConfig) -> pb::Tenant {
     }
 }
 
+fn origin_to_proto(o: Origin) -> pb::Origin {
+    match o {
+        Origin::Config => pb::Origin { source: "config".into(), changed_unix_s: 0 },
+        Origin::Dpuctl { changed_unix_s } => {
+            pb::Origin { source: "dpuctl".into(), changed_unix_s: i64::try_from(changed_unix_s).unwrap_or(i64::MAX) }
+        }
+    }
+}
+
+fn origins_to_proto(o: TenantOrigins) -> pb::TenantOrigins {
+    pb::TenantOrigins {
+        tenant: o.tenant,
+        entry: Some(origin_to_proto(o.entry)),
+        qos: Some(origin_to_proto(o.qos)),
+        limits: Some(origin_to_proto(o.limits)),
+        key: o.key.map(origin_to_proto),
+        removed: o.removed.map(|changed_unix_s| origin_to_proto(Origin::Dpuctl { changed_unix_s })),
+    }
+}
+
 fn name(field: &'static str, value: &str) -> Result<()> {
     check_identifier(value).map_err(|reason| Error::invalid(field, format!("{value:?} {reason}")))
 }
@@ -145,6 +180,8 @@ impl pb::admin_server::Admin for AdminService {
             draining: self.agent.is_draining(),
             tenant_figures: self.agent.tenant_figures(),
             metrics_listen: self.agent.metrics_addr().map(|a| a.to_string()).unwrap_or_default(),
+            state_file: self.agent.persisted().map(|s| s.path().display().to_string()).unwrap_or_default(),
+            origins: self.agent.setting_origins().into_iter().map(origins_to_proto).collect(),
         }))
     }
 
@@ -184,15 +221,41 @@ impl pb::admin_server::Admin for AdminService {
     ) -> std::result::Result<Response<pb::AddTenantResponse>, Status> {
         let t = request.into_inner().tenant.ok_or_else(|| Error::invalid("tenant", "missing"))?;
         name("tenant.name", &t.name)?;
-        let container = if t.container.is_empty() { t.name.clone() } else { t.container.clone() };
+        // A tenant the config names (removed earlier with dpuctl) comes back with its
+        // config's container and encryption.
+        let configured = self.agent.config.tenants.iter().find(|c| c.name == t.name);
+        let container = match configured {
+            Some(c) if t.container.is_empty() || t.container == c.container => c.container.clone(),
+            Some(c) => {
+                return Err(Error::invalid(
+                    "tenant.container",
+                    format!(
+                        "tenant {:?} is named in the config file with container {:?}: add it back with that container \
+                         (or leave --container out), or change the config file",
+                        t.name, c.container
+                    ),
+                )
+                .into());
+            }
+            None if t.container.is_empty() => t.name.clone(),
+            None => t.container.clone(),
+        };
         name("tenant.container", &container)?;
         let mut tenant = TenantConfig::new(&t.name, &container);
+        tenant.encryption = configured.and_then(|c| c.encryption.clone());
         tenant.qos = qos_from_proto(t.qos)?;
         tenant.max_sessions = (t.max_sessions > 0).then_some(t.max_sessions);
         tenant.max_handles_per_session = (t.max_handles_per_session > 0).then_some(t.max_handles_per_session);
         tenant.max_regions_per_session = (t.max_regions_per_session > 0).then_some(t.max_regions_per_session);
         let agent = self.agent.clone();
-        blocking(move || agent.add_tenant(tenant)).await?;
+        blocking(move || {
+            agent.change_persisted(|state| {
+                agent.add_tenant(tenant.clone())?;
+                state.record_add(&agent.config.tenants, &tenant, now_unix_s());
+                Ok(())
+            })
+        })
+        .await?;
         tracing::info!(tenant = %t.name, container, "tenant added");
         Ok(Response::new(pb::AddTenantResponse {}))
     }
@@ -204,7 +267,18 @@ impl pb::admin_server::Admin for AdminService {
         let tenant = request.into_inner().name;
         let agent = self.agent.clone();
         let removed = tenant.clone();
-        let detached = blocking(move || agent.remove_tenant(&removed)).await?;
+        let detached = blocking(move || {
+            agent.change_persisted(|state| {
+                // Recorded even when detaching a session failed: the tenant is gone.
+                let had = agent.has_tenant(&removed);
+                let outcome = agent.remove_tenant(&removed);
+                if had && !agent.has_tenant(&removed) {
+                    state.record_remove(&agent.config.tenants, &removed, now_unix_s());
+                }
+                outcome
+            })
+        })
+        .await?;
         tracing::info!(tenant, detached, "tenant removed; its data stays on disk");
         Ok(Response::new(pb::RemoveTenantResponse { detached_sessions: detached as u32 }))
     }
@@ -215,7 +289,15 @@ impl pb::admin_server::Admin for AdminService {
     ) -> std::result::Result<Response<pb::SetQosResponse>, Status> {
         let req = request.into_inner();
         let qos = qos_from_proto(req.qos)?;
-        self.agent.set_qos(&req.tenant, qos)?;
+        let (agent, tenant) = (self.agent.clone(), req.tenant.clone());
+        blocking(move || {
+            agent.change_persisted(|state| {
+                agent.set_qos(&tenant, qos)?;
+                state.record_qos(&agent.config.tenants, &tenant, &qos, now_unix_s());
+                Ok(())
+            })
+        })
+        .await?;
         tracing::info!(tenant = %req.tenant, ?qos, "QoS changed");
         Ok(Response::new(pb::SetQosResponse {}))
     }
@@ -226,12 +308,25 @@ impl pb::admin_server::Admin for AdminService {
     ) -> std::result::Result<Response<pb::SetLimitsResponse>, Status> {
         let r = request.into_inner();
         let some = |n: u32| (n > 0).then_some(n);
-        self.agent.set_tenant_limits(
-            &r.tenant,
-            some(r.max_sessions),
-            some(r.max_handles_per_session),
-            some(r.max_regions_per_session),
-        )?;
+        let limits = TenantLimits {
+            max_sessions: some(r.max_sessions),
+            max_handles_per_session: some(r.max_handles_per_session),
+            max_regions_per_session: some(r.max_regions_per_session),
+        };
+        let (agent, tenant) = (self.agent.clone(), r.tenant.clone());
+        blocking(move || {
+            agent.change_persisted(|state| {
+                agent.set_tenant_limits(
+                    &tenant,
+                    limits.max_sessions,
+                    limits.max_handles_per_session,
+                    limits.max_regions_per_session,
+                )?;
+                state.record_limits(&agent.config.tenants, &tenant, limits, now_unix_s());
+                Ok(())
+            })
+        })
+        .await?;
         tracing::info!(tenant = %r.tenant, r.max_sessions, r.max_handles_per_session, r.max_regions_per_session, "limits changed");
         Ok(Response::new(pb::SetLimitsResponse {}))
     }
@@ -299,8 +394,23 @@ impl pb::admin_server::Admin for AdminService {
             return Err(Error::invalid("new_key_file", "name the file holding the new key").into());
         }
         let agent = self.agent.clone();
-        let (tenant, file) = (req.tenant.clone(), PathBuf::from(&req.new_key_file));
-        let r = blocking(move || agent.rotate_key(&tenant, &file)).await?;
+        // Absolute, as the state file records it: the agent's working directory may differ at the next start.
+        let file = std::path::absolute(PathBuf::from(&req.new_key_file))
+            .map_err(|e| Error::invalid("new_key_file", format!("{:?}: {e}", req.new_key_file)))?;
+        let tenant = req.tenant.clone();
+        let r = blocking(move || {
+            agent.change_persisted(|state| {
+                let before = agent.current_key_version(&tenant);
+                let outcome = agent.rotate_key(&tenant, &file);
+                // Also when re-wrapping failed half-way: the new version is current and
+                // wraps the files written since, so the next start must have it.
+                if let Some(version) = agent.current_key_version(&tenant).filter(|v| Some(*v) != before) {
+                    state.record_key(&agent.config.tenants, &tenant, version, &file, now_unix_s());
+                }
+                outcome
+            })
+        })
+        .await?;
         tracing::info!(tenant = %req.tenant, old = r.old_version, new = r.new_version, rewrapped = r.report.rewrapped, failed = r.report.failed, "key rotated");
         Ok(Response::new(pb::RotateKeyResponse {
             old_version: r.old_version,

@@ -2,11 +2,11 @@
 //! them while the agent runs ([`Agent::rotate_key`], [`Agent::key_status`]).
 //!
 //! The key source of each tenant is a [`RotatingKeySource`]: the versions from the
-//! config, plus any a rotation adds. A rotated-in version lives as long as the agent
-//! process: add it to the tenant's `keys` in the config too (with the version the
-//! rotation reports) before the next restart, or files re-wrapped under it will not
-//! open after the restart. The key bytes never leave the key source: nothing here
-//! logs or returns them.
+//! config, plus any a rotation adds. The admin service records a rotated-in version
+//! (its number and the path of its file, never its bytes) in the state file
+//! ([`crate::persist`]), so the next start adds it again and keeps it current; the key
+//! file must stay where it is, mode 0600. The key bytes never leave the key source:
+//! nothing here logs or returns them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -99,7 +99,7 @@ impl Agent {
             already_new = r.already_new,
             other_version = r.other_version,
             failed = r.failed,
-            "key rotated: add the new version to the tenant's keys in the config before the next restart"
+            "key rotated"
         );
         Ok(KeyRotation {
             tenant: tenant.to_owned(),
@@ -121,6 +121,13 @@ impl Agent {
         let current_version = running.key_version();
         let status = running.key_status()?;
         Ok(TenantKeys { tenant: tenant.to_owned(), current_version, versions, status })
+    }
+
+    /// The version that wraps the tenant's new files now (`None`: not encrypted, or
+    /// not a tenant).
+    pub fn current_key_version(&self, tenant: &str) -> Option<u32> {
+        let container = lock(&self.tenants).get(tenant).map(|t| t.container.clone())?;
+        lock(&self.encryption).get(&container).filter(|s| s.tenant == tenant).map(|s| s.key_version)
     }
 
     /// The tenant's container name and its running encrypted wrapper.

@@ -15,6 +15,8 @@
 //!   engine thread that drives it, which owns what it serves each session from
 //!   (handles, peer, regions, rings: [`dataplane::sessions`]) and sees the agent only
 //!   through [`dataplane::sessions::AgentView`];
+//! - the changes made with `dpuctl` that persist, and how they merge with the config
+//!   at start ([`persist`]: the rules without I/O, and the state file's adapter);
 //! - state and policy: tenants, sessions and their rights ([`state`]); what starting
 //!   and stopping can fail with ([`serve_error`]);
 //! - on state: namespace policy ([`namespace`]), the tenants' keys ([`keys`]), TLS and
@@ -43,6 +45,7 @@ pub mod error;
 pub mod keys;
 pub mod metrics;
 pub mod namespace;
+pub mod persist;
 pub mod qos;
 mod runtime;
 pub mod serve_error;

@@ -22,6 +22,12 @@ pub enum ServeError {
         #[source]
         source: dpuio_crypto::Error,
     },
+    /// The state file (what `dpuctl` changed) could not be read or is not usable.
+    #[error("{0}")]
+    State(Box<crate::persist::store::StateError>),
+    /// A key version rotated in with `dpuctl` and recorded in the state file cannot be read.
+    #[error("{0}")]
+    PersistedKey(Box<PersistedKeyError>),
     #[error("cannot prepare the tenants' containers: {0}")]
     Containers(#[source] crate::error::Error),
     #[error("cannot listen on {addr}: {source} (is another agent running there? pick another --listen address)")]
@@ -53,4 +59,27 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<crate::persist::store::StateError> for ServeError {
+    fn from(e: crate::persist::store::StateError) -> Self {
+        ServeError::State(Box::new(e)) // boxed: every start-up result carries a ServeError
+    }
+}
+
+/// A key version rotated in with `dpuctl`, recorded in the state file, whose file cannot
+/// be used at start.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "tenant {tenant}: key version {version} was rotated in with dpuctl and is recorded in the state file {state_file}, \
+     but its file cannot be used: {source}; files wrapped under it need it: restore {file} (mode 0600), \
+     or name the key in the tenant's [tenants.encryption] keys"
+)]
+pub struct PersistedKeyError {
+    pub tenant: String,
+    pub version: u32,
+    pub file: String,
+    pub state_file: String,
+    #[source]
+    pub source: dpuio_crypto::Error,
 }

@@ -47,16 +47,18 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
         }
     };
     let data_plane = config.data_plane.clone();
-    let tenants = config.tenants.clone();
     let token_dir = config.data_dir.join("tokens");
-    let mut agent = Agent::new(config, backend);
+    let (store, merged) = persisted_settings(&config)?;
+    let mut agent = Agent::with_tenants(config, merged.tenants.clone(), backend);
+    agent.set_persisted(store);
     agent.tokens = dpuio_auth::token::TokenAuthority::load_or_create(&token_dir)
         .map_err(|e| ServeError::Tls(format!("capability token key in {}: {e}", token_dir.display())))?;
     let agent = Arc::new(agent);
     let weak = Arc::downgrade(&agent);
     let gauges: std::sync::Weak<dyn Gauges> = weak;
     agent.metrics.register_gauges(gauges);
-    for tenant in &tenants {
+    // Tenants removed with dpuctl too: `dpuctl tenant add` may bring them back, encrypted.
+    for tenant in merged.tenants.iter().chain(&merged.removed) {
         if let Some(enc) = &tenant.encryption {
             agent.set_encryption(
                 &tenant.container,
@@ -82,6 +84,46 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
         agent.set_dataplane(dp);
     }
     Ok(agent)
+}
+
+/// The state file of `config`'s data directory, merged with the config's tenants
+/// ([`crate::persist::merge`]): what was dropped from it is logged, and it is rewritten
+/// without those records. The key files it names are checked here, so that a missing
+/// one is reported as the state file's.
+fn persisted_settings(config: &Config) -> Result<(crate::persist::store::Store, crate::persist::Merged), ServeError> {
+    use crate::persist::{NoteKind, store};
+    let path = crate::persist::state_file(&config.data_dir);
+    let persisted = store::load(&path)?;
+    let merged = crate::persist::merge(&config.tenants, &persisted);
+    for note in &merged.notes {
+        match note.kind {
+            NoteKind::Superseded => tracing::warn!(state_file = %path.display(), "{note}"),
+            NoteKind::Redundant => tracing::info!(state_file = %path.display(), "{note}"),
+        }
+    }
+    for (name, record) in &merged.state.tenants {
+        for key in &record.keys {
+            let mut probe = dpuio_crypto::FileKeySource::new();
+            probe.add_key_file(name, key.version, &key.file).map_err(|source| {
+                ServeError::PersistedKey(Box::new(crate::serve_error::PersistedKeyError {
+                    tenant: name.clone(),
+                    version: key.version,
+                    file: key.file.display().to_string(),
+                    state_file: path.display().to_string(),
+                    source,
+                }))
+            })?;
+        }
+    }
+    let changes = merged.state.tenants.len();
+    let store = store::Store::new(path.clone(), merged.state.clone());
+    if merged.state != persisted {
+        store.save()?;
+    }
+    if changes > 0 {
+        tracing::info!(state_file = %path.display(), tenants = changes, "applied the changes made with dpuctl");
+    }
+    Ok((store, merged))
 }
 
 /// Where a started agent listens, for [`serve`]'s caller to report.

@@ -43,6 +43,8 @@ pub struct Agent {
     pub metrics: Arc<Metrics>,
     /// Where `GET /metrics` is served, once bound.
     metrics_addr: std::sync::OnceLock<SocketAddr>,
+    /// The state file that keeps what `dpuctl` changes (set once, at start).
+    persisted: std::sync::OnceLock<crate::persist::store::Store>,
 }
 
 /// What a session may do: all of its tenant's container, or what its capability
@@ -120,12 +122,20 @@ const DEFAULT_DELEGATION: Duration = Duration::from_secs(3600);
 const MAX_DELEGATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Agent {
+    /// An agent serving the config's tenants.
     pub fn new(config: Config, backend: Arc<dyn Backend>) -> Agent {
-        let tenants = config.tenants.iter().map(|t| (t.name.clone(), t.clone())).collect();
+        let tenants = config.tenants.clone();
+        Agent::with_tenants(config, tenants, backend)
+    }
+
+    /// An agent serving `tenants` (the config's merged with the state file's changes:
+    /// [`crate::persist::merge`]); `config.tenants` stays what the config file says.
+    pub fn with_tenants(config: Config, tenants: Vec<TenantConfig>, backend: Arc<dyn Backend>) -> Agent {
         let metrics = Arc::new(Metrics::new());
-        for t in &config.tenants {
+        for t in &tenants {
             metrics.tenant(&t.name); // its series exist, at zero, before its first session
         }
+        let tenants = tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
         Agent {
             config,
             backend,
@@ -139,7 +149,38 @@ impl Agent {
             tokens: TokenAuthority::generate(),
             metrics,
             metrics_addr: std::sync::OnceLock::new(),
+            persisted: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Keep what `dpuctl` changes in `store` from now on (once, at start).
+    pub fn set_persisted(&self, store: crate::persist::store::Store) {
+        let _ = self.persisted.set(store);
+    }
+
+    /// The state file, if this agent keeps one (an agent built by hand, as unit tests
+    /// do, has none: its changes last as long as it does).
+    pub fn persisted(&self) -> Option<&crate::persist::store::Store> {
+        self.persisted.get()
+    }
+
+    /// Make a change that persists: `change` applies it and records it in the state;
+    /// see [`crate::persist::store::Store::change`]. Without a state file the record
+    /// goes nowhere.
+    pub fn change_persisted<T>(
+        &self,
+        change: impl FnOnce(&mut crate::persist::PersistedState) -> Result<T>,
+    ) -> Result<T> {
+        match self.persisted() {
+            Some(store) => store.change(change),
+            None => change(&mut crate::persist::PersistedState::default()),
+        }
+    }
+
+    /// Where each tenant's settings came from, for `dpuctl status`.
+    pub fn setting_origins(&self) -> Vec<crate::persist::TenantOrigins> {
+        let state = self.persisted().map(|s| s.state()).unwrap_or_default();
+        crate::persist::origins(&self.config.tenants, &state, &self.tenant_list())
     }
 
     /// The session limits of `tenant` now: its own where set, else `[limits]`'s.

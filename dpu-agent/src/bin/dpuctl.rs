@@ -27,7 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Version, backend, uptime, sessions, tenants.
+    /// Version, backend, uptime, sessions, tenants, and where each tenant's settings
+    /// came from (the config file, or dpuctl and when).
     Status,
     /// Attached sessions.
     Sessions {
@@ -35,7 +36,8 @@ enum Command {
         #[arg(long)]
         tenant: Option<String>,
     },
-    /// Tenants: list, add, rm, set-qos (changes last until the agent restarts).
+    /// Tenants: list, add, rm, set-qos, set-limits (changes are kept in the agent's state
+    /// file and applied at its next start; see docs/config.md).
     #[command(subcommand)]
     Tenant(TenantCommand),
     /// Client certificates from the agent's development CA.
@@ -133,7 +135,8 @@ enum TenantCommand {
         #[command(flatten)]
         qos: QosArgs,
     },
-    /// Remove a tenant: its sessions are detached at once; its data stays on disk.
+    /// Remove a tenant: its sessions are detached at once; its data stays on disk. A
+    /// tenant of the config file stays removed across restarts until `tenant add` brings it back.
     Rm { name: String },
     /// Change a tenant's QoS now (unset values become unlimited / default).
     SetQos {
@@ -299,6 +302,31 @@ fn qos_line(q: Option<&pb::Qos>) -> String {
     )
 }
 
+/// `config`, or `dpuctl 2026-11-25 10:00:00 UTC`.
+fn origin(o: Option<&pb::Origin>) -> String {
+    match o {
+        Some(o) if o.source == "dpuctl" => format!("dpuctl {}", utc(o.changed_unix_s)),
+        Some(o) => o.source.clone(),
+        None => "-".to_owned(),
+    }
+}
+
+/// Unix seconds as `YYYY-MM-DD HH:MM:SS UTC` (the proleptic Gregorian calendar).
+fn utc(unix_s: i64) -> String {
+    let (days, secs) = (unix_s.div_euclid(86_400), unix_s.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", secs / 3600, secs % 3600 / 60, secs % 60)
+}
+
 fn write_bundle(out: &Path, issued: &pb::IssueCertResponse) -> Result<(), String> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let fail = |what: &Path, e: std::io::Error| format!("cannot write {}: {e}", what.display());
@@ -334,6 +362,7 @@ async fn run(socket: &Path, command: Command) -> Result<(), String> {
             println!("tenants   {}", s.tenants);
             println!("draining  {}", s.draining);
             println!("metrics   {}", if s.metrics_listen.is_empty() { "off" } else { &s.metrics_listen });
+            println!("state     {}", if s.state_file.is_empty() { "none" } else { &s.state_file });
             if !s.tenant_figures.is_empty() {
                 println!();
                 println!(
@@ -345,6 +374,28 @@ async fn run(socket: &Path, command: Command) -> Result<(), String> {
                 println!(
                     "{:<16}  {:>8}  {:>14}  {:>14}  {:>10}  {:>8}",
                     t.tenant, t.sessions, t.read_bytes, t.written_bytes, t.operations, t.errors
+                );
+            }
+            if !s.origins.is_empty() {
+                println!();
+                println!(
+                    "where settings came from (config: the config file; dpuctl: changed with dpuctl, kept in the state file)"
+                );
+                println!("{:<16}  {:<28}  {:<28}  {:<28}  {:<28}", "tenant", "tenant", "qos", "limits", "key");
+            }
+            for o in &s.origins {
+                if let Some(removed) = &o.removed {
+                    println!("{:<16}  removed by {}", o.tenant, origin(Some(removed)));
+                    continue;
+                }
+                let key = if o.key.is_some() { origin(o.key.as_ref()) } else { "-".to_owned() };
+                println!(
+                    "{:<16}  {:<28}  {:<28}  {:<28}  {:<28}",
+                    o.tenant,
+                    origin(o.entry.as_ref()),
+                    origin(o.qos.as_ref()),
+                    origin(o.limits.as_ref()),
+                    key
                 );
             }
         }
@@ -392,7 +443,7 @@ async fn run(socket: &Path, command: Command) -> Result<(), String> {
                 max_regions_per_session: limits.max_regions_per_session,
             };
             admin.add_tenant(pb::AddTenantRequest { tenant: Some(tenant) }).await.map_err(status("tenant add"))?;
-            println!("added tenant {name} (until the agent restarts: add it to the config file to keep it)");
+            println!("added tenant {name} (kept in the agent's state file across restarts)");
         }
         Command::Tenant(TenantCommand::Rm { name }) => {
             let r = admin
@@ -511,7 +562,15 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, utc};
+
+    #[test]
+    fn times_read_as_utc() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_795_000_000), "2026-11-18 11:06:40 UTC");
+        assert_eq!(utc(-1), "1969-12-31 23:59:59 UTC");
+    }
 
     #[test]
     fn sizes_parse() {
