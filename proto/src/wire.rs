@@ -847,6 +847,21 @@ impl Doorbell {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn ring_windows_refuse_impossible_host_indices_across_the_wrap() {
+        use super::RingWindow;
+        let w = |sq_head, cq_tail, sq_tail, cq_head| RingWindow::check(8, sq_head, cq_tail, sq_tail, cq_head);
+        assert_eq!(w(0, 0, 0, 0), Some(RingWindow { submitted: 0, completion_room: 8 }));
+        assert_eq!(w(10, 10, 18, 4), Some(RingWindow { submitted: 8, completion_room: 2 }));
+        // Counters wrap past u64::MAX.
+        assert_eq!(w(u64::MAX, u64::MAX, 2, u64::MAX - 1), Some(RingWindow { submitted: 3, completion_room: 7 }));
+        // More submitted than the ring holds; a tail behind the head; more unreaped than it holds.
+        assert_eq!(w(10, 10, 19, 10), None);
+        assert_eq!(w(10, 10, 9, 10), None);
+        assert_eq!(w(10, 10, 10, 11), None);
+        assert_eq!(w(10, 20, 10, 11), None);
+    }
+
+    #[test]
     fn doorbells_round_trip_and_reject_junk() {
         use super::Doorbell;
         let bell = Doorbell { session_id: 7, ring_id: 3 };
