@@ -16,6 +16,7 @@ pub mod reason;
 pub mod wire;
 
 /// `dpuio.v1`: messages, clients and servers.
+#[cfg(feature = "grpc")]
 pub mod v1 {
     #![allow(missing_docs, clippy::doc_lazy_continuation, clippy::large_enum_variant)]
     tonic::include_proto!("dpuio.v1");

@@ -83,6 +83,33 @@ pub const fn cqe_offset(entries: u32, index: u64) -> usize {
     SQ_OFFSET + entries as usize * SQE_BYTES + (index & (entries as u64 - 1)) as usize * CQE_BYTES
 }
 
+/// What the host's two indices open on a ring, checked against the agent's own.
+///
+/// `sq_tail` and `cq_head` are written by the host and trusted for nothing: indices
+/// that claim more submissions than the ring holds, or more unreaped completions than
+/// it holds, mean the host broke the ring. All four counters wrap past `u64::MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingWindow {
+    /// Submissions published and not yet taken: `sq_tail - sq_head`, at most `entries`.
+    pub submitted: u64,
+    /// Completion slots free for the agent: `entries - (cq_tail - cq_head)`.
+    pub completion_room: u64,
+}
+
+impl RingWindow {
+    /// The window of a ring of `entries` whose agent stands at `sq_head`/`cq_tail` and
+    /// whose host wrote `sq_tail`/`cq_head`; `None` if the host's indices are impossible.
+    pub fn check(entries: u32, sq_head: u64, cq_tail: u64, sq_tail: u64, cq_head: u64) -> Option<RingWindow> {
+        let entries = u64::from(entries);
+        let submitted = sq_tail.wrapping_sub(sq_head);
+        let unreaped = cq_tail.wrapping_sub(cq_head);
+        if submitted > entries || unreaped > entries {
+            return None;
+        }
+        Some(RingWindow { submitted, completion_room: entries - unreaped })
+    }
+}
+
 /// Why bytes from the host were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -830,6 +857,21 @@ impl Doorbell {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ring_windows_refuse_impossible_host_indices_across_the_wrap() {
+        use super::RingWindow;
+        let w = |sq_head, cq_tail, sq_tail, cq_head| RingWindow::check(8, sq_head, cq_tail, sq_tail, cq_head);
+        assert_eq!(w(0, 0, 0, 0), Some(RingWindow { submitted: 0, completion_room: 8 }));
+        assert_eq!(w(10, 10, 18, 4), Some(RingWindow { submitted: 8, completion_room: 2 }));
+        // Counters wrap past u64::MAX.
+        assert_eq!(w(u64::MAX, u64::MAX, 2, u64::MAX - 1), Some(RingWindow { submitted: 3, completion_room: 7 }));
+        // More submitted than the ring holds; a tail behind the head; more unreaped than it holds.
+        assert_eq!(w(10, 10, 19, 10), None);
+        assert_eq!(w(10, 10, 9, 10), None);
+        assert_eq!(w(10, 10, 10, 11), None);
+        assert_eq!(w(10, 20, 10, 11), None);
+    }
+
     #[test]
     fn doorbells_round_trip_and_reject_junk() {
         use super::Doorbell;

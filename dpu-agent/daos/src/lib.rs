@@ -28,8 +28,11 @@ mod dfs;
 pub mod error;
 mod sys;
 
+// Public for the fuzz targets (fuzz/): a token is bytes from an untrusted host.
+pub use anchor::AnchorKey;
 pub use backend::{DEFAULT_CHUNK_BYTES, DaosBackend, DaosContainer, DaosOptions, OpenError};
 pub use dfs::{DEFAULT_AGENT_SOCKET_DIR, SetupError, default_agent_socket_dir, load_libraries, prefix_from_env};
+pub use sys::{DAOS_ANCHOR_BYTES, daos_anchor_t};
 
 /// Where the libraries are searched for, given `$DPUIO_DAOS_PREFIX` (for messages).
 pub fn library_search_path() -> Vec<String> {

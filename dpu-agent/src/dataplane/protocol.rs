@@ -149,18 +149,16 @@ enum Next {
 impl Cursor {
     /// Serve a ring of `entries` entries whose host published `seen`, for `tenant`.
     pub fn serve(self, entries: u32, seen: HostIndices, tenant: Tenant) -> Serve {
-        let entries = u64::from(entries);
-        let submitted = seen.sq_tail.wrapping_sub(self.sq_head);
-        let unreaped = self.cq_tail.wrapping_sub(seen.cq_head);
-        if submitted > entries || unreaped > entries {
+        let Some(window) = wire::RingWindow::check(entries, self.sq_head, self.cq_tail, seen.sq_tail, seen.cq_head)
+        else {
             return Serve::Broken;
-        }
+        };
         // Take what was submitted, as far as the completion ring and the tenant have room.
         let tenant_room = match tenant {
             Tenant::Direct { room } | Tenant::Queued { room } => u64::from(room),
             Tenant::Removed => RING_BATCH,
         };
-        let take = submitted.min(entries - unreaped).min(RING_BATCH).min(tenant_room);
+        let take = window.submitted.min(window.completion_room).min(RING_BATCH).min(tenant_room);
         if take == 0 {
             return Serve::Idle;
         }
