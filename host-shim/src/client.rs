@@ -529,7 +529,7 @@ impl Client {
         &self.limits
     }
 
-    fn ns(&self) -> NamespaceClient<Channel> {
+    pub(crate) fn ns(&self) -> NamespaceClient<Channel> {
         self.inner.namespace.clone()
     }
 
@@ -862,7 +862,12 @@ impl Client {
     /// Rename; fails if `to` exists.
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.ns()
-            .rename(pb::RenameRequest { session_id: self.session_id(), from: from.to_owned(), to: to.to_owned() })
+            .rename(pb::RenameRequest {
+                session_id: self.session_id(),
+                from: from.to_owned(),
+                to: to.to_owned(),
+                replace: false,
+            })
             .await
             .map_err(|s| Error::from_status(format!("rename {from} to {to}"), s))?;
         Ok(())

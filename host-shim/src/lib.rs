@@ -16,6 +16,7 @@ mod client;
 mod dataplane;
 mod error;
 pub mod posix;
+mod put;
 
 pub use client::{
     Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool, TlsOptions,
@@ -24,6 +25,7 @@ pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredReg
 pub use dpuio_proto::v1::RegionAccess;
 pub use dpuio_proto::wire::{Opcode, Status as IoStatus};
 pub use error::{Error, Result};
+pub use put::{Put, temp_path as put_temp_path};
 
 /// CPU time this process has used so far (all threads: the caller's and the shim's
 /// progress thread), for reporting host CPU per GiB moved.
