@@ -587,6 +587,9 @@ impl Container for TimedContainer {
     fn rename(&self, from: &NsPath, to: &NsPath) -> dpuio_backend::Result<()> {
         timed(&self.times.rename, || self.inner.rename(from, to))
     }
+    fn replace(&self, from: &NsPath, to: &NsPath) -> dpuio_backend::Result<()> {
+        timed(&self.times.rename, || self.inner.replace(from, to))
+    }
     fn truncate(&self, path: &NsPath, size: u64) -> dpuio_backend::Result<()> {
         timed(&self.times.truncate, || self.inner.truncate(path, size))
     }

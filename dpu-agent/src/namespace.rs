@@ -195,13 +195,36 @@ pub fn remove(session: &Session, raw: &str, recursive: bool) -> Result<()> {
     Ok(container.remove(&p, recursive)?)
 }
 
-/// Rename `from` to `to`: Delete on the old name, Create on the new one.
-pub fn rename(session: &Session, from: &str, to: &str) -> Result<()> {
+/// Rename `from` to `to`: Delete on the old name, Create on the new one. With
+/// `replace`, a file at `to` is replaced in one step (see [`replace_rights`]).
+pub fn rename(session: &Session, from: &str, to: &str, replace: bool) -> Result<()> {
     let container = session.container()?;
     let (from, to) = (path("from", from)?, path("to", to)?);
-    session.rights.check(Op::Delete, &from)?;
-    session.rights.check(Op::Create, &to)?;
-    Ok(container.rename(&from, &to)?)
+    if !replace {
+        session.rights.check(Op::Delete, &from)?;
+        session.rights.check(Op::Create, &to)?;
+        return Ok(container.rename(&from, &to)?);
+    }
+    for (op, p) in replace_rights(&from, &to) {
+        session.rights.check(op, p)?;
+    }
+    Ok(container.replace(&from, &to)?)
+}
+
+/// What a replacing rename of `from` onto `to` needs, in the order checked.
+///
+/// Replacing `to` destroys its contents, which only a session that may create and
+/// write `to` could do anyway (a create truncates): so Create and Write on `to`. The
+/// source name goes away, which is a Delete of it; except when `from` is a whole-file
+/// put's temporary file of `to` (`.NAME.dpuio-put.SUFFIX` beside NAME,
+/// [`dpuio_proto::put`]): a put needs no more than Create and Write on NAME, and its
+/// temporary file only ever ends as NAME, so Write on it suffices (it was created with
+/// Create and Write). Nothing here is wider than a put that truncates and rewrites
+/// NAME in place, which those rights already allow.
+pub fn replace_rights<'p>(from: &'p NsPath, to: &'p NsPath) -> [(Op, &'p NsPath); 3] {
+    let put_temp = from.parent() == to.parent()
+        && matches!((from.file_name(), to.file_name()), (Some(f), Some(t)) if dpuio_proto::put::is_temp_of(f, t));
+    [(Op::Create, to), (Op::Write, to), (if put_temp { Op::Write } else { Op::Delete }, from)]
 }
 
 /// Set the size of the file at `raw` (needs Write).
@@ -273,5 +296,28 @@ impl meta::Namespace for Agent {
                 Reply::Dir { entries, anchor }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replacing_rename_needs_what_a_put_in_place_needs() {
+        let p = |s: &str| NsPath::parse(s).unwrap();
+        let (temp, target) = (p("/d/.model.pt.dpuio-put.1a2b"), p("/d/model.pt"));
+        let ops: Vec<String> = replace_rights(&temp, &target).iter().map(|(op, path)| format!("{op} {path}")).collect();
+        assert_eq!(
+            ops,
+            ["create /d/model.pt", "write /d/model.pt", "write /d/.model.pt.dpuio-put.1a2b"],
+            "a put's temporary file is published with the rights of a put"
+        );
+        // Anything else moved over a file is a Delete of its old name, as a rename is.
+        for from in ["/d/other", "/e/.model.pt.dpuio-put.1a2b", "/d/.model.pt.dpuio-put.", "/d/.other.dpuio-put.1"] {
+            let from = p(from);
+            let [_, _, (op, path)] = replace_rights(&from, &target);
+            assert_eq!((op, path.to_string()), (Op::Delete, from.to_string()));
+        }
     }
 }

@@ -372,7 +372,11 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
         let metrics = session.io.metrics.clone();
-        counted(&metrics, Op::Rename, blocking(move || namespace::rename(&session, &req.from, &req.to)).await)?;
+        counted(
+            &metrics,
+            Op::Rename,
+            blocking(move || namespace::rename(&session, &req.from, &req.to, req.replace)).await,
+        )?;
         Ok(Response::new(pb::RenameResponse {}))
     }
 

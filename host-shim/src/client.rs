@@ -531,7 +531,7 @@ impl Client {
     /// for the next word from the agent (the client attaches again in the meantime
     /// where it must) and send it again, for as long as the resume options allow.
     /// `idempotent` calls are also sent again after a connection lost mid-call.
-    async fn call<T, F, Fut>(&self, op: &str, idempotent: bool, f: F) -> Result<T>
+    pub(crate) async fn call<T, F, Fut>(&self, op: &str, idempotent: bool, f: F) -> Result<T>
     where
         F: Fn(u64) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
@@ -573,7 +573,7 @@ impl Client {
         &self.limits
     }
 
-    fn ns(&self) -> NamespaceClient<Channel> {
+    pub(crate) fn ns(&self) -> NamespaceClient<Channel> {
         self.inner.namespace.clone()
     }
 
@@ -904,7 +904,7 @@ impl Client {
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.call(&format!("rename {from} to {to}"), false, |session_id| {
             let mut ns = self.ns();
-            let request = pb::RenameRequest { session_id, from: from.to_owned(), to: to.to_owned() };
+            let request = pb::RenameRequest { session_id, from: from.to_owned(), to: to.to_owned(), replace: false };
             async move { ns.rename(request).await }
         })
         .await?;

@@ -17,6 +17,7 @@ mod client;
 mod dataplane;
 mod error;
 pub mod posix;
+mod put;
 pub mod resume;
 
 pub use client::{
@@ -26,6 +27,7 @@ pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredReg
 pub use dpuio_proto::v1::RegionAccess;
 pub use dpuio_proto::wire::{Opcode, Status as IoStatus};
 pub use error::{Error, Result};
+pub use put::{Put, temp_path as put_temp_path};
 pub use resume::ResumeOptions;
 
 /// CPU time this process has used so far (all threads: the caller's and the shim's

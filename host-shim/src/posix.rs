@@ -418,9 +418,11 @@ impl Mount {
         self.call(client.remove(path, false))
     }
 
-    /// Rename, replacing a file at `to` as `rename(2)` does. The agent refuses to
-    /// replace, so this removes `to` first: not atomic (a reader may briefly see no
-    /// `to`), which write-then-rename savers tolerate.
+    /// Rename, replacing a file at `to` as `rename(2)` does: a file over a file in one
+    /// step (the agent's replacing rename), so write-then-rename savers get what they
+    /// expect. A directory over an empty directory, or a session whose token allows
+    /// delete but not write on `to`, removes `to` first: not atomic (a reader may
+    /// briefly see no `to`).
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
         let client = self.session.client()?;
         match self.call(client.rename(from, to)) {
@@ -431,6 +433,12 @@ impl Mount {
                         rustix::io::Errno::ISDIR,
                         format!("rename {from} to {to}: {to} is a directory"),
                     ));
+                }
+                if source.kind == EntryKind::File && target.kind == EntryKind::File {
+                    match self.call(client.rename_replace(from, to)) {
+                        Err(e) if e.errno == rustix::io::Errno::ACCESS.raw_os_error() => {}
+                        other => return other,
+                    }
                 }
                 self.call(client.remove(to, false))?;
                 self.call(client.rename(from, to))

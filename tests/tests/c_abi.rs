@@ -307,6 +307,32 @@ int main(void) {
     OK(dpuio_open(c, "/work/a/h.bin", DPUIO_O_CREAT | DPUIO_O_TRUNC, &h));
     EXPECT(dpuio_rename(c, "/work/a/g.bin", "/work/a/h.bin"), DPUIO_E_ALREADY_EXISTS, "h.bin");
 
+    /* A whole-file put replaces g.bin (1.25 MiB) with 3 bytes in one step, and leaves
+       no temporary file; a put of nothing empties it; bad arguments are refused. */
+    OK(dpuio_put(c, "/work/a/g.bin", "abc", 3));
+    OK(dpuio_stat(c, "/work/a/g.bin", &a));
+    CHECK(a.size == 3);
+    dpuio_file *g = NULL;
+    uint64_t gn = 0;
+    OK(dpuio_open(c, "/work/a/g.bin", DPUIO_O_RDONLY, &g));
+    OK(dpuio_pread(g, r, 0, 16, 0, &gn));
+    CHECK(gn == 3 && memcmp(dpuio_region_ptr(r), "abc", 3) == 0);
+    OK(dpuio_close(g));
+    OK(dpuio_put(c, "/work/a/new.bin", NULL, 0));
+    OK(dpuio_stat(c, "/work/a/new.bin", &a));
+    CHECK(a.size == 0);
+    EXPECT(dpuio_put(c, "/work/a/g.bin", NULL, 5), DPUIO_E_INVALID_ARGUMENT, "data is NULL but len is 5");
+    EXPECT(dpuio_put(c, "/work/a/", "x", 1), DPUIO_E_INVALID_ARGUMENT, "needs a file name");
+    EXPECT(dpuio_put(c, "/nodir/x", "x", 1), DPUIO_E_NOT_FOUND, "nodir");
+    int entries = 0;
+    OK(dpuio_dir_open(c, "/work/a", 0, &d));
+    while (dpuio_dir_next(d, &e) == 1) {
+        CHECK(strstr(e.name, ".dpuio-put.") == NULL);
+        entries++;
+    }
+    OK(dpuio_dir_close(d));
+    CHECK(entries == 3); /* g.bin, h.bin, new.bin */
+
     /* Used after destroy: refused by the handle registry. */
     OK(dpuio_region_destroy(w));
     EXPECT(dpuio_region_destroy(w), DPUIO_E_INVALID_ARGUMENT, "not a live region handle");

@@ -307,6 +307,45 @@ async fn a_delegated_token_never_does_more_than_its_parent() {
     assert_eq!(code(parent.delegate("/../etc", &[], 0).await), Code::InvalidArgument);
 }
 
+/// A whole-file put needs create and write in the target's directory and nothing more:
+/// a token without delete publishes its temporary file, a read-only one is refused
+/// before anything is written, and the replacing rename of anything but a put's own
+/// temporary file still needs delete on the source.
+#[tokio::test]
+async fn a_put_needs_the_rights_of_a_put_and_no_more() {
+    let s = start_two_tenants("ten-put");
+    let parent = s.client("a").await;
+    parent.mkdir("/data", false).await.unwrap();
+    parent.put_bytes("/data/model", b"old").await.unwrap();
+    parent.put_bytes("/data/other", b"other").await.unwrap();
+
+    let (writer, _) = parent.delegate("/data", &["create".into(), "write".into(), "read".into()], 60).await.unwrap();
+    let writer = Client::connect(ConnectOptions { capability_token: writer, ..s.options("a") }).await.unwrap();
+    assert_eq!(writer.put_bytes("/data/model", b"new contents").await.unwrap(), 12);
+    assert_eq!(parent.read_file("/data/model").unwrap(), b"new contents");
+    let names: Vec<String> = parent.readdir("/data").await.unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["model", "other"], "no temporary file is left");
+    // The exception is for a put's own temporary file only.
+    assert_eq!(code(writer.rename_replace("/data/other", "/data/model").await), Code::PermissionDenied);
+    let stray = ".other.dpuio-put.0123";
+    writer.create(&format!("/data/{stray}"), true).await.unwrap().close().await.unwrap();
+    assert_eq!(code(writer.rename_replace(&format!("/data/{stray}"), "/data/model").await), Code::PermissionDenied);
+    parent.remove(&format!("/data/{stray}"), false).await.unwrap();
+    assert_eq!(parent.read_file("/data/model").unwrap(), b"new contents");
+
+    let (reader, _) = parent.delegate("/data", &["read".into()], 60).await.unwrap();
+    let reader = Client::connect(ConnectOptions { capability_token: reader, ..s.options("a") }).await.unwrap();
+    let e = reader.put_bytes("/data/model", b"x").await.expect_err("a read-only token put a file");
+    assert_eq!(e.code(), Some(Code::PermissionDenied), "{e}");
+    assert!(e.to_string().contains("create its temporary file"), "{e}");
+    // A token scoped to the file alone does not reach the temporary name beside it.
+    let (single, _) = parent.delegate("/data/model", &[], 60).await.unwrap();
+    let single = Client::connect(ConnectOptions { capability_token: single, ..s.options("a") }).await.unwrap();
+    let e = single.put_bytes("/data/model", b"x").await.expect_err("a put outside the token's prefix");
+    assert!(e.to_string().contains("needs create and write in the directory of /data/model"), "{e}");
+    assert_eq!(parent.read_file("/data/model").unwrap(), b"new contents");
+}
+
 #[tokio::test]
 async fn removing_a_tenant_detaches_its_sessions_and_keeps_its_data() {
     let s = start_two_tenants("ten-remove");

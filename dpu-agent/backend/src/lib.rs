@@ -302,6 +302,12 @@ pub trait Container: Send + Sync {
     fn remove(&self, path: &NsPath, recursive: bool) -> Result<()>;
     /// Rename an entry; fails with [`Error::AlreadyExists`] if `to` exists.
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()>;
+    /// Rename the file `from` to `to`, replacing a file at `to` in one step: a reader (or
+    /// a restart after a crash) finds the old file or the new one at `to`, never neither
+    /// and never a mix. This is how a whole-file put publishes its temporary file. `from`
+    /// must be a file ([`Error::IsADirectory`] otherwise) and so must `to` if it exists.
+    /// The change is durable after the next [`Container::sync`].
+    fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()>;
     /// Set a file's size by path.
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()>;
     /// Make every acknowledged change in the container durable.

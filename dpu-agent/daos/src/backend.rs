@@ -432,6 +432,40 @@ impl Container for DaosContainer {
         self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name).map_err(|e| map(from.as_str(), e))
     }
 
+    fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
+        let invalid = |reason: &str| Error::InvalidRename {
+            from: from.to_string(),
+            to: to.to_string(),
+            reason: reason.to_owned(),
+        };
+        if from.is_root() || to.is_root() {
+            return Err(invalid("the container root cannot be renamed or replaced"));
+        }
+        if from == to {
+            return Err(invalid("a file cannot replace itself"));
+        }
+        let (src_parent, src_name) = self.parent(from)?;
+        let (dst_parent, dst_name) = self.parent(to)?;
+        match self.probe(src_parent.as_ref(), src_name, from)? {
+            None => return Err(Error::NotFound { path: from.to_string() }),
+            Some(st) if kind_of(from.as_str(), &st)? != EntryKind::File => {
+                return Err(Error::IsADirectory { path: from.to_string() });
+            }
+            Some(_) => {}
+        }
+        if let Some(st) = self.probe(dst_parent.as_ref(), dst_name, to)?
+            && kind_of(to.as_str(), &st)? != EntryKind::File
+        {
+            return Err(Error::IsADirectory { path: to.to_string() });
+        }
+        // dfs_move replaces an existing entry: it removes the old entry (and punches its
+        // object), then inserts the moved one. With DFS_USE_DTX=1 in the agent's
+        // environment both happen in one DAOS transaction; without it a crash between
+        // the two leaves no entry at `to` (the new data stays under `from`): see
+        // docs/daos.md.
+        self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name).map_err(|e| map(from.as_str(), e))
+    }
+
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
         let object = self.open_object(path, OpenOptions { write: true, ..OpenOptions::default() }, 0)?;
         object.truncate(size)

@@ -197,6 +197,12 @@ impl Container for EncryptedContainer {
         self.core.inner.rename(from, to)
     }
 
+    fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
+        // As for rename: the header binds the file id, not the path, and the file keeps
+        // its header, key version and nonce state; the replaced file's go with it.
+        self.core.inner.replace(from, to)
+    }
+
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
         let options = OpenOptions { write: true, truncate: size == 0, ..OpenOptions::default() };
         let object = self.open(path, options, 0)?;

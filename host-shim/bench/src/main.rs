@@ -5,7 +5,8 @@
 //! over DAOS), interleaved, and report throughput, latency and CPU per GiB (`plot` draws
 //! them); `qos` measures tenant isolation on one agent, starting its own with
 //! `--agent-bin` through `dpuio-harness`, as the end-to-end tests do; `crypto` measures
-//! the agent's ciphers against `openssl speed`.
+//! the agent's ciphers against `openssl speed`; `soak` runs a mixed workload of three
+//! tenants on an agent of its own for minutes and watches its memory, fds and regions.
 //!
 //! A program of its own rather than part of the `dpuio` command, so that the host
 //! library and the CLI do not carry plotting, progress bars, libdfs and the agent's
@@ -20,6 +21,7 @@ mod dlio;
 mod fuse_path;
 mod plot;
 mod qos;
+mod soak;
 mod workloads;
 
 use std::process::ExitCode;

@@ -25,8 +25,8 @@ use crate::workloads::{BenchArgs, parse_bytes};
 /// Options of `dpuio bench qos`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct QosArgs {
-    /// qos: start this dpu-agent binary with a generated two-tenant config instead of
-    /// using --agent.
+    /// qos, soak: start this dpu-agent binary with a generated config (qos: two tenants,
+    /// instead of using --agent; soak: three, one encrypted; soak needs it).
     #[arg(long)]
     pub agent_bin: Option<PathBuf>,
     /// qos: tenant A's bytes per second (the limit written into the generated config,

@@ -96,6 +96,9 @@ pub enum Workload {
     /// Two tenants: a rate-limited one loading the agent, an unlimited one measuring
     /// latency (run on its own; see `qos.rs`).
     Qos,
+    /// Three tenants (one encrypted) in a mixed loop for `--minutes`, sampling the
+    /// agent's RSS, fds and regions (run on its own with `--agent-bin`; see `soak.rs`).
+    Soak,
 }
 
 impl Workload {
@@ -108,6 +111,7 @@ impl Workload {
             Workload::Unet3d => "unet3d",
             Workload::Checkpoint => "checkpoint",
             Workload::Qos => "qos",
+            Workload::Soak => "soak",
         }
     }
 }
@@ -179,6 +183,8 @@ pub struct BenchArgs {
     pub checkpoint_bytes: u64,
     #[command(flatten)]
     pub qos: crate::qos::QosArgs,
+    #[command(flatten)]
+    pub soak: crate::soak::SoakArgs,
 }
 
 /// One measured cell.
@@ -298,6 +304,14 @@ impl Setup {
 }
 
 pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<()> {
+    if args.workloads.contains(&Workload::Soak) {
+        if args.workloads.len() > 1 {
+            return Err(bench_error(
+                "soak starts an agent of its own: run it alone (dpuio bench soak --agent-bin ...)",
+            ));
+        }
+        return crate::soak::run(options, &args.soak, args.qos.agent_bin.as_ref()).await;
+    }
     if args.workloads.contains(&Workload::Qos) {
         if args.workloads.len() > 1 {
             return Err(bench_error("qos attaches as two tenants of its own: run it alone (dpuio bench qos)"));
@@ -374,6 +388,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             Workload::Unet3d => crate::dlio::unet3d(&setup, &args.unet3d).await?,
             Workload::Checkpoint => checkpoint(&setup, args.checkpoint_bytes).await?,
             Workload::Qos => return Err(bench_error("qos runs on its own")), // handled above
+            Workload::Soak => return Err(bench_error("soak runs on its own")), // handled above
         };
         report(&figures, &args);
         all.extend(figures);

@@ -486,6 +486,20 @@ int dpuio_remove(const struct dpuio_client *client, const char *path, uint32_t f
 int dpuio_rename(const struct dpuio_client *client, const char *from, const char *to);
 
 /**
+ * Replace the file at `path` with the `len` bytes at `data` in one step, as an object
+ * store's put does: the bytes go to a temporary file beside it
+ * (`.NAME.dpuio-put.SUFFIX`), made durable, then renamed over `path`, and the container
+ * is synced. Once this returns 0 the new file is durable; if it fails or the process
+ * or agent dies first, `path` is still the old file (a temporary file may be left,
+ * which nothing reads). Needs create and write on `path`'s directory.
+ *
+ * # Safety
+ * `client` a live client; `path` a NUL-terminated string; `data` `len` readable bytes
+ * (or NULL when `len` is 0).
+ */
+int dpuio_put(const struct dpuio_client *client, const char *path, const void *data, size_t len);
+
+/**
  * Set the size of the file at `path`.
  *
  * # Safety

@@ -768,6 +768,39 @@ pub unsafe extern "C" fn dpuio_rename(client: *const dpuio_client, from: *const 
     })
 }
 
+/// Replace the file at `path` with the `len` bytes at `data` in one step, as an object
+/// store's put does: the bytes go to a temporary file beside it
+/// (`.NAME.dpuio-put.SUFFIX`), made durable, then renamed over `path`, and the container
+/// is synced. Once this returns 0 the new file is durable; if it fails or the process
+/// or agent dies first, `path` is still the old file (a temporary file may be left,
+/// which nothing reads). Needs create and write on `path`'s directory.
+///
+/// # Safety
+/// `client` a live client; `path` a NUL-terminated string; `data` `len` readable bytes
+/// (or NULL when `len` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dpuio_put(
+    client: *const dpuio_client,
+    path: *const c_char,
+    data: *const c_void,
+    len: usize,
+) -> c_int {
+    ffi("dpuio_put", || {
+        // SAFETY: see the header's rules.
+        let (c, path) = unsafe { (handles::get(client)?, text(path, "path")?) };
+        let bytes: &[u8] = match (data.is_null(), len) {
+            (_, 0) => &[],
+            (true, _) => return Err(Failure::invalid(format!("data is NULL but len is {len}"))),
+            // SAFETY: the caller promises `len` readable bytes at `data` for this call;
+            // nothing else holds them mutably while it runs.
+            (false, _) => unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) },
+        };
+        let inner = c.session.client()?;
+        c.session.run(inner.put_bytes(path, bytes))??;
+        Ok(0)
+    })
+}
+
 /// Set the size of the file at `path`.
 ///
 /// # Safety

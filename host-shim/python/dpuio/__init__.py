@@ -545,9 +545,11 @@ class Client:
         """Remove a file or an empty directory; ``recursive`` removes a whole tree."""
         self._ctl().remove(path, recursive)
 
-    def rename(self, src, dst):
-        """Rename; fails with :class:`dpuio.AlreadyExists` if ``dst`` exists."""
-        self._ctl().rename(src, dst)
+    def rename(self, src, dst, replace=False):
+        """Rename; fails with :class:`dpuio.AlreadyExists` if ``dst`` exists, unless
+        ``replace``: then a file at ``dst`` is replaced in one step (``src`` and ``dst``
+        must be files)."""
+        self._ctl().rename(src, dst, replace)
 
     def truncate(self, path, size):
         self._ctl().truncate(path, size)
@@ -627,18 +629,36 @@ class Client:
         return RegionFile(r, n, on_close=lambda: cache.release(r))
 
     def write_bytes(self, path, data, sync=False):
-        """Create (or replace the contents of) ``path`` with ``data``."""
+        """Replace ``path`` with ``data`` in one step, as an object store's put does:
+        the bytes go to a temporary file beside it (``.NAME.dpuio-put.SUFFIX``), made
+        durable, then renamed over ``path``. An interrupted call leaves the old file
+        whole (and perhaps the temporary file, which nothing reads). ``sync`` also makes
+        the new directory entry durable before returning (a container-wide sync):
+        without it, the new file survives a restart of the agent but not necessarily a
+        power loss of the DPU."""
         data = memoryview(data).cast("B")
-        with self.open(path, "w") as f:
-            if len(data):
-                cache = self._regions()
-                r = cache.acquire(len(data))
-                try:
-                    with memoryview(r) as view:
-                        view[: len(data)] = data
-                    f.write_from(r, 0, length=len(data), sync=sync)
-                finally:
-                    cache.release(r)
+        temp = _native.Session.put_temp_path(path)
+        try:
+            with self.open(temp, "x") as f:
+                if len(data):
+                    cache = self._regions()
+                    r = cache.acquire(len(data))
+                    try:
+                        with memoryview(r) as view:
+                            view[: len(data)] = data
+                        f.write_from(r, 0, length=len(data))
+                    finally:
+                        cache.release(r)
+            # durable once closed; now in place in one step
+            self._ctl().rename(temp, path, True)
+        except BaseException:
+            try:
+                self._ctl().remove(temp)
+            except Error:
+                pass  # never created, or no delete right: the put's own error matters
+            raise
+        if sync:
+            self._ctl().sync()
         return len(data)
 
 

@@ -19,10 +19,9 @@ import io
 import os
 import random
 import threading
-import uuid
 from collections import OrderedDict, deque
 
-from . import Client, _seek_position
+from . import Client, _native, _seek_position
 from ._errors import Closed, Error, InvalidArgument, TransformError
 
 __all__ = [
@@ -326,8 +325,8 @@ class CheckpointWriter(io.RawIOBase):
         super().__init__()
         self.client = client
         self.path = path
-        directory, name = path.rsplit("/", 1)
-        self.temp_path = f"{directory or ''}/.{name}.partial-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        # A whole-file put's temporary name: published with the rights of a put.
+        self.temp_path = _native.Session.put_temp_path(path)
         self.chunk_bytes = chunk_bytes
         self._file = client.open(self.temp_path, "x")
         self._free = deque(client.region(chunk_bytes, "r") for _ in range(chunks_in_flight))
@@ -413,16 +412,9 @@ class CheckpointWriter(io.RawIOBase):
             super().close()
 
     def _publish(self):
-        # rename refuses to replace: an existing checkpoint of the same name is removed
-        # first. A reader then sees the old file, briefly none, then the new one; never
-        # a partial one.
-        try:
-            self.client.rename(self.temp_path, self.path)
-        except Error as e:
-            if e.code != "ALREADY_EXISTS":
-                raise
-            self.client.remove(self.path)
-            self.client.rename(self.temp_path, self.path)
+        # One step: a reader (or a restart of the agent) sees the old checkpoint or the
+        # new one, never neither and never a partial one.
+        self.client.rename(self.temp_path, self.path, replace=True)
         self._published = True
 
     def _discard(self):

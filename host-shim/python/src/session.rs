@@ -213,8 +213,20 @@ impl PySession {
         self.call(py, move |c| Box::pin(async move { c.remove(&path, recursive).await }))
     }
 
-    fn rename(&self, py: Python<'_>, src: String, dst: String) -> R<()> {
-        self.call(py, move |c| Box::pin(async move { c.rename(&src, &dst).await }))
+    /// Rename; with `replace`, over an existing file in one step (a put's publish).
+    #[pyo3(signature = (src, dst, replace=false))]
+    fn rename(&self, py: Python<'_>, src: String, dst: String, replace: bool) -> R<()> {
+        self.call(py, move |c| {
+            Box::pin(
+                async move { if replace { c.rename_replace(&src, &dst).await } else { c.rename(&src, &dst).await } },
+            )
+        })
+    }
+
+    /// A fresh temporary path for a whole-file put of `path` (beside it).
+    #[staticmethod]
+    fn put_temp_path(path: &str) -> R<String> {
+        Ok(dpuio_shim::put_temp_path(path)?)
     }
 
     fn truncate(&self, py: Python<'_>, path: String, size: u64) -> R<()> {

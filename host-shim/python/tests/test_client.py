@@ -66,6 +66,27 @@ def test_namespace_calls(client):
     assert not client.exists("/ns")
 
 
+def test_write_bytes_replaces_a_file_in_one_step(client):
+    client.mkdir("/put", parents=True)
+    client.write_bytes("/put/f", b"old contents")
+    # Over an existing file: the new bytes, no temporary file left beside it.
+    assert client.write_bytes("/put/f", b"new", sync=True) == 3
+    assert client.read_bytes("/put/f") == b"new"
+    assert client.listdir("/put") == ["f"]
+    # A failed put leaves the old file whole: a directory cannot be replaced.
+    client.mkdir("/put/d")
+    with pytest.raises(dpuio.Error, match="is a directory"):
+        client.write_bytes("/put/d", b"x")
+    assert sorted(client.listdir("/put")) == ["d", "f"]
+    # rename(replace=True) over a file; without replace it still refuses.
+    client.write_bytes("/put/g", b"g")
+    with pytest.raises(dpuio.AlreadyExists):
+        client.rename("/put/g", "/put/f")
+    client.rename("/put/g", "/put/f", replace=True)
+    assert client.read_bytes("/put/f") == b"g" and not client.exists("/put/g")
+    client.remove("/put", recursive=True)
+
+
 def test_errors_are_a_hierarchy_with_builtin_bases(client):
     client.mkdir("/err/d", parents=True)
     client.write_bytes("/err/f", b"x")

@@ -439,6 +439,44 @@ impl Container for LocalContainer {
         Ok(())
     }
 
+    fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
+        let invalid = |reason: &str| Error::InvalidRename {
+            from: from.to_string(),
+            to: to.to_string(),
+            reason: reason.to_owned(),
+        };
+        if from.is_root() || to.is_root() {
+            return Err(invalid("the container root cannot be renamed or replaced"));
+        }
+        if from == to {
+            return Err(invalid("a file cannot replace itself"));
+        }
+        let (from_dir, from_parent, from_name) = self.parent_of(from)?;
+        if file_type(&stat_at(&from_dir, from_name, from.as_str())?) != FileType::RegularFile {
+            return Err(Error::IsADirectory { path: from.to_string() });
+        }
+        let (to_dir, to_parent, to_name) = self.parent_of(to)?;
+        match rustix::fs::statat(&to_dir, to_name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if file_type(&st) == FileType::RegularFile => {}
+            Ok(_) => return Err(Error::IsADirectory { path: to.to_string() }),
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(io_error(to.as_str(), "stat", e)),
+        }
+        // rename(2) swaps the directory entry in one step: the old inode stays whole
+        // until the entry points at the new one, and a crash leaves one or the other.
+        // A directory that appeared at `to` since the check is refused by the kernel.
+        rustix::fs::renameat(&from_dir, from_name, &to_dir, to_name).map_err(|e| match e {
+            Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => Error::IsADirectory { path: to.to_string() },
+            Errno::NOENT => Error::NotFound { path: from.to_string() },
+            e => io_error(&format!("{from} -> {to}"), "rename", e),
+        })?;
+        self.changed(&from_parent);
+        self.changed(&to_parent);
+        self.listings.invalidate_tree(self.id, from);
+        self.listings.invalidate_tree(self.id, to);
+        Ok(())
+    }
+
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
         if path.is_root() {
             return Err(Error::IsADirectory { path: path.to_string() });
@@ -662,6 +700,29 @@ mod tests {
         }
         c.remove(&p("/top"), true).unwrap();
         assert!(names(&*c, "/").is_empty());
+    }
+
+    #[test]
+    fn replace_swaps_a_file_in_one_step_and_refuses_directories() {
+        let (_dir, _backend, c) = mounted();
+        write(&*c, "/old", b"old contents");
+        write(&*c, "/.old.dpuio-put.x", b"new");
+        c.replace(&p("/.old.dpuio-put.x"), &p("/old")).unwrap();
+        assert_not_found(c.stat(&p("/.old.dpuio-put.x")), "/.old.dpuio-put.x");
+        assert_eq!(c.stat(&p("/old")).unwrap().size, 3);
+        // Onto a name that does not exist: an ordinary rename.
+        c.replace(&p("/old"), &p("/fresh")).unwrap();
+        assert_eq!(c.stat(&p("/fresh")).unwrap().size, 3);
+        // Never a directory, either side; never itself or the root.
+        c.mkdir(&p("/d"), 0o755).unwrap();
+        assert!(matches!(c.replace(&p("/fresh"), &p("/d")), Err(Error::IsADirectory { path }) if path == "/d"));
+        assert!(matches!(c.replace(&p("/d"), &p("/fresh")), Err(Error::IsADirectory { path }) if path == "/d"));
+        assert!(matches!(c.replace(&p("/fresh"), &p("/fresh")), Err(Error::InvalidRename { .. })));
+        assert!(matches!(c.replace(&p("/fresh"), &p("/")), Err(Error::InvalidRename { .. })));
+        assert_not_found(c.replace(&p("/missing"), &p("/fresh")), "/missing");
+        assert_eq!(c.stat(&p("/fresh")).unwrap().size, 3);
+        assert_eq!(c.stat(&p("/d")).unwrap().kind, EntryKind::Directory);
+        c.sync().unwrap();
     }
 
     #[test]

@@ -45,6 +45,9 @@ impl Container for Crashing {
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
         self.inner.rename(from, to)
     }
+    fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
+        self.inner.replace(from, to)
+    }
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
         self.inner.truncate(path, size)
     }

@@ -16,7 +16,7 @@
 //! What it deliberately leaves out: modes, owners and times are not stored by dpuio,
 //! so `chmod`, `chown` and `utime` succeed and change nothing (files show the mounting
 //! user as owner); no links, symlinks, device nodes or extended attributes (`ENOSYS`);
-//! `rename` over an existing file is not atomic (see [`Mount::rename`]); `statfs`
+//! `rename` of a directory over an existing one is not atomic (see [`Mount::rename`]); `statfs`
 //! reports fixed figures, since the agent tells no capacity.
 
 use std::cell::RefCell;

@@ -123,7 +123,9 @@ enum Command {
     },
     /// Rename a file or directory (fails if the destination exists).
     Mv { from: String, to: String },
-    /// Copy a local file into the container (replacing REMOTE if it exists).
+    /// Copy a local file into the container, replacing REMOTE in one step if it exists:
+    /// the data goes to a temporary file beside it (.NAME.dpuio-put.SUFFIX), synced,
+    /// then renamed over REMOTE, so an interrupted put leaves the old file whole.
     Put { local: std::path::PathBuf, remote: String },
     /// Copy a file of the container to a local file.
     Get { remote: String, local: std::path::PathBuf },
@@ -309,11 +311,29 @@ fn local_error(path: &std::path::Path, e: std::io::Error) -> dpuio_shim::Error {
     dpuio_shim::Error::DataPlane { op: format!("local file {}", path.display()), reason: e.to_string() }
 }
 
-/// Read a local file into registered buffers and have the agent write them: each batch
-/// fills up to TRANSFER_DEPTH buffers and waits for all of them.
+/// Read a local file into registered buffers and have the agent write them to a
+/// temporary file beside `remote`, then replace `remote` with it in one step
+/// ([`dpuio_shim::Put`]): a put that does not finish leaves the old file whole. Each
+/// batch fills up to TRANSFER_DEPTH buffers and waits for all of them.
 async fn put(client: &Client, local: &std::path::Path, remote: &str) -> dpuio_shim::Result<()> {
     let mut input = std::fs::File::open(local).map_err(|e| local_error(local, e))?;
-    let file = client.create(remote, false).await?;
+    let put = client.put(remote).await?;
+    match write_from(client, &put, &mut input, local).await {
+        Ok(()) => put.commit().await, // durable, and in place, once this returns
+        Err(e) => {
+            put.abort().await;
+            Err(e)
+        }
+    }
+}
+
+async fn write_from(
+    client: &Client,
+    put: &dpuio_shim::Put,
+    input: &mut std::fs::File,
+    local: &std::path::Path,
+) -> dpuio_shim::Result<()> {
+    let file = put.file();
     let pool = client.region_pool(TRANSFER_CHUNK_BYTES, TRANSFER_DEPTH).await?;
     let mut offset = 0u64;
     loop {
@@ -321,7 +341,7 @@ async fn put(client: &Client, local: &std::path::Path, remote: &str) -> dpuio_sh
         let mut requests = Vec::new();
         for _ in 0..TRANSFER_DEPTH {
             let mut buf = pool.get();
-            let n = read_full(&mut input, buf.memory_mut().as_mut_slice()).map_err(|e| local_error(local, e))?;
+            let n = read_full(input, buf.memory_mut().as_mut_slice()).map_err(|e| local_error(local, e))?;
             if n == 0 {
                 break;
             }
@@ -333,19 +353,18 @@ async fn put(client: &Client, local: &std::path::Path, remote: &str) -> dpuio_sh
             }
         }
         if requests.is_empty() {
-            break;
+            return Ok(());
         }
         let last =
             requests.len() < TRANSFER_DEPTH || requests.last().is_some_and(|r| r.length < TRANSFER_CHUNK_BYTES as u64);
         for done in client.submit(requests).await? {
-            done.result.map_err(|status| dpuio_shim::Error::Io { op: format!("write {remote}"), status })?;
+            done.result.map_err(|status| dpuio_shim::Error::Io { op: format!("write {}", put.temp_path()), status })?;
         }
         drop(buffers);
         if last {
-            break;
+            return Ok(());
         }
     }
-    file.close().await // durable once this returns
 }
 
 /// Have the agent read a file into registered buffers, then copy them to `out`.
