@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use dpuio_auth::qos::MAX_WEIGHT;
-use dpuio_auth::token::{Op, OpMask, TokenAuthority};
+use dpuio_auth::token::{Op, OpMask, TokenAuthority, TokenError};
 use dpuio_backend::{Backend, Container, NsPath, Object};
 
 use crate::caller::Caller;
@@ -382,7 +382,10 @@ impl Agent {
         let verified = if token.is_empty() {
             None
         } else {
-            Some(self.tokens.verify(token, now).map_err(|e| Error::Unauthenticated(format!("capability_token: {e}")))?)
+            Some(self.tokens.verify(token, now).map_err(|e| match e {
+                TokenError::TimedOut => Error::Unavailable("checking the capability token ran out of time; try again"),
+                e => Error::Unauthenticated(format!("capability_token: {e}")),
+            })?)
         };
         let tenant = match caller {
             Caller::Tenant(t) => {
@@ -456,7 +459,7 @@ impl Agent {
         operations: &[String],
         lifetime_s: u64,
     ) -> Result<(String, SystemTime)> {
-        use dpuio_auth::token::{Scope, TokenError};
+        use dpuio_auth::token::Scope;
         let now = SystemTime::now();
         if lifetime_s > MAX_DELEGATION.as_secs() {
             return Err(Error::invalid(
@@ -480,7 +483,10 @@ impl Agent {
                 self.tokens.mint(&scope).map_err(|e| Error::Internal(format!("minting a session token: {e}")))?
             }
         };
-        let parent_rights = self.tokens.verify(&parent, now).map_err(|e| Error::Unauthenticated(e.to_string()))?;
+        let parent_rights = self.tokens.verify(&parent, now).map_err(|e| match e {
+            TokenError::TimedOut => Error::Unavailable("checking the capability token ran out of time; try again"),
+            e => Error::Unauthenticated(e.to_string()),
+        })?;
         let mut scope = parent_rights.to_scope();
         if !prefix.is_empty() {
             scope.prefix = NsPath::parse(prefix)

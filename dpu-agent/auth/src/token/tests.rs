@@ -581,3 +581,19 @@ fn op_mask() {
     assert_eq!("create".parse::<Op>().unwrap(), Op::Create);
     assert_eq!(Op::ALL.iter().map(|op| op.mask().bits()).sum::<u8>(), 15);
 }
+
+/// Found by fuzzing under load: a run out of time must be no answer, never a refusal
+/// (which `effective_rights` took for a token in an unknown format).
+#[test]
+fn a_run_out_of_time_is_a_time_out_not_a_refusal() {
+    let authority = TokenAuthority::generate();
+    let token = authority.mint(&scope()).unwrap();
+    let parsed = parse(&authority.public_key(), &token).unwrap();
+    let timed_out = run_authorizer_within(&parsed, Op::Read, "/datasets", NOW_S, None, Duration::ZERO);
+    assert!(matches!(timed_out, Err(Refusal::TimedOut)), "no time at all");
+    assert!(matches!(Refusal::TimedOut.or_else(|_| TokenError::BadSignature), TokenError::TimedOut));
+    assert!(run_authorizer(&parsed, Op::Read, "/datasets", NOW_S, None).is_ok());
+    assert!(matches!(run_authorizer(&parsed, Op::Delete, "/datasets", NOW_S, None), Err(Refusal::Checks(_))));
+    let e = TokenError::TimedOut.to_string();
+    assert!(e.contains("ran out of time") && e.contains("try again"), "{e}");
+}
