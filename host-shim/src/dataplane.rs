@@ -1073,6 +1073,18 @@ impl Batch {
                 return Err(Error::from_status("wait for completions", status));
             }
             let live = self.dp.live.clone();
+            if self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET) != 0 {
+                // The agent ended the session and says so (it did not restart: a
+                // restarted agent knows nothing of this ring). Fail now, without help from
+                // the supervisor, which may share this thread's runtime; gRPC calls say
+                // why, and the next of them attaches again where resuming may.
+                live.suspect();
+                self.dp.session_ended(tonic::Status::failed_precondition("the session ended"));
+                return Err(Error::DataPlane {
+                    op: "wait for completions".into(),
+                    reason: "the agent no longer serves this session's rings (the session ended)".into(),
+                });
+            }
             if live.options.enabled() {
                 if let Some(why) = live.failed() {
                     return Err(Error::DataPlane { op: "wait for completions".into(), reason: why });
@@ -1083,21 +1095,12 @@ impl Batch {
                     idle = 0;
                     continue;
                 }
-                // Quiet for a while, or the session's rings closed: is the agent there?
+                // Quiet for a while: is the agent there?
                 let quiet = *self.quiet_since.get_or_insert_with(Instant::now);
-                if quiet.elapsed() >= live.options.probe_after
-                    || self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET) != 0
-                {
+                if quiet.elapsed() >= live.options.probe_after {
                     live.suspect();
                     self.quiet_since = Some(Instant::now());
                 }
-            } else if self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET) != 0 {
-                // The session ended on the agent; gRPC calls now say why.
-                self.dp.session_ended(tonic::Status::failed_precondition("the session ended"));
-                return Err(Error::DataPlane {
-                    op: "wait for completions".into(),
-                    reason: "the agent no longer serves this session's rings (the session ended)".into(),
-                });
             }
             if Instant::now() > deadline {
                 return Err(Error::DataPlane {
