@@ -165,11 +165,12 @@ impl HostRing {
         self.region.id
     }
 
-    /// Tell a host waiting on this ring that it is no longer served (its session
-    /// ended), where the ring is mapped (see `wire::RING_CLOSED_OFFSET`).
-    pub fn mark_closed(&self) {
+    /// Tell a host waiting on this ring that it is no longer served, and `why`
+    /// (`wire::RING_CLOSED_ENDED` or `wire::RING_CLOSED_STOPPING`), where the ring is
+    /// mapped (see `wire::RING_CLOSED_OFFSET`).
+    pub fn mark_closed(&self, why: u32) {
         if let Some(m) = &self.region.mapped {
-            m.store_u32_release(self.offset as usize + wire::RING_CLOSED_OFFSET, 1);
+            m.store_u32_release(self.offset as usize + wire::RING_CLOSED_OFFSET, why);
             wake_waiters(self);
         }
     }

@@ -612,10 +612,15 @@ impl Agent {
 
     /// End a session: close (and sync) its written handles. Returns whether it existed.
     pub fn detach(&self, id: u64) -> Result<bool> {
+        self.end_session(id, false)
+    }
+
+    /// End a session because the agent stops (its host may attach again later) or not.
+    fn end_session(&self, id: u64, stopping: bool) -> Result<bool> {
         let Some(session) = lock(&self.sessions).remove(&id) else {
             return Ok(false);
         };
-        session.io.close_all()?;
+        session.io.close_all(stopping)?;
         Ok(true)
     }
 
@@ -636,7 +641,7 @@ impl Agent {
         let ids: Vec<u64> = lock(&self.sessions).keys().copied().collect();
         let mut first_error = None;
         for id in ids {
-            if let Err(e) = self.detach(id) {
+            if let Err(e) = self.end_session(id, true) {
                 first_error.get_or_insert(e);
             }
         }

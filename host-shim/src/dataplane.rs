@@ -1073,9 +1073,11 @@ impl Batch {
                 return Err(Error::from_status("wait for completions", status));
             }
             let live = self.dp.live.clone();
-            if self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET) != 0 {
-                // The agent ended the session and says so (it did not restart: a
-                // restarted agent knows nothing of this ring). Fail now, without help from
+            let closed = self.ring().mem().load_u32_acquire(wire::RING_CLOSED_OFFSET);
+            if closed == wire::RING_CLOSED_STOPPING && live.options.enabled() {
+                live.suspect(); // the agent stops: wait for it (and the supervisor) below
+            } else if closed != 0 {
+                // The agent ended the session and says so. Fail now, without help from
                 // the supervisor, which may share this thread's runtime; gRPC calls say
                 // why, and the next of them attaches again where resuming may.
                 live.suspect();

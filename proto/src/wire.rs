@@ -52,6 +52,12 @@ pub const AGENT_POLLING_OFFSET: usize = 140;
 /// this ring (its session ended: detached, lease lapsed, tenant removed), so a host
 /// waiting on it stops (shared memory only; elsewhere the host's keep-alive learns it).
 pub const RING_CLOSED_OFFSET: usize = 144;
+/// [`RING_CLOSED_OFFSET`]'s value when the agent ended the session (detached, lease
+/// lapsed, tenant removed).
+pub const RING_CLOSED_ENDED: u32 = 1;
+/// [`RING_CLOSED_OFFSET`]'s value when the agent is stopping (SIGTERM): a client may
+/// attach again once it is back.
+pub const RING_CLOSED_STOPPING: u32 = 2;
 /// Host-owned (in the `cq_head` line): non-zero while a host thread sleeps on
 /// [`CQ_FUTEX_OFFSET`] waiting for completions.
 pub const CQ_WAITERS_OFFSET: usize = 264;

@@ -243,12 +243,14 @@ impl Session {
         lock(&self.regions).len()
     }
 
-    /// Empty every table (the session ends): the written handles are synced.
-    pub fn close_all(&self) -> Result<()> {
+    /// Empty every table (the session ends, or the agent stops: `stopping`): the written
+    /// handles are synced.
+    pub fn close_all(&self, stopping: bool) -> Result<()> {
         // Rings and regions first, so the engine stops touching this host's memory;
-        // a host thread waiting on a ring learns it will not be answered.
+        // a host thread waiting on a ring learns it will not be answered, and why.
+        let why = if stopping { dpuio_proto::wire::RING_CLOSED_STOPPING } else { dpuio_proto::wire::RING_CLOSED_ENDED };
         for ring in lock(&self.rings).drain().map(|(_, r)| r) {
-            ring.mark_closed();
+            ring.mark_closed(why);
         }
         lock(&self.regions).clear();
         lock(&self.peer).take();
