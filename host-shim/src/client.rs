@@ -1009,15 +1009,17 @@ impl Client {
         self.inner.data.as_ref().map(|d| d.stats()).unwrap_or_default()
     }
 
-    /// End the session now (its written handles are synced by the agent).
+    /// End the session now (its written handles are synced by the agent). A session
+    /// the agent no longer knows (it restarted, or reaped it) counts as ended.
     pub async fn detach(self) -> Result<()> {
         self.inner.supervisor.abort();
         let mut session = self.inner.session.clone();
-        session
-            .detach(pb::DetachRequest { session_id: self.session_id() })
-            .await
-            .map_err(|s| Error::from_status("detach", s))?;
-        Ok(())
+        match session.detach(pb::DetachRequest { session_id: self.session_id() }).await {
+            // An agent that restarted (or reaped it) no longer has the session: ended.
+            Err(s) if resume::classify(&Err(s.clone())) == Probe::Forgotten => Ok(()),
+            Err(s) => Err(Error::from_status("detach", s)),
+            Ok(_) => Ok(()),
+        }
     }
 }
 
