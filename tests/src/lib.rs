@@ -328,6 +328,25 @@ impl AgentProcess {
         }
     }
 
+    /// Kill this agent with SIGKILL (if it still runs) and start another on the same
+    /// address, data directory and (over DAOS) config and container: what a crash and
+    /// its supervisor's restart look like to clients.
+    pub fn restart(mut self) -> AgentProcess {
+        self.process.kill();
+        let daos = self.daos.take(); // the container lives on with the new agent
+        let listen = ["--listen", self.addr.as_str()];
+        let config = self.data_dir.join("agent.toml");
+        let config_arg = config.to_string_lossy().into_owned();
+        let mut extra: Vec<&str> = listen.to_vec();
+        if daos.is_some() {
+            extra.extend(["--config", config_arg.as_str()]);
+        }
+        let mut again =
+            Self::start_program(Command::new(binary("dpu-agent")), &self.data_dir, &extra, Duration::from_secs(30));
+        again.daos = daos;
+        again
+    }
+
     /// Put a file at `path` of the default tenant's container behind the agent's back,
     /// the way another client of the storage would: into the local tree, or with DAOS's
     /// own `daos filesystem copy` into the DAOS container (its parent made through the

@@ -120,16 +120,12 @@ fn survives(name: &str, disrupt: impl FnOnce(AgentProcess) -> AgentProcess) {
     }
 }
 
-fn restart_on(agent: &AgentProcess, dir: &std::path::Path) -> AgentProcess {
-    AgentProcess::start(dir, &["--listen", &agent.addr])
-}
-
 #[test]
 fn a_read_write_loop_keeps_running_through_kill_9_and_a_restart() {
     survives("kill -9", |mut agent| {
         agent.signal("KILL");
         agent.wait(Duration::from_secs(10));
-        restart_on(&agent, &agent.data_dir.clone())
+        agent.restart()
     });
 }
 
@@ -140,7 +136,7 @@ fn drain_then_restart_loses_no_request() {
         std::thread::sleep(Duration::from_millis(300));
         agent.signal("TERM");
         assert_eq!(agent.wait(Duration::from_secs(30)), Some(0), "the drained agent exits cleanly");
-        restart_on(&agent, &agent.data_dir.clone())
+        agent.restart()
     });
 }
 
@@ -160,7 +156,7 @@ fn with_resume_off_a_restart_ends_the_session_with_the_reason() {
     let first = client.session_id();
     agent.signal("KILL");
     agent.wait(Duration::from_secs(10));
-    let agent = restart_on(&agent, dir.path());
+    let agent = agent.restart();
     let e = runtime.block_on(client.stat("/input")).expect_err("a session the new agent does not know");
     assert!(e.to_string().contains("not attached"), "{e}");
     assert_eq!(client.session_id(), first, "no new session without resume");
