@@ -792,6 +792,13 @@ pub fn attenuate(
     let parsed = parse(public_key, token)?;
     let parent = effective_rights(&parsed, now)?;
     let expires = check_scope(narrower)?;
+    // A delegation that no request could ever use is a mistake of the asker's.
+    let now_s = unix_s(now)?;
+    if expires <= now_s {
+        return Err(TokenError::InvalidScope {
+            reason: format!("expiry {expires} (Unix s) is not after now ({now_s}): ask for a later one"),
+        });
+    }
     let widening = if narrower.tenant != parent.tenant {
         Some(Widening::Tenant { parent: parent.tenant.clone(), requested: narrower.tenant.clone() })
     } else if narrower.container != parent.container {

@@ -260,6 +260,11 @@ fn attenuation_cannot_widen() {
     }
     let err = attenuate(&parent, &pk, &narrower("/datasets", OpMask::READ | OpMask::DELETE, exp), now()).unwrap_err();
     assert!(matches!(err, TokenError::Widening(Widening::Ops { extra }) if extra == OpMask::DELETE));
+    // Nor to an expiry that has passed already: the token could never be used.
+    for past in [NOW_S, NOW_S - 60] {
+        let err = attenuate(&parent, &pk, &narrower("/datasets", OpMask::READ, past), now()).unwrap_err();
+        assert!(matches!(&err, TokenError::InvalidScope { reason } if reason.contains("not after now")), "{err}");
+    }
     // An expired parent cannot be attenuated.
     let err = attenuate(&parent, &pk, &narrower("/datasets", OpMask::READ, exp), at(exp)).unwrap_err();
     assert!(matches!(err, TokenError::Expired { .. }), "{err}");
