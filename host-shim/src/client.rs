@@ -885,6 +885,32 @@ impl Client {
         })
     }
 
+    /// A batch of training samples in one submission: for each `(path, offset,
+    /// length)`, what [`Client::read_sample`] does, into ranges of one `region` that
+    /// must not overlap. One doorbell and one wait for the batch (a loader's batch of
+    /// samples costs this process about one sleep and wake-up, not one per sample).
+    /// Each sample gets its own result, in order: a missing file fails alone. Batches
+    /// larger than a ring go out in several submissions. Blocking.
+    pub fn read_samples(
+        &self,
+        region: &RegisteredRegion,
+        samples: &[(&str, u64, u32)],
+    ) -> Result<Vec<Result<(Attr, u64)>>> {
+        let strings: Vec<[&str; 1]> = samples.iter().map(|&(path, ..)| [path]).collect();
+        let calls: Vec<_> = samples
+            .iter()
+            .zip(&strings)
+            .map(|(&(path, offset, length), strings)| {
+                let call = MetaCall { opcode: MetaOpcode::OpenRead, flags: 0, handle: 0, strings, arg: 0 };
+                (format!("read {path}"), call, (region, offset, length))
+            })
+            .collect();
+        self.data()?.metadata_batch(&calls, |op, mem, at, n| {
+            let header = meta_header(op, mem, at, n)?;
+            Ok((attr_of(op, &header.attr)?, header.count))
+        })
+    }
+
     fn file(&self, op: &str, path: &str, write: bool, r: pb::OpenResponse) -> Result<File> {
         Ok(File::opened(&self.inner, r.handle, path, write, attr_from(op, r.attr)?, r.chunk_bytes))
     }

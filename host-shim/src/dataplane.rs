@@ -129,6 +129,13 @@ const SPIN_POLLS: u32 = 32;
 /// and added up to a step of latency to every request.
 const MAX_SLEEP_SHIFT: u32 = 5;
 
+/// Where the agent cannot wake a waiting thread, its first sleep is this share of the
+/// ring's usual latency (hybrid polling, as Linux does for NVMe). Measured on libfabric
+/// shm, 1 MiB reads at queue depth 1: 75% cut the host's wake-ups but tripled the
+/// median latency (150 to 400 us), because the agent's engine, which has no doorbell
+/// fd to sleep on there, went to sleep between requests; half keeps it polling.
+const FIRST_SLEEP_PERCENT: u32 = 50;
+
 /// Bytes of each ring's metadata request area (the paths of one entry), after the ring.
 pub(crate) const META_REQUEST_BYTES: usize = 64 * 1024;
 /// Bytes of each ring's metadata answer area: a header, and an open-read's file bytes
@@ -147,6 +154,28 @@ pub(crate) struct MetaCall<'a> {
     pub handle: u64,
     pub strings: &'a [&'a str],
     pub arg: u32,
+}
+
+impl MetaCall<'_> {
+    /// Its entry, with its encoded request at `(region, offset, length)` (none when
+    /// empty) and its answer going to `(region, offset, length)`. The batch sets
+    /// `user_data`.
+    fn entry(&self, request: (u32, usize, usize), answer: (u32, u64, u32)) -> MetaSubmission {
+        let ((request_region, request_offset, request_length), has_request) = (request, request.2 > 0);
+        MetaSubmission {
+            opcode: self.opcode,
+            flags: self.flags,
+            user_data: 0,
+            handle: self.handle,
+            request_region: if has_request { request_region } else { 0 },
+            answer_region: answer.0,
+            request_offset: if has_request { request_offset as u64 } else { 0 },
+            answer_offset: answer.1,
+            request_length: request_length as u32,
+            answer_length: answer.2,
+            arg: self.arg,
+        }
+    }
 }
 
 /// What the data plane cost this process so far.
@@ -237,7 +266,7 @@ struct Ring {
     /// When the oldest submission not yet answered by a completion was submitted.
     submitted_at: Option<Instant>,
     /// Moving average of the time from a submission to its first completion: where the
-    /// agent cannot wake this ring, a waiter sleeps half of it in one go (hybrid
+    /// agent cannot wake this ring, a waiter sleeps most of it in one go (hybrid
     /// polling, as Linux does for NVMe) instead of many short steps.
     latency: Duration,
     /// The session generation ([`Liveness::generation`]) the ring was registered in.
@@ -380,6 +409,34 @@ impl Ring {
             self.slots.drain();
         }
         Some(c)
+    }
+}
+
+/// A metadata entry's outcome, read out of its answer range at `at` (`length` bytes):
+/// `parse` for a success, the namespace's refusal as the [`Error::Agent`] gRPC gives,
+/// any other status as an I/O error.
+fn meta_answer<T>(
+    op: &str,
+    mem: &fabric::SharedMemory,
+    at: usize,
+    length: u32,
+    result: std::result::Result<u64, wire::Status>,
+    parse: impl FnOnce(&fabric::SharedMemory, usize, usize) -> Result<T>,
+) -> Result<T> {
+    match result {
+        Ok(n) if n <= u64::from(length) => parse(mem, at, n as usize),
+        Ok(n) => Err(Error::Protocol { op: op.to_owned(), reason: format!("an answer of {n} bytes") }),
+        Err(wire::Status::Refused) if length >= 8 => {
+            let mut head = [0u8; 8];
+            mem.read_at(at, &mut head);
+            let len = (u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize).min(length as usize - 8);
+            let mut record = vec![0u8; 8 + len];
+            mem.read_at(at, &mut record);
+            let e = wire::MetaError::decode(&record)
+                .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "a malformed error record".into() })?;
+            Err(Error::agent(op, e.code, e.message))
+        }
+        Err(status) => Err(Error::Io { op: op.to_owned(), status }),
     }
 }
 
@@ -780,20 +837,8 @@ impl DataPlane {
                 Some((r, offset, length)) => (r.id, offset, length),
                 None => (ring.region.id, (request_at + META_REQUEST_BYTES) as u64, META_ANSWER_BYTES as u32),
             };
-            let has_request = !request.is_empty();
-            let entry = MetaSubmission {
-                opcode: call.opcode,
-                flags: call.flags,
-                user_data: 0,
-                handle: call.handle,
-                request_region: if has_request { ring.region.id } else { 0 },
-                answer_region,
-                request_offset: if has_request { request_at as u64 } else { 0 },
-                answer_offset,
-                request_length: request.len() as u32,
-                answer_length,
-                arg: call.arg,
-            };
+            let entry =
+                call.entry((ring.region.id, request_at, request.len()), (answer_region, answer_offset, answer_length));
             batch.push_entry(&entry.encode(), false)?;
             batch.submit()?;
             let done = batch.wait(1, self.options.timeout)?;
@@ -810,23 +855,92 @@ impl DataPlane {
             Some((r, ..)) => r.memory(),
             None => batch.ring().mem(),
         };
-        let at = answer_offset as usize;
-        match result {
-            Ok(n) if n <= u64::from(answer_length) => parse(mem, at, n as usize),
-            Ok(n) => Err(Error::Protocol { op: op.to_owned(), reason: format!("an answer of {n} bytes") }),
-            Err(wire::Status::Refused) => {
-                let mut head = [0u8; 8];
-                mem.read_at(at, &mut head);
-                let len = (u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize)
-                    .min(answer_length as usize - head.len());
-                let mut record = vec![0u8; 8 + len];
-                mem.read_at(at, &mut record);
-                let e = wire::MetaError::decode(&record)
-                    .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "a malformed error record".into() })?;
-                Err(Error::agent(op, e.code, e.message))
-            }
-            Err(status) => Err(Error::Io { op: op.to_owned(), status }),
+        meta_answer(op, mem, answer_offset as usize, answer_length, result, parse)
+    }
+
+    /// Several metadata entries in one submission, each answering into its own range of
+    /// a caller's region (a region, an offset and a length), e.g. a loader's batch of
+    /// training samples as open-reads: one doorbell and one wait for all of them,
+    /// where [`DataPlane::metadata`] pays a wait per entry. Entries go out in groups
+    /// that fit a ring and its request area. Each gets its own result, in order, its
+    /// errors named by its own `op`; `parse` reads a successful answer as in
+    /// [`DataPlane::metadata`]. Only entries that may run twice belong here (an agent
+    /// restart runs unanswered ones again). Blocking.
+    pub(crate) fn metadata_batch<T>(
+        self: &std::sync::Arc<Self>,
+        calls: &[(String, MetaCall<'_>, (&RegisteredRegion, u64, u32))],
+        parse: impl Fn(&str, &fabric::SharedMemory, usize, usize) -> Result<T>,
+    ) -> Result<Vec<Result<T>>> {
+        let op = calls.first().map_or("metadata", |(op, ..)| op.as_str());
+        let mut requests = Vec::with_capacity(calls.len());
+        for (_, call, _) in calls {
+            let request =
+                wire::encode_strings(call.strings).filter(|r| r.len() <= META_REQUEST_BYTES).ok_or_else(|| {
+                    Error::DataPlane {
+                        op: op.to_owned(),
+                        reason: format!("an entry's paths exceed {META_REQUEST_BYTES} bytes (or one exceeds 65535)"),
+                    }
+                })?;
+            requests.push(request);
         }
+        if let Some(status) = self.ended() {
+            return Err(Error::from_status(op, status));
+        }
+        let mut results: Vec<Option<std::result::Result<u64, wire::Status>>> = vec![None; calls.len()];
+        let mut batch = self.batch();
+        let mut next = 0;
+        while next < calls.len() {
+            // One group: as many entries as the ring and its request area hold.
+            let room = batch.room().max(1);
+            let (mut end, mut bytes) = (next, 0);
+            while end < calls.len() && end - next < room && bytes + requests[end].len() <= META_REQUEST_BYTES {
+                bytes += requests[end].len();
+                end += 1;
+            }
+            let mut pending: Vec<usize> = (next..end).collect();
+            for _attempt in 0..4 {
+                let ring = batch.ring();
+                let (ring_id, mut request_at) = (ring.region.id, meta_request_offset(ring.entries));
+                for &i in &pending {
+                    let (_, call, (region, offset, length)) = &calls[i];
+                    batch.ring().region.region.write_at(request_at, &requests[i]);
+                    let mut entry = call.entry((ring_id, request_at, requests[i].len()), (region.id, *offset, *length));
+                    entry.user_data = i as u64;
+                    batch.push_entry(&entry.encode(), false)?;
+                    request_at += requests[i].len();
+                }
+                batch.submit()?;
+                let done = batch.wait(pending.len(), self.options.timeout)?;
+                pending.clear();
+                for d in done {
+                    let Some(slot) = results.get_mut(d.user_data as usize) else { continue };
+                    match d.result {
+                        // Lost with a restarted agent's ring: run it again on the new one.
+                        Err(wire::Status::Lost) => pending.push(d.user_data as usize),
+                        r => *slot = Some(r),
+                    }
+                }
+                pending.retain(|&i| results[i].is_none());
+                if pending.is_empty() {
+                    break;
+                }
+            }
+            for i in pending {
+                results[i] = Some(Err(wire::Status::Lost)); // lost again and again: say so
+            }
+            next = end;
+        }
+        Ok(calls
+            .iter()
+            .zip(results)
+            .map(|((op, _, (region, offset, length)), result)| match result {
+                Some(result) => {
+                    meta_answer(op, region.memory(), *offset as usize, *length, result, |m, at, n| parse(op, m, at, n))
+                }
+                // A completion that echoed another entry's user_data instead of this one's.
+                None => Err(Error::Protocol { op: op.clone(), reason: "no completion for this entry".into() }),
+            })
+            .collect())
     }
 
     /// Read `handle` from `data.len()` up to `size` bytes (or its end) into `data`,
@@ -1116,10 +1230,11 @@ impl Batch {
             let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(100));
             let ring = self.ring();
             if !ring.sleep_on_futex(left) {
-                // First sleep: half the usual latency, less what has passed already.
-                let half = (ring.latency / 2).saturating_sub(ring.submitted_at.map_or(Duration::MAX, |t| t.elapsed()));
-                if idle == SPIN_POLLS && half > Duration::from_micros(20) {
-                    std::thread::sleep(half.min(left));
+                // First sleep: most of the usual latency, less what has passed already.
+                let first = (ring.latency * FIRST_SLEEP_PERCENT / 100)
+                    .saturating_sub(ring.submitted_at.map_or(Duration::MAX, |t| t.elapsed()));
+                if idle == SPIN_POLLS && first > Duration::from_micros(20) {
+                    std::thread::sleep(first.min(left));
                 } else {
                     std::thread::sleep(Duration::from_micros(5 << (idle - SPIN_POLLS).min(MAX_SLEEP_SHIFT)));
                 }

@@ -214,3 +214,47 @@ async fn a_prefix_token_is_enforced_on_the_ring_as_over_grpc() {
         assert_eq!(l[0].as_ref().unwrap_err().to_string(), g[0].as_ref().unwrap_err().to_string());
     }
 }
+
+/// `read_samples`: a loader's batch of open-reads in one submission, each into its own
+/// range of one region, with results of their own (a missing file fails alone), and a
+/// batch longer than a ring (300 samples, 128-entry rings) in several submissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_samples_reads_each_into_its_range_with_a_result_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(dir.path(), &[]);
+    let count = 300usize;
+    let contents: Vec<Vec<u8>> =
+        (0..count).map(|i| (0..(1000 + i * 37) as u64).map(|b| pattern(b + i as u64)).collect()).collect();
+    for (i, c) in contents.iter().enumerate() {
+        agent.seed_file(&format!("/batch/s{i:03}"), c);
+    }
+    let slot = 16 * 1024u64;
+    for transport in TRANSPORTS {
+        let client = Client::connect(options(&agent, Some(transport), "")).await.unwrap();
+        let region = client.register_region(count * slot as usize, RegionAccess::ReadWrite).await.unwrap();
+        let mut paths: Vec<String> = (0..count).map(|i| format!("/batch/s{i:03}")).collect();
+        paths[123] = "/batch/missing".into();
+        let wanted: Vec<(&str, u64, u32)> =
+            paths.iter().enumerate().map(|(i, p)| (p.as_str(), i as u64 * slot, slot as u32)).collect();
+        let results = client.read_samples(&region, &wanted).unwrap();
+        assert_eq!(results.len(), count, "{transport}");
+        for (i, r) in results.into_iter().enumerate() {
+            if i == 123 {
+                let e = r.expect_err("the missing sample fails").to_string();
+                assert!(e.contains("read /batch/missing: NOT_FOUND"), "{transport}: {e}");
+                continue;
+            }
+            let (attr, n) = r.unwrap_or_else(|e| panic!("{transport}: sample {i}: {e}"));
+            assert_eq!((attr.size, n), (contents[i].len() as u64, contents[i].len() as u64), "{transport}: {i}");
+            let mut got = vec![0u8; contents[i].len()];
+            region.memory().read_at(i * slot as usize + 64, &mut got);
+            assert_eq!(got, contents[i], "{transport}: sample {i}'s bytes");
+        }
+        // A range too small for its header is refused by the agent, for that sample only.
+        let tiny = client.read_samples(&region, &[(paths[0].as_str(), 0, 8), (paths[1].as_str(), slot, 16 * 1024)]);
+        let tiny = tiny.unwrap();
+        assert!(tiny[0].is_err(), "{transport}: an 8-byte answer range");
+        assert_eq!(tiny[1].as_ref().map(|(_, n)| *n).ok(), Some(contents[1].len() as u64), "{transport}");
+        client.detach().await.unwrap();
+    }
+}
