@@ -20,7 +20,7 @@ fn every_workload_reports_json_and_a_plot() {
         "unet3d",
         "--json",
         "--paths",
-        "posix,shm",
+        "posix,shm,preload",
         "--posix-root",
         root.to_str().unwrap(),
         "--agent-pid",
@@ -79,6 +79,22 @@ fn every_workload_reports_json_and_a_plot() {
             }
         }
     }
+    // The preload path: the POSIX code in a child under libdpuio_preload.so (built
+    // beside dpuio by ./x test), compared with POSIX like the shim.
+    for workload in
+        ["seq-read", "seq-write", "metadata-stat", "metadata-sample128k", "metadata-sample128k-batch16", "unet3d"]
+    {
+        let line = lines
+            .iter()
+            .find(|l| l.contains(&format!("\"workload\":\"{workload}\"")) && l.contains("\"path\":\"preload\""))
+            .unwrap_or_else(|| panic!("no {workload}/preload result in:\n{out}"));
+        assert!(!line.contains("\"ratio_to_posix\":null") && !line.contains("\"iops\":0,"), "{line}");
+    }
+    let batched = lines
+        .iter()
+        .find(|l| l.contains("\"workload\":\"metadata-sample128k-batch16\"") && l.contains("\"path\":\"shim-ucx-sm\""))
+        .unwrap_or_else(|| panic!("no batched sample row in:\n{out}"));
+    assert!(!batched.contains("\"ratio_to_posix\":null"), "{batched}");
     let unet = lines.iter().find(|l| l.contains("\"workload\":\"unet3d\"")).unwrap();
     assert!(!unet.contains("\"au\":null") && !unet.contains("\"accelerators\":null"), "{unet}");
     let png = std::fs::read(&plot).expect("plot written");

@@ -73,6 +73,27 @@ pub struct Unet3dArgs {
     pub max_accelerators: u32,
 }
 
+impl Unet3dArgs {
+    /// These options as command-line arguments (for the preload path's child).
+    pub fn to_args(&self) -> Vec<String> {
+        let accelerator = clap::ValueEnum::to_possible_value(&self.accelerator).map(|v| v.get_name().to_owned());
+        [
+            ("unet3d-samples", self.unet3d_samples.to_string()),
+            ("unet3d-mean-bytes", self.unet3d_mean_bytes.to_string()),
+            ("unet3d-stdev-bytes", self.unet3d_stdev_bytes.to_string()),
+            ("unet3d-batch", self.unet3d_batch.to_string()),
+            ("unet3d-read-threads", self.unet3d_read_threads.to_string()),
+            ("unet3d-steps", self.unet3d_steps.to_string()),
+            ("accelerator", accelerator.unwrap_or_default()),
+            ("compute-scale", self.compute_scale.to_string()),
+            ("max-accelerators", self.max_accelerators.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(name, value)| [format!("--{name}"), value])
+        .collect()
+    }
+}
+
 const DATASET: &str = "unet3d";
 const READ_CHUNK: u64 = 4 << 20;
 
@@ -303,12 +324,14 @@ pub async fn unet3d(setup: &Setup, args: &Unet3dArgs) -> dpuio_shim::Result<Vec<
     }
     let sizes = sample_sizes(args);
     let max_sample = sizes.iter().copied().max().unwrap_or(4096);
-    prepare(&setup.clients[0].1, &sizes).await?;
+    if let Some((_, first)) = setup.clients.first() {
+        prepare(first, &sizes).await?;
+    }
     let mut out = Vec::new();
     if let Some(root) = &setup.posix_root {
         let load = posix_loader(root.clone());
         let args = args.clone();
-        out.push(tokio::task::block_in_place(|| search("posix", &load, &args, setup))?);
+        out.push(tokio::task::block_in_place(|| search(setup.posix_label, &load, &args, setup))?);
     }
     if let Some(dfs) = &setup.dfs {
         let load = dfs_loader(dfs.clone());

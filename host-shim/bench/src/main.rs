@@ -20,6 +20,7 @@ mod crypto;
 mod dlio;
 mod fuse_path;
 mod plot;
+mod preload_path;
 mod qos;
 mod soak;
 mod workloads;

@@ -143,7 +143,8 @@ pub struct BenchArgs {
     /// Paths to compare: any of posix, shm (UCX shared memory), tcp (UCX TCP), ofi-shm,
     /// ofi-tcp (libfabric's shm and tcp providers), fuse (`dpuio mount` on a directory of
     /// its own, read by path: metadata and unet3d; its mount process's CPU counts as host
-    /// CPU).
+    /// CPU), preload (the POSIX code in a child process under libdpuio_preload.so, found
+    /// beside dpuio-bench or at $DPUIO_PRELOAD_LIBRARY; its whole CPU counts as host CPU).
     #[arg(long, value_delimiter = ',', default_value = "posix,shm,tcp")]
     pub paths: Vec<String>,
     /// The container's directory on this machine (for the POSIX baseline on the same
@@ -173,6 +174,11 @@ pub struct BenchArgs {
     /// Write a PNG of throughput and host CPU per GiB, shim against POSIX.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Run as the preload path's child (set by `--paths preload`, not by hand): the
+    /// POSIX code on --posix-root, which is DPUIO_MOUNT, its figures on stdout for the
+    /// parent.
+    #[arg(long, hide = true)]
+    pub preload_child: bool,
     /// metadata: files created, stated, listed and removed per path.
     #[arg(long, default_value_t = 2000)]
     pub metadata_files: usize,
@@ -187,8 +193,35 @@ pub struct BenchArgs {
     pub soak: crate::soak::SoakArgs,
 }
 
+impl BenchArgs {
+    /// The arguments of the preload path's child for `workload`: the POSIX code on
+    /// `prefix` (its DPUIO_MOUNT), with this run's sizes and times.
+    pub fn child_args(&self, workload: Workload, prefix: &str) -> Vec<String> {
+        let mut a: Vec<String> = vec![workload.name().into(), "--paths".into(), "posix".into()];
+        a.extend(["--posix-root".into(), prefix.into(), "--preload-child".into()]);
+        let mut opt = |name: &str, value: String| a.extend([format!("--{name}"), value]);
+        opt("file-bytes", self.file_bytes.to_string());
+        opt("seconds", self.seconds.to_string());
+        opt("rounds", self.rounds.to_string());
+        opt("threads", self.threads.to_string());
+        opt("metadata-files", self.metadata_files.to_string());
+        opt("checkpoint-bytes", self.checkpoint_bytes.to_string());
+        if let Some(b) = self.block_bytes {
+            opt("block-bytes", b.to_string());
+        }
+        if let Some(q) = self.queue_depth {
+            opt("queue-depth", q.to_string());
+        }
+        if let Some(pid) = self.agent_pid {
+            opt("agent-pid", pid.to_string());
+        }
+        a.extend(self.unet3d.to_args());
+        a
+    }
+}
+
 /// One measured cell.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Figures {
     pub workload: String,
     pub path: String,
@@ -261,6 +294,8 @@ const BENCH_FILE: &str = "/.dpuio-bench/data";
 pub const BENCH_DIR: &str = "/.dpuio-bench";
 /// The path name of `dpuio mount` in the figures.
 pub const FUSE: &str = "fuse";
+/// The path name of `libdpuio_preload.so` in the figures.
+pub const PRELOAD: &str = "preload";
 
 fn bench_error(reason: impl std::fmt::Display) -> dpuio_shim::Error {
     dpuio_shim::Error::DataPlane { op: "bench".into(), reason: reason.to_string() }
@@ -275,6 +310,9 @@ pub struct Setup {
     pub agent_pid: Option<u32>,
     /// The `fuse` path's mount, when asked for.
     pub fuse: Option<crate::fuse_path::FuseMount>,
+    /// The name of the rows of the POSIX code on `posix_root`: `posix`, or `preload` in
+    /// the preload path's child ([`crate::preload_path`]).
+    pub posix_label: &'static str,
     pub progress: indicatif::MultiProgress,
 }
 
@@ -336,21 +374,25 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             "tcp" | "ucx-tcp" => clients.push(("shim-ucx-tcp".to_owned(), connect("ucx-tcp").await?)),
             "ofi-shm" => clients.push(("shim-ofi-shm".to_owned(), connect("ofi-shm").await?)),
             "ofi-tcp" => clients.push(("shim-ofi-tcp".to_owned(), connect("ofi-tcp").await?)),
-            "posix" | "fuse" => {}
+            "posix" | "fuse" | "preload" => {}
             other => {
                 return Err(bench_error(format!(
-                    "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp or fuse"
+                    "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp, fuse or preload"
                 )));
             }
         }
     }
-    if clients.is_empty() {
+    if clients.is_empty() && !args.preload_child {
         return Err(bench_error(
             "name at least one of shm, tcp, ofi-shm, ofi-tcp in --paths (it writes the files every path reads)",
         ));
     }
     let fuse = match args.paths.iter().any(|p| p == "fuse") {
         true => Some(crate::fuse_path::FuseMount::start(options).map_err(bench_error)?),
+        false => None,
+    };
+    let preload = match args.paths.iter().any(|p| p == PRELOAD) {
+        true => Some(crate::preload_path::PreloadPath::find().map_err(bench_error)?),
         false => None,
     };
     let posix_root = match (&args.posix_root, args.paths.iter().any(|p| p == "posix")) {
@@ -377,7 +419,8 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
     if args.json {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let setup = Setup { clients, posix_root, dfs, agent_pid: args.agent_pid, fuse, progress };
+    let posix_label = if args.preload_child { PRELOAD } else { "posix" };
+    let setup = Setup { clients, posix_root, dfs, agent_pid: args.agent_pid, fuse, posix_label, progress };
     let mut all: Vec<Figures> = Vec::new();
     for &workload in &args.workloads {
         let figures = match workload {
@@ -390,6 +433,16 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             Workload::Qos => return Err(bench_error("qos runs on its own")), // handled above
             Workload::Soak => return Err(bench_error("soak runs on its own")), // handled above
         };
+        let mut figures = figures;
+        if let Some(preload) = &preload {
+            let bar = setup.spinner(format!("{} {PRELOAD} (a child process)", workload.name()));
+            figures.extend(preload.run(options, &args, workload).map_err(bench_error)?);
+            bar.finish_and_clear();
+        }
+        if args.preload_child {
+            crate::preload_path::send(&figures);
+            continue;
+        }
         report(&figures, &args);
         all.extend(figures);
     }
@@ -442,8 +495,9 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
         ));
     }
     let file_bytes = args.file_bytes - args.file_bytes % block;
-    let (_, first) = &setup.clients[0];
-    prepare_file(first, file_bytes).await?;
+    if let Some((_, first)) = setup.clients.first() {
+        prepare_file(first, file_bytes).await?;
+    }
     let baseline_file: Option<(&str, Arc<dyn BaselineFile>)> = match (&setup.posix_root, &setup.dfs) {
         (Some(root), _) => {
             let path = root.join(BENCH_FILE.trim_start_matches('/'));
@@ -459,7 +513,7 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
             while at < file_bytes {
                 at += file.read_at(&mut buf, at).unwrap_or(0).max(1) as u64;
             }
-            Some(("posix", Arc::new(file)))
+            Some((setup.posix_label, Arc::new(file)))
         }
         (None, Some(dfs)) => {
             let path = dpuio_backend::NsPath::parse(BENCH_FILE).map_err(bench_error)?;
@@ -538,6 +592,16 @@ fn fs_metadata(setup: &Setup, root: &Path, path: &str, files: usize) -> dpuio_sh
     }
     let ops = samples.len() as u64;
     out.push(meter.finish(SAMPLE_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
+    // The same samples a loader's batch at a time: POSIX has no batched open-read, so
+    // each is still its own open, read and close.
+    let meter = Meter::start(setup, path);
+    for batch in samples.chunks(SAMPLE_BATCH) {
+        for n in batch {
+            let got = std::fs::read(n).map_err(|e| bench_error(format!("{path} sample read: {e}")))?;
+            std::hint::black_box(&got);
+        }
+    }
+    out.push(meter.finish(SAMPLE_BATCH_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
     let _ = std::fs::remove_dir_all(&dir);
     bar.finish_and_clear();
     Ok(out)
@@ -548,7 +612,7 @@ fn fs_metadata(setup: &Setup, root: &Path, path: &str, files: usize) -> dpuio_sh
 async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures>> {
     let mut out = Vec::new();
     if let Some(root) = &setup.posix_root {
-        out.extend(fs_metadata(setup, root, "posix", files)?);
+        out.extend(fs_metadata(setup, root, setup.posix_label, files)?);
     }
     if let Some(mount) = &setup.fuse {
         out.extend(fs_metadata(setup, &mount.dir, FUSE, files)?);
@@ -610,7 +674,25 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
         }
         let ops = samples.len() as u64;
         out.push(meter.finish(SAMPLE_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
+        // A loader's batch at a time: one submission of SAMPLE_BATCH open-reads, each
+        // into its own range of one region, and one wait (Client::read_samples).
+        let slot = (SAMPLE_BYTES + 4096) as u64;
+        let batch_region =
+            client.register_region(SAMPLE_BATCH * slot as usize, dpuio_shim::RegionAccess::ReadWrite).await?;
+        let meter = Meter::start(setup, name);
+        for batch in samples.chunks(SAMPLE_BATCH) {
+            let wanted: Vec<(&str, u64, u32)> =
+                batch.iter().enumerate().map(|(i, n)| (n.as_str(), i as u64 * slot, slot as u32)).collect();
+            for (n, read) in batch.iter().zip(client.read_samples(&batch_region, &wanted)?) {
+                let (_, read) = read?;
+                if read != SAMPLE_BYTES as u64 {
+                    return Err(bench_error(format!("sample {n}: read {read} of {SAMPLE_BYTES} bytes")));
+                }
+            }
+        }
+        out.push(meter.finish(SAMPLE_BATCH_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
         let _ = client.remove(&dir, true).await;
+        client.deregister_region(batch_region).await?;
         client.deregister_region(region).await?;
         bar.finish_and_clear();
     }
@@ -621,6 +703,10 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
 /// read and closed per operation (a training sample).
 const SAMPLE_WORKLOAD: &str = "metadata-sample128k";
 const SAMPLE_BYTES: usize = 128 * 1024;
+/// The same samples read a loader's batch at a time ([`SAMPLE_BATCH`]).
+const SAMPLE_BATCH_WORKLOAD: &str = "metadata-sample128k-batch16";
+/// Samples per batch in that row: a DataLoader batch of small samples.
+const SAMPLE_BATCH: usize = 16;
 
 fn sample_count(files: usize) -> usize {
     files.clamp(1, 1000)
@@ -718,12 +804,13 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
     let mut data = vec![0u8; CHUNK as usize];
     rand::rngs::StdRng::seed_from_u64(9).fill(&mut data[..]);
     if let Some(root) = &setup.posix_root {
-        let bar = setup.spinner("checkpoint posix".into());
+        let label = setup.posix_label;
+        let bar = setup.spinner(format!("checkpoint {label}"));
         // ext4's ordered journal makes an fsync also write out earlier dirty data: start
         // every path's checkpoint from a clean page cache.
         rustix::fs::sync();
-        let path = root.join(BENCH_DIR.trim_start_matches('/')).join("checkpoint-posix.pt");
-        let meter = Meter::start(setup, "posix");
+        let path = root.join(BENCH_DIR.trim_start_matches('/')).join(format!("checkpoint-{label}.pt"));
+        let meter = Meter::start(setup, label);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -736,7 +823,7 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
         }
         f.sync_all().map_err(bench_error)?;
         out.push(meter.finish("checkpoint-write", bytes / CHUNK, bytes));
-        let meter = Meter::start(setup, "posix");
+        let meter = Meter::start(setup, label);
         let mut buf = vec![0u8; CHUNK as usize];
         for i in 0..bytes / CHUNK {
             f.read_exact_at(&mut buf, i * CHUNK).map_err(bench_error)?;
@@ -1177,6 +1264,25 @@ fn targets(totals: &[Figures]) {
             if let (Some(s), Some(p)) = (sm(&w), px(&w)) {
                 let r = s.iops() / p.iops();
                 println!("target: {w} shim ops/s >= 0.8x {base}: {r:.2}x  {}", verdict(r >= 0.8));
+            }
+        }
+    }
+    // Metadata on the data plane and small samples (issue 15's floors), for every path
+    // that reads by path or through the ring, against POSIX in the same run.
+    for path in ["shim-ucx-sm", PRELOAD, FUSE] {
+        let row = |w: &str| totals.iter().find(|t| t.path == path && t.workload == w);
+        if let (Some(s), Some(p)) = (row("metadata-stat"), px("metadata-stat")) {
+            let r = s.iops() / p.iops();
+            println!("target: metadata-stat {path} ops/s >= 0.1x {base} (aim 0.25x): {r:.3}x  {}", verdict(r >= 0.1));
+        }
+        for w in [SAMPLE_WORKLOAD, SAMPLE_BATCH_WORKLOAD] {
+            if let (Some(s), Some(p)) = (row(w), px(w)) {
+                let thr = s.gib_per_s() / p.gib_per_s();
+                let cpu = s.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
+                println!(
+                    "target: {w} {path} >= 0.5x {base} (aim 0.8x) at host CPU <= 0.10x: {thr:.2}x at {cpu:.2}x  {}",
+                    verdict(thr >= 0.5 && cpu <= 0.10)
+                );
             }
         }
     }
