@@ -13,7 +13,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::dataplane::{
-    self, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, MetaCall, RegisteredRegion, Request,
+    self, AnswerTo, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, MetaCall, RegisteredRegion, Request,
 };
 use crate::error::{Error, Result};
 use crate::resume::{self, FileRecord, Liveness, Probe, Registry, ResumeOptions};
@@ -588,7 +588,8 @@ impl Client {
         let op = format!("stat {path}");
         if let Some(dp) = self.ring() {
             let call = MetaCall { opcode: MetaOpcode::Stat, flags: 0, handle: 0, strings: &[path], arg: 0 };
-            let r = dp.metadata(&op, &call, None, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
+            let r =
+                dp.metadata(&op, &call, AnswerTo::RING, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
             if r.is_ok() || !dp.is_ended() {
                 return r;
             } // the session ended while waiting: gRPC says why
@@ -644,7 +645,7 @@ impl Client {
         let strings: Vec<&str> = paths.iter().map(String::as_str).collect();
         let call =
             MetaCall { opcode: MetaOpcode::Lookup, flags: 0, handle: 0, strings: &strings, arg: paths.len() as u32 };
-        dp.metadata("lookup", &call, None, |mem, at, n| {
+        dp.metadata("lookup", &call, AnswerTo::RING, |mem, at, n| {
             let header = meta_header("lookup", mem, at, n)?;
             if header.count != paths.len() as u64 {
                 return Err(Error::Protocol { op: "lookup".into(), reason: format!("{} results", header.count) });
@@ -729,7 +730,7 @@ impl Client {
                     strings: &[path, &anchor],
                     arg: batch_size,
                 };
-                let (entries, next) = dp.metadata(&op, &call, None, |mem, at, n| {
+                let (entries, next) = dp.metadata(&op, &call, AnswerTo::RING, |mem, at, n| {
                     let header = meta_header(&op, mem, at, n)?;
                     let mut bytes = vec![0u8; n];
                     mem.read_at(at, &mut bytes);
@@ -840,7 +841,7 @@ impl Client {
     fn open_ring(&self, op: &str, path: &str, opcode: MetaOpcode, flags: u16, mode: u32) -> Result<File> {
         let dp = self.data()?;
         let call = MetaCall { opcode, flags, handle: 0, strings: &[path], arg: mode };
-        let header = dp.metadata(op, &call, None, |mem, at, n| meta_header(op, mem, at, n))?;
+        let header = dp.metadata(op, &call, AnswerTo::RING, |mem, at, n| meta_header(op, mem, at, n))?;
         let write = opcode == MetaOpcode::Create || flags & wire::META_WRITE != 0;
         Ok(File::opened(&self.inner, header.handle, path, write, attr_of(op, &header.attr)?, header.chunk_bytes))
     }
@@ -850,16 +851,8 @@ impl Client {
     /// closes it. A larger file goes on with an open, reads and a close. Blocking on
     /// the ring; without a data plane this fails like any data-plane call.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let op = format!("read {path}");
         let dp = self.data()?;
-        let call = MetaCall { opcode: MetaOpcode::OpenRead, flags: 0, handle: 0, strings: &[path], arg: 0 };
-        let (attr, mut data) = dp.metadata(&op, &call, None, |mem, at, n| {
-            let header = meta_header(&op, mem, at, n)?;
-            let start = wire::META_ANSWER_HEADER_BYTES as usize;
-            let mut data = vec![0u8; header.count.min((n - start) as u64) as usize];
-            mem.read_at(at + start, &mut data);
-            Ok((attr_of(&op, &header.attr)?, data))
-        })?;
+        let (attr, mut data) = self.read_head(path, dataplane::META_ANSWER_BYTES - 64)?;
         if (data.len() as u64) < attr.size && data.len() == dataplane::META_ANSWER_BYTES - 64 {
             // Longer than the answer area: read the rest through a handle.
             let file = self.open_ring(&format!("open {path}"), path, MetaOpcode::Open, 0, 0)?;
@@ -871,6 +864,24 @@ impl Client {
         Ok(data)
     }
 
+    /// The attributes of the file at `path` and its first bytes, at most `max_bytes`
+    /// (up to 512 KiB - 64), in one submission: the agent opens it, reads them into this
+    /// process's memory and closes it. The whole file when `attr.size` is the length
+    /// returned. Blocking on the ring.
+    pub fn read_head(&self, path: &str, max_bytes: usize) -> Result<(Attr, Vec<u8>)> {
+        let op = format!("read {path}");
+        let dp = self.data()?;
+        let call = MetaCall { opcode: MetaOpcode::OpenRead, flags: 0, handle: 0, strings: &[path], arg: 0 };
+        let room = (max_bytes + wire::META_ANSWER_HEADER_BYTES as usize).min(dataplane::META_ANSWER_BYTES) as u32;
+        dp.metadata(&op, &call, AnswerTo::Ring(room), |mem, at, n| {
+            let header = meta_header(&op, mem, at, n)?;
+            let start = wire::META_ANSWER_HEADER_BYTES as usize;
+            let mut data = vec![0u8; header.count.min((n - start) as u64) as usize];
+            mem.read_at(at + start, &mut data);
+            Ok((attr_of(&op, &header.attr)?, data))
+        })
+    }
+
     /// A training sample in one submission: the agent opens `path`, reads it into
     /// `region` at `offset + 64` (up to `length - 64` bytes) and closes it, and writes
     /// the file's attributes before it (a 64-byte header). Returns the attributes and
@@ -879,7 +890,7 @@ impl Client {
     pub fn read_sample(&self, path: &str, region: &RegisteredRegion, offset: u64, length: u32) -> Result<(Attr, u64)> {
         let op = format!("read {path}");
         let call = MetaCall { opcode: MetaOpcode::OpenRead, flags: 0, handle: 0, strings: &[path], arg: 0 };
-        self.data()?.metadata(&op, &call, Some((region, offset, length)), |mem, at, n| {
+        self.data()?.metadata(&op, &call, AnswerTo::Region(region, offset, length), |mem, at, n| {
             let header = meta_header(&op, mem, at, n)?;
             Ok((attr_of(&op, &header.attr)?, header.count))
         })
@@ -1085,7 +1096,8 @@ impl File {
         let op = format!("stat {}", self.path);
         if let Some(dp) = &self.inner.data {
             let call = MetaCall { opcode: MetaOpcode::StatHandle, flags: 0, handle: self.handle, strings: &[], arg: 0 };
-            return dp.metadata(&op, &call, None, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
+            return dp
+                .metadata(&op, &call, AnswerTo::RING, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
         }
         let r = self
             .call(&op, |session_id| {
@@ -1190,7 +1202,7 @@ impl File {
             .as_ref()
             .ok_or_else(|| Error::DataPlane { op: op.clone(), reason: "no data plane".into() })?;
         let call = MetaCall { opcode: MetaOpcode::Close, flags: 0, handle: self.handle, strings: &[], arg: 0 };
-        dp.metadata(&op, &call, None, |_, _, _| Ok(()))
+        dp.metadata(&op, &call, AnswerTo::RING, |_, _, _| Ok(()))
     }
 
     /// Close the handle; a written file is durable once this returns (over the ring

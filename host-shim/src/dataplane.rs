@@ -147,6 +147,21 @@ const fn meta_request_offset(entries: u32) -> usize {
     (wire::ring_bytes(entries) + 4095) & !4095
 }
 
+/// Where a metadata entry's answer goes ([`DataPlane::metadata`]).
+#[derive(Clone, Copy)]
+pub(crate) enum AnswerTo<'a> {
+    /// The ring's own answer area, at most this many bytes of it (up to
+    /// [`META_ANSWER_BYTES`]).
+    Ring(u32),
+    /// A range of a caller's region: the region, an offset and a length.
+    Region(&'a RegisteredRegion, u64, u32),
+}
+
+impl AnswerTo<'_> {
+    /// The whole of the ring's answer area.
+    pub(crate) const RING: AnswerTo<'static> = AnswerTo::Ring(META_ANSWER_BYTES as u32);
+}
+
 /// A metadata entry to run ([`DataPlane::metadata`]).
 pub(crate) struct MetaCall<'a> {
     pub opcode: MetaOpcode,
@@ -801,8 +816,8 @@ impl DataPlane {
     }
 
     /// Run one metadata entry on a ring of its own and wait for it. Its strings go
-    /// into the ring's request area; the answer lands in the ring's answer area, or in
-    /// `to` (a region, an offset and a length) when given. `parse` reads a successful
+    /// into the ring's request area; the answer lands where `to` says (the ring's answer
+    /// area, or a range of a caller's region). `parse` reads a successful
     /// answer (memory, offset, bytes written) while the ring is held. A refusal by the
     /// namespace is the same [`Error::Agent`] the gRPC call gives. Blocking (a round
     /// trip of microseconds on shared memory).
@@ -810,7 +825,7 @@ impl DataPlane {
         self: &std::sync::Arc<Self>,
         op: &str,
         call: &MetaCall<'_>,
-        to: Option<(&RegisteredRegion, u64, u32)>,
+        to: AnswerTo<'_>,
         parse: impl FnOnce(&fabric::SharedMemory, usize, usize) -> Result<T>,
     ) -> Result<T> {
         let request =
@@ -834,8 +849,10 @@ impl DataPlane {
             let request_at = meta_request_offset(ring.entries);
             ring.region.region.write_at(request_at, &request);
             let (answer_region, answer_offset, answer_length) = match to {
-                Some((r, offset, length)) => (r.id, offset, length),
-                None => (ring.region.id, (request_at + META_REQUEST_BYTES) as u64, META_ANSWER_BYTES as u32),
+                AnswerTo::Region(r, offset, length) => (r.id, offset, length),
+                AnswerTo::Ring(length) => {
+                    (ring.region.id, (request_at + META_REQUEST_BYTES) as u64, length.min(META_ANSWER_BYTES as u32))
+                }
             };
             let entry =
                 call.entry((ring.region.id, request_at, request.len()), (answer_region, answer_offset, answer_length));
@@ -852,8 +869,8 @@ impl DataPlane {
             }
         };
         let mem = match to {
-            Some((r, ..)) => r.memory(),
-            None => batch.ring().mem(),
+            AnswerTo::Region(r, ..) => r.memory(),
+            AnswerTo::Ring(_) => batch.ring().mem(),
         };
         meta_answer(op, mem, answer_offset as usize, answer_length, result, parse)
     }

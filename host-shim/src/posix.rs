@@ -138,25 +138,66 @@ pub enum Opened {
     Directory(Attr),
 }
 
-/// An open file: the agent's handle and how it was opened. Offsets are the caller's.
+/// An open file: the agent's handle, or a small file's bytes, and how it was opened.
+/// Offsets are the caller's.
 pub struct OpenFile {
-    file: File,
+    backing: Backing,
     flags: OpenFlags,
     /// Size as far as this handle knows (for `O_APPEND` and `SEEK_END` without a round
     /// trip): the size at open, grown by this handle's writes.
     size: AtomicU64,
 }
 
+/// What an open file reads from.
+enum Backing {
+    /// A handle at the agent.
+    Handle(File),
+    /// A small file opened read-only, read whole at open in one submission (an
+    /// open-read: the agent holds no handle): its bytes and attributes as of open.
+    Snapshot(Snapshot),
+}
+
+struct Snapshot {
+    path: String,
+    attr: Attr,
+    data: Vec<u8>,
+    /// The mount's count of bytes held in snapshots, given back on drop.
+    held: std::sync::Arc<AtomicU64>,
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.data.len() as u64, Ordering::AcqRel);
+    }
+}
+
 impl OpenFile {
     pub fn path(&self) -> &str {
-        self.file.path()
+        match &self.backing {
+            Backing::Handle(file) => file.path(),
+            Backing::Snapshot(s) => &s.path,
+        }
     }
     pub fn flags(&self) -> OpenFlags {
         self.flags
     }
     /// The attributes as of open (no round trip; [`Mount::fstat`] asks the agent).
     pub fn attr(&self) -> &Attr {
-        self.file.attr()
+        match &self.backing {
+            Backing::Handle(file) => file.attr(),
+            Backing::Snapshot(s) => &s.attr,
+        }
+    }
+
+    /// The agent's handle; `EBADF` for a snapshot, which has none (only read-only
+    /// calls reach a snapshot, and those answer without the agent).
+    fn handle(&self) -> Result<&File> {
+        match &self.backing {
+            Backing::Handle(file) => Ok(file),
+            Backing::Snapshot(s) => {
+                Err(PosixError::new(rustix::io::Errno::BADF, format!("{}: opened read-only", s.path)))
+            }
+        }
     }
     /// The size this handle knows of (see [`Mount::fstat`] for the agent's).
     pub fn known_size(&self) -> u64 {
@@ -167,9 +208,20 @@ impl OpenFile {
 /// Bytes moved through a mount and copied between its regions and callers' buffers.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MountStats {
+    /// Read through handles: copied once, from a region into the caller's buffer.
     pub bytes_read: u64,
+    /// Read whole at open into snapshots: copied twice, out of the ring's answer area
+    /// into the snapshot, and from there into the caller's buffer.
+    pub bytes_snapshot: u64,
     pub bytes_written: u64,
 }
+
+/// Files opened read-only up to this size are read whole at open by default
+/// ([`Mount::set_snapshot_bytes`]): a training sample costs one submission instead of an
+/// open, an fstat, reads and a close.
+pub const SNAPSHOT_BYTES: usize = 256 * 1024;
+/// Bytes a mount holds in snapshots at most; files opened beyond it get handles.
+const SNAPSHOT_HELD_BYTES: u64 = 64 << 20;
 
 /// An attached session used the POSIX way.
 pub struct Mount {
@@ -177,7 +229,10 @@ pub struct Mount {
     regions: Mutex<Option<RegionPool>>,
     region_bytes: usize,
     bytes_read: AtomicU64,
+    bytes_snapshot: AtomicU64,
     bytes_written: AtomicU64,
+    snapshot_bytes: AtomicU64,
+    snapshot_held: std::sync::Arc<AtomicU64>,
 }
 
 #[derive(clap::Parser)]
@@ -196,7 +251,24 @@ impl Mount {
             .map_err(|e| PosixError::new(rustix::io::Errno::INVAL, format!("the DPUIO_* variables: {e}")))?;
         let mut options = args.connect.connect_options(client_name);
         options.data_plane = Some(DataPlaneOptions { interface: args.connect.interface, ..Default::default() });
-        Mount::attach(options)
+        let mount = Mount::attach(options)?;
+        if let Ok(v) = std::env::var("DPUIO_SNAPSHOT_BYTES") {
+            let bytes = v.parse().map_err(|_| {
+                PosixError::new(rustix::io::Errno::INVAL, format!("DPUIO_SNAPSHOT_BYTES={v:?}: not a number of bytes"))
+            })?;
+            mount.set_snapshot_bytes(bytes);
+        }
+        Ok(mount)
+    }
+
+    /// Files opened read-only and at most this large are read whole at open, in one
+    /// submission, and served from that copy: reads and `fstat` see the file as it was
+    /// at open (close-to-open consistency, as NFS gives), and the agent holds no handle
+    /// for them. 0 turns it off. Default [`SNAPSHOT_BYTES`]; at most 512 KiB - 64 (one
+    /// answer area).
+    pub fn set_snapshot_bytes(&self, bytes: usize) {
+        let bytes = bytes.min(crate::dataplane::META_ANSWER_BYTES - 64);
+        self.snapshot_bytes.store(bytes as u64, Ordering::Relaxed);
     }
 
     /// Attach with `options` (which must ask for a data plane to move data).
@@ -208,7 +280,10 @@ impl Mount {
             regions: Mutex::new(None),
             region_bytes,
             bytes_read: AtomicU64::new(0),
+            bytes_snapshot: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
+            snapshot_bytes: AtomicU64::new(SNAPSHOT_BYTES as u64),
+            snapshot_held: Default::default(),
         })
     }
 
@@ -226,6 +301,7 @@ impl Mount {
     pub fn stats(&self) -> MountStats {
         MountStats {
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_snapshot: self.bytes_snapshot.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
         }
     }
@@ -241,6 +317,10 @@ impl Mount {
 
     /// Open `path` as `open(2)` would with `flags`.
     pub fn open(&self, path: &str, flags: OpenFlags) -> Result<Opened> {
+        if let Some(snapshot) = self.snapshot(path, flags)? {
+            let size = AtomicU64::new(snapshot.attr.size);
+            return Ok(Opened::File(OpenFile { backing: Backing::Snapshot(snapshot), flags, size }));
+        }
         let client = self.session.client()?;
         let access = if flags.write { Access::ReadWrite } else { Access::ReadOnly };
         let file = if flags.create && flags.exclusive {
@@ -273,7 +353,38 @@ impl Mount {
             self.call(file.truncate(0))?;
         }
         let size = if flags.truncate { 0 } else { file.attr().size };
-        Ok(Opened::File(OpenFile { file, flags, size: AtomicU64::new(size) }))
+        Ok(Opened::File(OpenFile { backing: Backing::Handle(file), flags, size: AtomicU64::new(size) }))
+    }
+
+    /// A read-only open of a small file as one open-read, when snapshots are on and the
+    /// mount holds room for one. `Ok(None)` sends the caller the usual way: a larger
+    /// file (its head is dropped), a directory, a session without a data plane, and
+    /// failures other than a missing file or a denial (an integrity failure, say, then
+    /// comes from the read, as without snapshots).
+    fn snapshot(&self, path: &str, flags: OpenFlags) -> Result<Option<Snapshot>> {
+        let max = self.snapshot_bytes.load(Ordering::Relaxed) as usize;
+        if max == 0 || flags.write || flags.create || flags.truncate || flags.append {
+            return Ok(None);
+        }
+        if self.snapshot_held.load(Ordering::Acquire) + max as u64 > SNAPSHOT_HELD_BYTES {
+            return Ok(None);
+        }
+        let Ok(client) = self.session.data_client() else { return Ok(None) };
+        let (attr, data) = match client.read_head(path, max) {
+            Ok(head) => head,
+            Err(e) => {
+                let e = PosixError::from(e);
+                use rustix::io::Errno;
+                let definite = [Errno::NOENT, Errno::ACCESS, Errno::NOTDIR].map(Errno::raw_os_error);
+                return if definite.contains(&e.errno) { Err(e) } else { Ok(None) };
+            }
+        };
+        if attr.kind != EntryKind::File || data.len() as u64 != attr.size {
+            return Ok(None);
+        }
+        self.snapshot_held.fetch_add(data.len() as u64, Ordering::AcqRel);
+        self.bytes_snapshot.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(Some(Snapshot { path: path.to_owned(), attr, data, held: self.snapshot_held.clone() }))
     }
 
     /// The directory at `path`, as `opendir` needs it (`ENOTDIR` for a file).
@@ -310,12 +421,19 @@ impl Mount {
         if !f.flags.read {
             return Err(PosixError::new(rustix::io::Errno::BADF, format!("{}: not open for reading", f.path())));
         }
+        if let Backing::Snapshot(s) = &f.backing {
+            // The copy out of the snapshot; the bytes were counted at open.
+            let from = s.data.get(offset.min(s.data.len() as u64) as usize..).unwrap_or_default();
+            let n = from.len().min(out.len());
+            out[..n].copy_from_slice(&from[..n]);
+            return Ok(n);
+        }
         let pool = self.pool()?;
         let buffer = pool.get();
         let mut done = 0;
         while done < out.len() {
             let want = (out.len() - done).min(buffer.len());
-            let request = f.file.read_request(&buffer, 0, want as u64, offset + done as u64);
+            let request = f.handle()?.read_request(&buffer, 0, want as u64, offset + done as u64);
             let moved = self.one(f, "read", request)? as usize;
             let moved = moved.min(want);
             // The one copy: from the region the agent wrote into the caller's buffer.
@@ -345,7 +463,7 @@ impl Mount {
         while done < data.len() {
             let n = (data.len() - done).min(buffer.len());
             buffer.memory_mut().as_mut_slice()[..n].copy_from_slice(&data[done..done + n]);
-            let request = f.file.write_request(&buffer, 0, n as u64, offset + done as u64);
+            let request = f.handle()?.write_request(&buffer, 0, n as u64, offset + done as u64);
             let moved = self.one(f, "write", request)? as usize;
             done += moved.min(n);
             if moved < n {
@@ -370,8 +488,12 @@ impl Mount {
     }
 
     /// Current attributes of an open file (and what this handle knows of its size).
+    /// A snapshot answers with its attributes as of open.
     pub fn fstat(&self, f: &OpenFile) -> Result<Attr> {
-        let mut attr = self.call(f.file.stat())?;
+        if let Backing::Snapshot(s) = &f.backing {
+            return Ok(s.attr.clone());
+        }
+        let mut attr = self.call(f.handle()?.stat())?;
         attr.size = attr.size.max(f.known_size());
         f.size.store(attr.size, Ordering::Release);
         Ok(attr)
@@ -381,18 +503,26 @@ impl Mount {
         if !f.flags.write {
             return Err(PosixError::new(rustix::io::Errno::INVAL, format!("{}: not open for writing", f.path())));
         }
-        self.call(f.file.truncate(size))?;
+        self.call(f.handle()?.truncate(size))?;
         f.size.store(size, Ordering::Release);
         Ok(())
     }
 
+    /// Nothing to make durable for a snapshot (it was opened read-only).
     pub fn fsync(&self, f: &OpenFile) -> Result<()> {
-        self.call(f.file.sync())
+        match &f.backing {
+            Backing::Handle(file) => self.call(file.sync()),
+            Backing::Snapshot(_) => Ok(()),
+        }
     }
 
-    /// Close the handle at the agent (a written file is durable once this returns).
+    /// Close the handle at the agent (a written file is durable once this returns); a
+    /// snapshot has none.
     pub fn close(&self, f: OpenFile) -> Result<()> {
-        self.call(f.file.close())
+        match f.backing {
+            Backing::Handle(file) => self.call(file.close()),
+            Backing::Snapshot(_) => Ok(()),
+        }
     }
 
     pub fn mkdir(&self, path: &str) -> Result<()> {

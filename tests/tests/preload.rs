@@ -263,3 +263,69 @@ print("EIO ok")
     let out = ok(preloaded(&agent, python().to_str().unwrap()).arg("-c").arg(&script));
     assert!(out.contains("EIO ok"), "{out}");
 }
+
+/// A small file opened read-only is read whole at open (one submission) and served from
+/// that copy: a descriptor keeps seeing the file as it was at open, a new open sees the
+/// new file (close-to-open consistency), and `DPUIO_SNAPSHOT_BYTES=0` turns it off.
+#[test]
+fn small_files_opened_read_only_read_as_of_open() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let script = format!(
+        r#"
+import os, sys
+fd = os.open("{MOUNT}/snap/s.bin", os.O_RDONLY)
+print("size at open", os.fstat(fd).st_size, flush=True)
+sys.stdin.readline()  # the test puts a new version meanwhile
+print("old descriptor", os.pread(fd, 100, 0).decode(), os.fstat(fd).st_size)
+os.close(fd)
+with open("{MOUNT}/snap/s.bin", "rb") as f:
+    print("new open", f.read().decode())
+"#
+    );
+    for (snapshot_bytes, old_sees) in [(None, "old 3"), (Some("0"), "new version 11")] {
+        put(&agent, &scratch, "/snap/s.bin", b"old");
+        let mut command = preloaded(&agent, python().to_str().unwrap());
+        command.arg("-c").arg(&script).env("DPUIO_PRELOAD_STATS", "1");
+        if let Some(v) = snapshot_bytes {
+            command.env("DPUIO_SNAPSHOT_BYTES", v);
+        }
+        let mut child = command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "size at open 3");
+        write_in_place(&agent, "/snap/s.bin", b"new version");
+        writeln!(child.stdin.as_mut().unwrap()).unwrap();
+        let rest: Vec<String> = lines.map(Result::unwrap).collect();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{snapshot_bytes:?}: {rest:?} {stderr}");
+        assert_eq!(rest, [format!("old descriptor {old_sees}"), "new open new version".to_owned()], "{stderr}");
+        let whole =
+            if snapshot_bytes.is_none() { "read 14 bytes of small files whole at open" } else { "read 0 bytes of" };
+        assert!(stderr.contains(whole), "{snapshot_bytes:?}: {stderr}");
+    }
+}
+
+/// Write `data` at offset 0 of the file at `path` in place (through a handle, as another
+/// client's writer would), not as `dpuio put`'s replacing rename.
+fn write_in_place(agent: &AgentProcess, path: &str, data: &[u8]) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let options = dpuio_shim::ConnectOptions { data_plane: Some(Default::default()), ..agent.connect_options() };
+        let client = dpuio_shim::Client::connect(options).await.unwrap();
+        let mut region = client.register_region(4096, dpuio_shim::RegionAccess::ReadWrite).await.unwrap();
+        region.memory_mut().write_at(0, data);
+        let file = client.open(path, dpuio_shim::Access::ReadWrite).await.unwrap();
+        assert_eq!(file.write_at(&region, data.len() as u64, 0).unwrap(), data.len() as u64);
+        file.close().await.unwrap();
+        client.detach().await.unwrap();
+    });
+}

@@ -121,7 +121,8 @@ extern "C" fn detach_at_exit() {
 
 /// With `DPUIO_PRELOAD_STATS` set, one line on stderr at exit: the bytes this process
 /// moved through dpuio (each copied once between a staging region and the program's
-/// buffer) and the host CPU the whole process used, for judging what the copy costs.
+/// buffer, or twice for small files read whole at open) and the host CPU the whole
+/// process used, for judging what the copies cost.
 fn report(m: &Mount) {
     if std::env::var_os("DPUIO_PRELOAD_STATS").is_none() {
         return;
@@ -130,11 +131,12 @@ fn report(m: &Mount) {
     let cpu = dpuio_shim::process_cpu_time();
     let progress = m.session().client().map(|c| c.data_plane_stats().progress_cpu).unwrap_or_default();
     eprintln!(
-        "dpuio-preload: pid {} read {} bytes, wrote {} bytes (one copy each); process CPU {:.3} s \
-         (data-plane progress thread {:.3} s)",
+        "dpuio-preload: pid {} read {} bytes, wrote {} bytes (one copy each), read {} bytes of small files \
+         whole at open (two copies); process CPU {:.3} s (data-plane progress thread {:.3} s)",
         std::process::id(),
         stats.bytes_read,
         stats.bytes_written,
+        stats.bytes_snapshot,
         cpu.as_secs_f64(),
         progress.as_secs_f64()
     );
