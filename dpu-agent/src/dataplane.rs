@@ -602,9 +602,107 @@ struct InFlight {
     taken_at: Instant,
 }
 
-struct Job {
+/// Work for the I/O threads.
+enum Job {
+    /// A piece of a mapped request.
+    Piece(Piece),
+    /// An open-read whose rings and regions are mapped: a batch of them (a loader's
+    /// samples) runs on all the threads at once rather than one after another on the
+    /// engine's.
+    OpenRead(Box<OpenRead>),
+}
+
+struct Piece {
     request: Arc<InFlight>,
     piece: engine::Chunk,
+}
+
+/// An open-read entry taken off a mapped ring, run on an I/O thread: the namespace call,
+/// the file's bytes and header written into the mapped answer range, its completion
+/// posted as [`finish_mapped`] posts a request's.
+struct OpenRead {
+    agent: Arc<Agent>,
+    session_id: u64,
+    metrics: Arc<TenantMetrics>,
+    ring: Arc<HostRing>,
+    answer: Arc<HostRegion>,
+    meta: MetaSubmission,
+    asked: meta::Request,
+    cq_index: u64,
+    chunk_bytes: usize,
+}
+
+impl OpenRead {
+    fn run(self) {
+        let started = Instant::now();
+        let m = &self.meta;
+        let mapped = self.answer.mapped.as_ref().expect("only mapped open-reads are queued");
+        let answered = match self.agent.namespace() {
+            Some(ns) => ns.metadata(self.session_id, self.asked),
+            None => Err(crate::error::Error::Unavailable("serving no namespace on its data plane")),
+        };
+        let answered = answered.and_then(|reply| {
+            let meta::Reply::Object { object, attr } = reply else {
+                return Err(crate::error::Error::invalid("opcode", "an open-read answered without a file"));
+            };
+            let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
+            let want = attr.size.min(u64::from(m.answer_length).saturating_sub(header));
+            let mut done = 0u64;
+            for c in engine::chunks(0, m.answer_offset + header, want, self.chunk_bytes as u64) {
+                let n =
+                    object.read_into(mapped.bytes_mut(c.region_offset as usize, c.length as usize), c.file_offset)?;
+                done += n as u64;
+                if (n as u64) < c.length {
+                    break; // end of file
+                }
+            }
+            let head = meta::open_read_header(&attr, done);
+            mapped.bytes_mut(m.answer_offset as usize, head.len()).copy_from_slice(&head);
+            Ok(header + done)
+        });
+        count_meta(&self.metrics, m.opcode, &answered, started);
+        let (status, result) = match answered {
+            Ok(written) => (wire::Status::Ok, written),
+            Err(refused) => {
+                let record = meta::error_answer(&refused, m.answer_length as usize);
+                mapped.bytes_mut(m.answer_offset as usize, record.len()).copy_from_slice(&record);
+                (wire::Status::Refused, record.len() as u64)
+            }
+        };
+        post_mapped(&self.ring, self.cq_index, &protocol::completion(m.user_data, self.cq_index, status, result));
+    }
+}
+
+/// How a metadata entry went, counted as the same call over gRPC is: by operation,
+/// refusals by their code; an open-read also as a read of the file bytes it wrote after
+/// its header.
+fn count_meta(
+    metrics: &TenantMetrics,
+    opcode: wire::MetaOpcode,
+    answered: &crate::error::Result<u64>,
+    started: Instant,
+) {
+    let op = Op::of_meta(opcode);
+    match (answered, op) {
+        (Ok(written), Op::Read) => metrics.request(
+            op,
+            wire::Status::Ok,
+            written.saturating_sub(u64::from(wire::META_ANSWER_HEADER_BYTES)),
+            started.elapsed(),
+        ),
+        (Ok(_), _) => metrics.call(op, Ok(())),
+        (Err(refused), _) => metrics.call(op, Err(refused.code())),
+    }
+}
+
+/// Post `c` at `cq_index` of a mapped ring (the entry, then its `seq` word) and wake
+/// its waiters.
+fn post_mapped(ring: &HostRing, cq_index: u64, c: &Completion) {
+    let mem = ring.region.mapped.as_ref().expect("posted into mapped rings only");
+    let at = ring.offset as usize + wire::cqe_offset(ring.entries, cq_index);
+    mem.bytes_mut(at, 24).copy_from_slice(&c.encode()[..24]);
+    mem.store_u64_release(at + 24, c.seq);
+    wake_waiters(ring);
 }
 
 /// An I/O thread: takes pieces of mapped requests and runs them on its backend's
@@ -613,26 +711,41 @@ struct Job {
 /// many backend reads in flight; with a one-at-a-time queue (`local`) it takes one piece
 /// and leaves the rest to the other threads.
 fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>, times: &BackendTimes) {
-    let mut batch: Vec<Job> = Vec::with_capacity(io.depth());
+    let mut batch: Vec<Piece> = Vec::with_capacity(io.depth());
+    let mut after: Option<Box<OpenRead>> = None;
     while let Ok(job) = queue.recv() {
-        let overlaps = io.overlaps(&*job.request.handle.object);
-        batch.push(job);
+        let first = match job {
+            Job::Piece(p) => p,
+            Job::OpenRead(o) => {
+                o.run();
+                continue;
+            }
+        };
+        let overlaps = io.overlaps(&*first.request.handle.object);
+        batch.push(first);
         // A piece the queue would run on this thread ends the batch: it must not hold
         // back the pieces gathered before it longer than it takes itself.
         while overlaps && batch.len() < io.depth() {
             match queue.try_recv() {
-                Ok(job) => {
-                    let stop = !io.overlaps(&*job.request.handle.object);
-                    batch.push(job);
+                Ok(Job::Piece(p)) => {
+                    let stop = !io.overlaps(&*p.request.handle.object);
+                    batch.push(p);
                     if stop {
                         break;
                     }
+                }
+                Ok(Job::OpenRead(o)) => {
+                    after = Some(o); // runs on this thread: after the batch
+                    break;
                 }
                 Err(_) => break,
             }
         }
         run_pieces(&mut *io, &batch, times);
         batch.clear();
+        if let Some(o) = after.take() {
+            o.run();
+        }
     }
 }
 
@@ -641,11 +754,11 @@ fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>, 
 /// Each piece's backend time goes to `times`: on a queue that overlaps its pieces, from
 /// the batch's start to the piece's outcome (they were all submitted together); on one
 /// that runs them one after another, from the previous outcome.
-fn run_pieces(io: &mut dyn IoQueue, batch: &[Job], times: &BackendTimes) {
+fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
     let overlapped = io.depth() > 1;
     let mut requests: Vec<IoRequest<'_>> = batch
         .iter()
-        .map(|Job { request: r, piece }| {
+        .map(|Piece { request: r, piece }| {
             let mapped = r.region.mapped.as_ref().expect("only mapped requests are queued");
             let (at, len) = (piece.region_offset as usize, piece.length as usize);
             IoRequest {
@@ -661,7 +774,7 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Job], times: &BackendTimes) {
     let started = Instant::now();
     let mut last = started;
     io.run(&mut requests, &mut |i, outcome| {
-        let Job { request: r, piece } = &batch[i];
+        let Piece { request: r, piece } = &batch[i];
         let now = Instant::now();
         let h = if r.sub.opcode == Opcode::Read { &times.read } else { &times.write };
         h.observe(now.duration_since(if overlapped { started } else { last }).as_secs_f64());
@@ -704,12 +817,7 @@ fn finish_mapped(r: &InFlight, times: &BackendTimes) {
         (true, false) => wire::Status::Io,
     };
     let result = if failed { 0 } else { result };
-    let c = protocol::completion(r.sub.user_data, r.cq_index, status, result);
-    let mem = r.ring.region.mapped.as_ref().expect("mapped requests live in mapped rings");
-    let at = r.ring.offset as usize + wire::cqe_offset(r.ring.entries, r.cq_index);
-    mem.bytes_mut(at, 24).copy_from_slice(&c.encode()[..24]);
-    mem.store_u64_release(at + 24, c.seq);
-    wake_waiters(&r.ring);
+    post_mapped(&r.ring, r.cq_index, &protocol::completion(r.sub.user_data, r.cq_index, status, result));
     r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
     if r.tenant.finish(1) {
         let _ = r.engine.wake();
@@ -1005,6 +1113,9 @@ impl Engine {
             }
         };
         let mut entry = [0u8; wire::SQE_BYTES];
+        // Submissions waiting behind the one fetched last (the host's count: used only to
+        // choose where an open-read runs).
+        let mut behind = sq_tail.wrapping_sub(cursor.sq_head);
         // Counted when pushed to the scheduler at the end: a transfer failure before
         // then must not leave them counted.
         let mut queued = Vec::new();
@@ -1017,6 +1128,7 @@ impl Engine {
         while let Some(action) = batch.poll() {
             let performed = match (action, &s.tenant) {
                 (Action::Fetch { index }, _) => {
+                    behind = behind.saturating_sub(1);
                     let at = base + wire::sqe_offset(ring.entries, index) as u64;
                     self.read_host(peer, &ring.region, at, &mut entry).map(|()| {
                         batch.fetched(&entry, session, self.agent.limits().max_io_bytes);
@@ -1044,6 +1156,12 @@ impl Engine {
                     session.metrics.completed(Op::of(sub.opcode), wire::Status::Cancelled);
                     let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
                     self.post_completion(peer, ring, cq_index, &completion)
+                }
+                // An open-read with more entries behind it goes to the I/O threads, so a
+                // batch of samples is read in parallel; the last one runs here.
+                (Action::Meta { meta, cq_index }, _) if behind > 0 && self.dispatch_open_read(s, &meta, cq_index) => {
+                    batch.ran(Ran::OnWorkers);
+                    Ok(())
                 }
                 (Action::Meta { meta, .. }, _) => self.run_meta(session, peer, &meta).map(|(status, result)| {
                     ran_here = true; // counted as it ran (run_meta)
@@ -1157,16 +1275,16 @@ impl Engine {
         // idling while workers wake.
         let inline = (!self.io_overlaps).then(|| pieces[0]);
         for &piece in &pieces[usize::from(inline.is_some())..] {
-            if let Err(crossbeam_channel::SendError(job)) = self.jobs.send(Job { request: request.clone(), piece }) {
+            if self.jobs.send(Job::Piece(Piece { request: request.clone(), piece })).is_err() {
                 // The workers are gone (shutdown): fail this piece.
-                job.request.failed.store(true, Ordering::Relaxed);
-                if job.request.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    finish_mapped(&job.request, &self.backend_times);
+                request.failed.store(true, Ordering::Relaxed);
+                if request.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    finish_mapped(&request, &self.backend_times);
                 }
             }
         }
         if let Some(piece) = inline {
-            run_pieces(&mut OneAtATime, &[Job { request, piece }], &self.backend_times);
+            run_pieces(&mut OneAtATime, &[Piece { request, piece }], &self.backend_times);
         }
         Some(())
     }
@@ -1267,6 +1385,41 @@ impl Engine {
         Ok((wire::Status::Io, 0))
     }
 
+    /// Queue an open-read on the I/O threads when its ring and regions are mapped (the
+    /// threads write host memory directly); false to run it here instead.
+    fn dispatch_open_read(&mut self, s: &Serving, m: &MetaSubmission, cq_index: u64) -> bool {
+        if m.opcode != wire::MetaOpcode::OpenRead || s.ring.region.mapped.is_none() {
+            return false;
+        }
+        let (Some(answer), Some(request)) =
+            (s.session.host_region(m.answer_region), s.session.host_region(m.request_region))
+        else {
+            return false;
+        };
+        let Some(mapped) = request.mapped.as_ref().filter(|_| answer.mapped.is_some()) else { return false };
+        let bytes = mapped.bytes(m.request_offset as usize, m.request_length as usize).to_vec();
+        let Ok(asked) = meta::request(m, &bytes) else { return false }; // refused here, with its reason
+        let job = OpenRead {
+            agent: self.agent.clone(),
+            session_id: s.session.id,
+            metrics: s.session.metrics.clone(),
+            ring: s.ring.clone(),
+            answer,
+            meta: *m,
+            asked,
+            cq_index,
+            chunk_bytes: self.chunk_bytes,
+        };
+        match self.jobs.send(Job::OpenRead(Box::new(job))) {
+            Ok(()) => true,
+            Err(crossbeam_channel::SendError(Job::OpenRead(job))) => {
+                job.run(); // the workers are gone (shutdown): run it here
+                true
+            }
+            Err(_) => true,
+        }
+    }
+
     /// Run one metadata entry whose memory ranges were checked: copy its request out
     /// of host memory once, run it through the agent's namespace policy (the gRPC
     /// handlers' own), and write the answer, or the error gRPC would give, into its
@@ -1292,19 +1445,7 @@ impl Engine {
             Ok(asked) => self.meta_answer(session.id, peer, &answer, m, asked)?,
             Err(e) => Err(e),
         };
-        // Counted as the same call over gRPC is: by operation, refusals by their code;
-        // an open-read also as a read of the file bytes it wrote after its header.
-        let op = Op::of_meta(m.opcode);
-        match (&answered, op) {
-            (Ok(written), Op::Read) => session.metrics.request(
-                op,
-                wire::Status::Ok,
-                written.saturating_sub(u64::from(wire::META_ANSWER_HEADER_BYTES)),
-                started.elapsed(),
-            ),
-            (Ok(_), _) => session.metrics.call(op, Ok(())),
-            (Err(refused), _) => session.metrics.call(op, Err(refused.code())),
-        }
+        count_meta(&session.metrics, m.opcode, &answered, started);
         match answered {
             Ok(written) => Ok((wire::Status::Ok, written)),
             Err(refused) => {
@@ -1332,7 +1473,7 @@ impl Engine {
         };
         if let meta::Reply::Object { object, attr } = &reply {
             let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
-            let want = attr.size.min(u64::from(m.answer_length) - header);
+            let want = attr.size.min(u64::from(m.answer_length).saturating_sub(header));
             return Ok(match self.read_object_to_host(peer, answer, m.answer_offset + header, want, object)? {
                 Ok(n) => {
                     self.write_host(peer, answer, m.answer_offset, &meta::open_read_header(attr, n))?;
