@@ -630,6 +630,9 @@ struct OpenRead {
     asked: meta::Request,
     cq_index: u64,
     chunk_bytes: usize,
+    /// The open-reads of one ring batch still running: the last to finish wakes the
+    /// host (one wake-up for a loader's batch, not one per sample).
+    group: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl OpenRead {
@@ -670,6 +673,9 @@ impl OpenRead {
             }
         };
         post_mapped(&self.ring, self.cq_index, &protocol::completion(m.user_data, self.cq_index, status, result));
+        if self.group.fetch_sub(1, Ordering::SeqCst) == 1 {
+            wake_waiters(&self.ring);
+        }
     }
 }
 
@@ -695,14 +701,13 @@ fn count_meta(
     }
 }
 
-/// Post `c` at `cq_index` of a mapped ring (the entry, then its `seq` word) and wake
-/// its waiters.
+/// Post `c` at `cq_index` of a mapped ring: the entry, then its `seq` word. Waking the
+/// ring's waiters is the caller's.
 fn post_mapped(ring: &HostRing, cq_index: u64, c: &Completion) {
     let mem = ring.region.mapped.as_ref().expect("posted into mapped rings only");
     let at = ring.offset as usize + wire::cqe_offset(ring.entries, cq_index);
     mem.bytes_mut(at, 24).copy_from_slice(&c.encode()[..24]);
     mem.store_u64_release(at + 24, c.seq);
-    wake_waiters(ring);
 }
 
 /// An I/O thread: takes pieces of mapped requests and runs them on its backend's
@@ -818,6 +823,7 @@ fn finish_mapped(r: &InFlight, times: &BackendTimes) {
     };
     let result = if failed { 0 } else { result };
     post_mapped(&r.ring, r.cq_index, &protocol::completion(r.sub.user_data, r.cq_index, status, result));
+    wake_waiters(&r.ring);
     r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
     if r.tenant.finish(1) {
         let _ = r.engine.wake();
@@ -1116,6 +1122,8 @@ impl Engine {
         // Submissions waiting behind the one fetched last (the host's count: used only to
         // choose where an open-read runs).
         let mut behind = sq_tail.wrapping_sub(cursor.sq_head);
+        // This batch's open-reads on the I/O threads (see OpenRead::group).
+        let mut group: Option<Arc<std::sync::atomic::AtomicUsize>> = None;
         // Counted when pushed to the scheduler at the end: a transfer failure before
         // then must not leave them counted.
         let mut queued = Vec::new();
@@ -1159,7 +1167,9 @@ impl Engine {
                 }
                 // An open-read with more entries behind it goes to the I/O threads, so a
                 // batch of samples is read in parallel; the last one runs here.
-                (Action::Meta { meta, cq_index }, _) if behind > 0 && self.dispatch_open_read(s, &meta, cq_index) => {
+                (Action::Meta { meta, cq_index }, _)
+                    if behind > 0 && self.dispatch_open_read(s, &meta, cq_index, &mut group) =>
+                {
                     batch.ran(Ran::OnWorkers);
                     Ok(())
                 }
@@ -1178,7 +1188,15 @@ impl Engine {
                 (Action::Finish { cursor, wake, more }, _) => {
                     ring.sq_head.store(cursor.sq_head, Ordering::Relaxed);
                     ring.cq_tail.store(cursor.cq_tail, Ordering::Relaxed);
-                    return self.finish_batch(s, cursor.sq_head, queued, wake, more);
+                    // Open-reads still running on the I/O threads: the last of them wakes
+                    // the host, for the completions posted here too (one wake-up for the
+                    // batch). The fence orders this batch's completions before the load,
+                    // against the workers' decrements.
+                    let workers_wake = group.as_ref().is_some_and(|g| {
+                        std::sync::atomic::fence(Ordering::SeqCst);
+                        g.load(Ordering::SeqCst) > 0
+                    });
+                    return self.finish_batch(s, cursor.sq_head, queued, wake && !workers_wake, more);
                 }
             };
             if let Err(e) = performed {
@@ -1387,7 +1405,13 @@ impl Engine {
 
     /// Queue an open-read on the I/O threads when its ring and regions are mapped (the
     /// threads write host memory directly); false to run it here instead.
-    fn dispatch_open_read(&mut self, s: &Serving, m: &MetaSubmission, cq_index: u64) -> bool {
+    fn dispatch_open_read(
+        &mut self,
+        s: &Serving,
+        m: &MetaSubmission,
+        cq_index: u64,
+        group: &mut Option<Arc<std::sync::atomic::AtomicUsize>>,
+    ) -> bool {
         if m.opcode != wire::MetaOpcode::OpenRead || s.ring.region.mapped.is_none() {
             return false;
         }
@@ -1399,6 +1423,8 @@ impl Engine {
         let Some(mapped) = request.mapped.as_ref().filter(|_| answer.mapped.is_some()) else { return false };
         let bytes = mapped.bytes(m.request_offset as usize, m.request_length as usize).to_vec();
         let Ok(asked) = meta::request(m, &bytes) else { return false }; // refused here, with its reason
+        let group = group.get_or_insert_with(Default::default).clone();
+        group.fetch_add(1, Ordering::AcqRel);
         let job = OpenRead {
             agent: self.agent.clone(),
             session_id: s.session.id,
@@ -1409,6 +1435,7 @@ impl Engine {
             asked,
             cq_index,
             chunk_bytes: self.chunk_bytes,
+            group,
         };
         match self.jobs.send(Job::OpenRead(Box::new(job))) {
             Ok(()) => true,

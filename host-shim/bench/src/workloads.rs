@@ -179,6 +179,10 @@ pub struct BenchArgs {
     /// parent.
     #[arg(long, hide = true)]
     pub preload_child: bool,
+    /// metadata: samples per batch in the batched 128 KiB sample row (a DataLoader batch:
+    /// one submission and one wait per batch through the shim).
+    #[arg(long, default_value_t = 16)]
+    pub sample_batch: usize,
     /// metadata: files created, stated, listed and removed per path.
     #[arg(long, default_value_t = 2000)]
     pub metadata_files: usize,
@@ -205,6 +209,7 @@ impl BenchArgs {
         opt("rounds", self.rounds.to_string());
         opt("threads", self.threads.to_string());
         opt("metadata-files", self.metadata_files.to_string());
+        opt("sample-batch", self.sample_batch.to_string());
         opt("checkpoint-bytes", self.checkpoint_bytes.to_string());
         if let Some(b) = self.block_bytes {
             opt("block-bytes", b.to_string());
@@ -427,7 +432,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             Workload::SeqRead | Workload::RandRead | Workload::SeqWrite => {
                 block_workload(&setup, &args, workload).await?
             }
-            Workload::Metadata => metadata(&setup, args.metadata_files).await?,
+            Workload::Metadata => metadata(&setup, args.metadata_files, args.seconds, args.sample_batch).await?,
             Workload::Unet3d => crate::dlio::unet3d(&setup, &args.unet3d).await?,
             Workload::Checkpoint => checkpoint(&setup, args.checkpoint_bytes).await?,
             Workload::Qos => return Err(bench_error("qos runs on its own")), // handled above
@@ -561,7 +566,14 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
 
 /// The metadata rows through std::fs on `root` (the container's directory, or the fuse
 /// path's mount of it), labelled `path`.
-fn fs_metadata(setup: &Setup, root: &Path, path: &str, files: usize) -> dpuio_shim::Result<Vec<Figures>> {
+fn fs_metadata(
+    setup: &Setup,
+    root: &Path,
+    path: &str,
+    files: usize,
+    seconds: f64,
+    sample_batch: usize,
+) -> dpuio_shim::Result<Vec<Figures>> {
     let mut out = Vec::new();
     let bar = setup.spinner(format!("metadata {path}"));
     let dir = root.join(BENCH_DIR.trim_start_matches('/')).join(format!("meta-{path}"));
@@ -585,23 +597,21 @@ fn fs_metadata(setup: &Setup, root: &Path, path: &str, files: usize) -> dpuio_sh
     for n in &samples {
         std::fs::write(n, &data).map_err(bench_error)?;
     }
-    let meter = Meter::start(setup, path);
-    for n in &samples {
+    let read = |n: &PathBuf| -> dpuio_shim::Result<()> {
         let got = std::fs::read(n).map_err(|e| bench_error(format!("{path} sample read: {e}")))?;
         std::hint::black_box(&got);
-    }
-    let ops = samples.len() as u64;
+        Ok(())
+    };
+    let meter = Meter::start(setup, path);
+    let ops = passes(seconds, samples.len(), || samples.iter().try_for_each(read))?;
     out.push(meter.finish(SAMPLE_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
     // The same samples a loader's batch at a time: POSIX has no batched open-read, so
     // each is still its own open, read and close.
     let meter = Meter::start(setup, path);
-    for batch in samples.chunks(SAMPLE_BATCH) {
-        for n in batch {
-            let got = std::fs::read(n).map_err(|e| bench_error(format!("{path} sample read: {e}")))?;
-            std::hint::black_box(&got);
-        }
-    }
-    out.push(meter.finish(SAMPLE_BATCH_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
+    let ops = passes(seconds, samples.len(), || {
+        samples.chunks(sample_batch).try_for_each(|batch| batch.iter().try_for_each(read))
+    })?;
+    out.push(meter.finish(&sample_batch_workload(sample_batch), ops, ops * SAMPLE_BYTES as u64));
     let _ = std::fs::remove_dir_all(&dir);
     bar.finish_and_clear();
     Ok(out)
@@ -609,13 +619,16 @@ fn fs_metadata(setup: &Setup, root: &Path, path: &str, files: usize) -> dpuio_sh
 
 /// Files per second for create, stat, readdir and remove, through the shim's namespace
 /// calls and through std::fs on the container's directory.
-async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures>> {
+async fn metadata(setup: &Setup, files: usize, seconds: f64, sample_batch: usize) -> dpuio_shim::Result<Vec<Figures>> {
+    if sample_batch == 0 {
+        return Err(bench_error("--sample-batch must be at least 1"));
+    }
     let mut out = Vec::new();
     if let Some(root) = &setup.posix_root {
-        out.extend(fs_metadata(setup, root, setup.posix_label, files)?);
+        out.extend(fs_metadata(setup, root, setup.posix_label, files, seconds, sample_batch)?);
     }
     if let Some(mount) = &setup.fuse {
-        out.extend(fs_metadata(setup, &mount.dir, FUSE, files)?);
+        out.extend(fs_metadata(setup, &mount.dir, FUSE, files, seconds, sample_batch)?);
     }
     if let Some(dfs) = &setup.dfs {
         let bar = setup.spinner(format!("metadata {LIBDFS}"));
@@ -666,31 +679,36 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
             f.close().await?;
         }
         let meter = Meter::start(setup, name);
-        for n in &samples {
-            let (_, read) = client.read_sample(n, &region, 0, (SAMPLE_BYTES + 4096) as u32)?;
-            if read != SAMPLE_BYTES as u64 {
-                return Err(bench_error(format!("sample {n}: read {read} of {SAMPLE_BYTES} bytes")));
-            }
-        }
-        let ops = samples.len() as u64;
+        let ops = passes(seconds, samples.len(), || {
+            samples.iter().try_for_each(|n| {
+                let (_, read) = client.read_sample(n, &region, 0, (SAMPLE_BYTES + 4096) as u32)?;
+                match read == SAMPLE_BYTES as u64 {
+                    true => Ok(()),
+                    false => Err(bench_error(format!("sample {n}: read {read} of {SAMPLE_BYTES} bytes"))),
+                }
+            })
+        })?;
         out.push(meter.finish(SAMPLE_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
-        // A loader's batch at a time: one submission of SAMPLE_BATCH open-reads, each
+        // A loader's batch at a time: one submission of sample_batch open-reads, each
         // into its own range of one region, and one wait (Client::read_samples).
         let slot = (SAMPLE_BYTES + 4096) as u64;
         let batch_region =
-            client.register_region(SAMPLE_BATCH * slot as usize, dpuio_shim::RegionAccess::ReadWrite).await?;
+            client.register_region(sample_batch * slot as usize, dpuio_shim::RegionAccess::ReadWrite).await?;
         let meter = Meter::start(setup, name);
-        for batch in samples.chunks(SAMPLE_BATCH) {
-            let wanted: Vec<(&str, u64, u32)> =
-                batch.iter().enumerate().map(|(i, n)| (n.as_str(), i as u64 * slot, slot as u32)).collect();
-            for (n, read) in batch.iter().zip(client.read_samples(&batch_region, &wanted)?) {
-                let (_, read) = read?;
-                if read != SAMPLE_BYTES as u64 {
-                    return Err(bench_error(format!("sample {n}: read {read} of {SAMPLE_BYTES} bytes")));
+        let ops = passes(seconds, samples.len(), || {
+            samples.chunks(sample_batch).try_for_each(|batch| {
+                let wanted: Vec<(&str, u64, u32)> =
+                    batch.iter().enumerate().map(|(i, n)| (n.as_str(), i as u64 * slot, slot as u32)).collect();
+                for (n, read) in batch.iter().zip(client.read_samples(&batch_region, &wanted)?) {
+                    let (_, read) = read?;
+                    if read != SAMPLE_BYTES as u64 {
+                        return Err(bench_error(format!("sample {n}: read {read} of {SAMPLE_BYTES} bytes")));
+                    }
                 }
-            }
-        }
-        out.push(meter.finish(SAMPLE_BATCH_WORKLOAD, ops, ops * SAMPLE_BYTES as u64));
+                Ok(())
+            })
+        })?;
+        out.push(meter.finish(&sample_batch_workload(sample_batch), ops, ops * SAMPLE_BYTES as u64));
         let _ = client.remove(&dir, true).await;
         client.deregister_region(batch_region).await?;
         client.deregister_region(region).await?;
@@ -703,10 +721,23 @@ async fn metadata(setup: &Setup, files: usize) -> dpuio_shim::Result<Vec<Figures
 /// read and closed per operation (a training sample).
 const SAMPLE_WORKLOAD: &str = "metadata-sample128k";
 const SAMPLE_BYTES: usize = 128 * 1024;
-/// The same samples read a loader's batch at a time ([`SAMPLE_BATCH`]).
-const SAMPLE_BATCH_WORKLOAD: &str = "metadata-sample128k-batch16";
-/// Samples per batch in that row: a DataLoader batch of small samples.
-const SAMPLE_BATCH: usize = 16;
+/// The same samples read a loader's batch (`--sample-batch`) at a time.
+fn sample_batch_workload(batch: usize) -> String {
+    format!("{SAMPLE_WORKLOAD}-batch{batch}")
+}
+
+/// Run `pass` (one pass over `per_pass` samples) until `seconds` have passed, at least
+/// once; the samples read.
+fn passes(seconds: f64, per_pass: usize, mut pass: impl FnMut() -> dpuio_shim::Result<()>) -> dpuio_shim::Result<u64> {
+    let (start, mut done) = (Instant::now(), 0u64);
+    loop {
+        pass()?;
+        done += per_pass as u64;
+        if start.elapsed().as_secs_f64() >= seconds {
+            return Ok(done);
+        }
+    }
+}
 
 fn sample_count(files: usize) -> usize {
     files.clamp(1, 1000)
@@ -1275,7 +1306,8 @@ fn targets(totals: &[Figures]) {
             let r = s.iops() / p.iops();
             println!("target: metadata-stat {path} ops/s >= 0.1x {base} (aim 0.25x): {r:.3}x  {}", verdict(r >= 0.1));
         }
-        for w in [SAMPLE_WORKLOAD, SAMPLE_BATCH_WORKLOAD] {
+        let samples = totals.iter().filter(|t| t.path == path && t.workload.starts_with(SAMPLE_WORKLOAD));
+        for w in samples.map(|t| t.workload.as_str()) {
             if let (Some(s), Some(p)) = (row(w), px(w)) {
                 let thr = s.gib_per_s() / p.gib_per_s();
                 let cpu = s.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
