@@ -658,25 +658,13 @@ impl OpenRead {
         let started = Instant::now();
         let m = &self.meta;
         let mapped = self.answer.mapped.as_ref().expect("only mapped open-reads are queued");
-        let answered = match self.agent.namespace() {
-            Some(ns) => ns.metadata(self.session_id, self.asked),
-            None => Err(crate::error::Error::Unavailable("serving no namespace on its data plane")),
-        };
-        let answered = answered.and_then(|reply| {
+        let answered = namespace_call(&*self.agent, self.session_id, self.asked).and_then(|reply| {
             let meta::Reply::Object { object, attr } = reply else {
                 return Err(crate::error::Error::invalid("opcode", "an open-read answered without a file"));
             };
             let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
             let want = attr.size.min(u64::from(m.answer_length).saturating_sub(header));
-            let mut done = 0u64;
-            for c in engine::chunks(0, m.answer_offset + header, want, self.chunk_bytes as u64) {
-                let n =
-                    object.read_into(mapped.bytes_mut(c.region_offset as usize, c.length as usize), c.file_offset)?;
-                done += n as u64;
-                if (n as u64) < c.length {
-                    break; // end of file
-                }
-            }
+            let done = read_object_mapped(&*object, mapped, m.answer_offset + header, want, self.chunk_bytes)?;
             let head = meta::open_read_header(&attr, done);
             mapped.bytes_mut(m.answer_offset as usize, head.len()).copy_from_slice(&head);
             Ok(header + done)
@@ -695,6 +683,34 @@ impl OpenRead {
             wake_waiters(&self.ring);
         }
     }
+}
+
+/// Run a metadata request through the agent's namespace policy (the gRPC handlers' own).
+fn namespace_call(agent: &Agent, session_id: u64, request: meta::Request) -> crate::error::Result<meta::Reply> {
+    match agent.namespace() {
+        Some(ns) => ns.metadata(session_id, request),
+        None => Err(crate::error::Error::Unavailable("serving no namespace on its data plane")),
+    }
+}
+
+/// Read up to `length` bytes of `object` from offset 0 straight into mapped host
+/// memory at `at`, chunk by chunk: the bytes read (short at end of file) or why not.
+fn read_object_mapped(
+    object: &dyn dpuio_backend::Object,
+    mapped: &fabric::SharedMemory,
+    at: u64,
+    length: u64,
+    chunk_bytes: usize,
+) -> Result<u64, dpuio_backend::Error> {
+    let mut done = 0u64;
+    for c in engine::chunks(0, at, length, chunk_bytes as u64) {
+        let n = object.read_into(mapped.bytes_mut(c.region_offset as usize, c.length as usize), c.file_offset)?;
+        done += n as u64;
+        if (n as u64) < c.length {
+            break; // end of file
+        }
+    }
+    Ok(done)
 }
 
 /// How a metadata entry went, counted as the same call over gRPC is: by operation,
@@ -735,8 +751,8 @@ fn post_mapped(ring: &HostRing, cq_index: u64, c: &Completion) {
 /// and leaves the rest to the other threads.
 fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>, times: &BackendTimes) {
     let mut batch: Vec<Piece> = Vec::with_capacity(io.depth());
-    let mut after: Option<Box<OpenRead>> = None;
     while let Ok(job) = queue.recv() {
+        let mut after: Option<Box<OpenRead>> = None;
         let first = match job {
             Job::Piece(p) => p,
             Job::OpenRead(o) => {
@@ -766,7 +782,7 @@ fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>, 
         }
         run_pieces(&mut *io, &batch, times);
         batch.clear();
-        if let Some(o) = after.take() {
+        if let Some(o) = after {
             o.run();
         }
     }
@@ -1458,14 +1474,10 @@ impl Engine {
             chunk_bytes: self.chunk_bytes,
             group,
         };
-        match self.jobs.send(Job::OpenRead(Box::new(job))) {
-            Ok(()) => true,
-            Err(crossbeam_channel::SendError(Job::OpenRead(job))) => {
-                job.run(); // the workers are gone (shutdown): run it here
-                true
-            }
-            Err(_) => true,
+        if let Err(crossbeam_channel::SendError(Job::OpenRead(job))) = self.jobs.send(Job::OpenRead(Box::new(job))) {
+            job.run(); // the workers are gone (shutdown): run it here
         }
+        true
     }
 
     /// Run one metadata entry whose memory ranges were checked: copy its request out
@@ -1515,7 +1527,7 @@ impl Engine {
         mut asked: meta::Request,
     ) -> Result<crate::error::Result<u64>, DataPlaneError> {
         let room = m.answer_length as usize;
-        let mut reply = match self.namespace_call(session_id, asked.clone()) {
+        let mut reply = match namespace_call(&*self.agent, session_id, asked.clone()) {
             Ok(reply) => reply,
             Err(e) => return Ok(Err(e)),
         };
@@ -1543,7 +1555,7 @@ impl Engine {
             match (&reply, &mut asked) {
                 (meta::Reply::Dir { entries, .. }, meta::Request::Readdir { max, .. }) if entries.len() > 1 => {
                     *max = ((entries.len() * room / need) as u32).clamp(1, entries.len() as u32 - 1);
-                    reply = match self.namespace_call(session_id, asked.clone()) {
+                    reply = match namespace_call(&*self.agent, session_id, asked.clone()) {
                         Ok(r) => r,
                         Err(e) => return Ok(Err(e)),
                     };
@@ -1558,13 +1570,6 @@ impl Engine {
         }
     }
 
-    fn namespace_call(&self, session_id: u64, request: meta::Request) -> crate::error::Result<meta::Reply> {
-        match self.agent.namespace() {
-            Some(ns) => ns.metadata(session_id, request),
-            None => Err(crate::error::Error::Unavailable("serving no namespace on its data plane")),
-        }
-    }
-
     /// Read up to `length` bytes of `object` from offset 0 into `region` at `at`,
     /// chunk by chunk (straight into a mapped region, else through staging and puts).
     /// The inner result is the backend's: bytes read (short at end of file) or why not.
@@ -1576,21 +1581,18 @@ impl Engine {
         length: u64,
         object: &Arc<dyn dpuio_backend::Object>,
     ) -> Result<Result<u64, dpuio_backend::Error>, DataPlaneError> {
+        if let Some(m) = &region.mapped {
+            return Ok(read_object_mapped(&**object, m, at, length, self.chunk_bytes));
+        }
         let mut done = 0u64;
         for c in engine::chunks(0, at, length, self.chunk_bytes as u64) {
-            let read = match &region.mapped {
-                Some(m) => object.read_into(m.bytes_mut(c.region_offset as usize, c.length as usize), c.file_offset),
-                None => {
-                    let staging = &mut self.lanes[peer.lane].staging;
-                    let dst = &mut staging.as_mut_slice()[SCRATCH_BYTES..][..c.length as usize];
-                    let read = object.read_at(dst, c.file_offset);
-                    if let Ok(n @ 1..) = read {
-                        peer.endpoint.put(staging, SCRATCH_BYTES, n, region.addr + c.region_offset, &region.key)?;
-                        peer.endpoint.flush(FLUSH_TIMEOUT)?;
-                    }
-                    read
-                }
-            };
+            let staging = &mut self.lanes[peer.lane].staging;
+            let dst = &mut staging.as_mut_slice()[SCRATCH_BYTES..][..c.length as usize];
+            let read = object.read_at(dst, c.file_offset);
+            if let Ok(n @ 1..) = read {
+                peer.endpoint.put(staging, SCRATCH_BYTES, n, region.addr + c.region_offset, &region.key)?;
+                peer.endpoint.flush(FLUSH_TIMEOUT)?;
+            }
             match read {
                 Ok(n) => {
                     done += n as u64;
