@@ -5,6 +5,8 @@
 //! executable (the README's test command builds them first).
 #![forbid(unsafe_code)]
 
+pub mod arm64;
+pub mod daos;
 pub mod hostile;
 pub mod netns;
 pub mod programs;

@@ -12,46 +12,14 @@
 //! and the test moves the same 64 MiB over `shm` as over `tcp`. On a BlueField the host and
 //! the DPU are separate machines: RDMA (or TCP) carries the data there.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use dpuio_tests::arm64::{self, emulated};
 use dpuio_tests::{AgentProcess, ok_stdout};
 
-const QEMU: &str = "qemu-aarch64-static";
-/// The loader of the multiarch arm64 glibc (libc6:arm64). Not the cross sysroot
-/// `/usr/aarch64-linux-gnu` with `qemu -L`: its loader is another build of glibc than the
-/// multiarch libc the arm64 UCX brings, and the mix hangs in pthread_create under qemu 7.2.
-const ARM64_LOADER: &str = "/lib/ld-linux-aarch64.so.1";
-
-fn arm64_bin_dir() -> PathBuf {
-    std::env::var_os("DPUIO_ARM64_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/cross/aarch64-unknown-linux-gnu/debug")
-    })
-}
-
-/// The aarch64 agent, or why these tests cannot run here.
 fn arm64_agent() -> Result<PathBuf, String> {
-    let agent = arm64_bin_dir().join("dpu-agent");
-    if !agent.is_file() {
-        return Err(format!("{} is missing: `./x build-arm64` or `./x test` cross-builds it", agent.display()));
-    }
-    if Command::new(QEMU).arg("--version").output().is_err() {
-        return Err(format!("{QEMU} is not installed (Debian package qemu-user-static)"));
-    }
-    if !Path::new(ARM64_LOADER).exists() {
-        return Err(format!(
-            "{ARM64_LOADER} is missing: install the arm64 C library (`dpkg --add-architecture arm64`, libc6:arm64)"
-        ));
-    }
-    Ok(agent)
-}
-
-/// `qemu-aarch64-static AGENT` as a command to add arguments to.
-fn emulated(agent: &Path) -> Command {
-    let mut c = Command::new(QEMU);
-    c.arg(agent);
-    c
+    arm64::program("dpu-agent")
 }
 
 macro_rules! arm64_agent_or_skip {

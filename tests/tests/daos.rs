@@ -10,61 +10,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use dpuio_tests::daos::{Daos, label};
 use dpuio_tests::{AgentProcess, ok_stdout};
 
-struct Daos {
-    pool: String,
-    socket_dir: PathBuf,
-}
-
 fn daos(test: &str) -> Option<Daos> {
-    let pool = std::env::var("DAOS_POOL").ok().filter(|p| !p.is_empty());
-    let socket_dir =
-        std::env::var_os("DAOS_AGENT_DRPC_DIR").map_or_else(|| "/var/run/daos_agent".into(), PathBuf::from);
-    let daos_tool = Command::new("daos").arg("version").output().is_ok_and(|o| o.status.success());
-    let why = match (&pool, socket_dir.join("daos_agent.sock").exists(), daos_tool) {
-        (None, _, _) => {
-            "DAOS_POOL is not set (start DAOS with ../shared/daos/daos-up.sh RUNDIR, then source RUNDIR/env)".to_owned()
-        }
-        (_, false, _) => format!("no daos_agent socket in {}", socket_dir.display()),
-        (_, _, false) => "the daos tool is not on PATH".to_owned(),
-        (Some(pool), true, true) => return Some(Daos { pool: pool.clone(), socket_dir }),
-    };
-    assert!(std::env::var("DPUIO_REQUIRE_DAOS").as_deref() != Ok("1"), "DPUIO_REQUIRE_DAOS=1 but: {why}");
-    eprintln!("{test}: skipped: {why}");
-    None
-}
-
-/// A container label no other test or run uses.
-fn label(test: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let label = format!("e2e-{test}-{}-{}", std::process::id(), nanos % 1_000_000_000);
-    CREATED.with(|c| c.borrow_mut().push(label.clone()));
-    label
-}
-
-thread_local! {
-    /// Containers this test's thread named; destroyed when the thread (the test) ends,
-    /// so the shared pool gets its space back.
-    static CREATED: Cleanup = const { Cleanup(std::cell::RefCell::new(Vec::new())) };
-}
-
-struct Cleanup(std::cell::RefCell<Vec<String>>);
-
-impl std::ops::Deref for Cleanup {
-    type Target = std::cell::RefCell<Vec<String>>;
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let Ok(pool) = std::env::var("DAOS_POOL") else { return };
-        for container in self.0.borrow().iter() {
-            let _ = Command::new("daos").args(["container", "destroy", "--force", &pool, container]).output();
-        }
-    }
+    dpuio_tests::daos::system(test)
 }
 
 fn config(dir: &Path, d: &Daos, container: &str, create: bool, extra_tenant: &str) -> PathBuf {
@@ -90,14 +40,8 @@ fn random_file(path: &Path, bytes: usize, seed: u64) -> Vec<u8> {
     data
 }
 
-/// `daos filesystem copy` of one file out of a container: DAOS's own view of it.
 fn daos_copy_out(d: &Daos, container: &str, path: &str, dst: &Path) {
-    let out = Command::new("daos")
-        .args(["filesystem", "copy", "--src", &format!("daos://{}/{container}{path}", d.pool), "--dst"])
-        .arg(dst)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "daos filesystem copy failed: {}", String::from_utf8_lossy(&out.stderr));
+    dpuio_tests::daos::copy_out(d, container, path, dst);
 }
 
 #[test]

@@ -1,0 +1,93 @@
+//! The running DAOS system of the tests that need one (`./x test`'s DAOS tier starts it
+//! with `../shared/daos/daos-up.sh RUNDIR` and exports what `RUNDIR/env` says): where it
+//! is, container labels that clean up after their test, DAOS's own view of a file.
+//!
+//! Without a system each test prints that it is skipped and why, unless
+//! `DPUIO_REQUIRE_DAOS=1` (the DAOS tier), which makes a skip a failure.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The DAOS system under test.
+pub struct Daos {
+    /// `DAOS_POOL`.
+    pub pool: String,
+    /// The directory of the `daos_agent` socket (`DAOS_AGENT_DRPC_DIR`).
+    pub socket_dir: PathBuf,
+}
+
+/// The system, or `None` after printing why `test` is skipped (a failure under
+/// `DPUIO_REQUIRE_DAOS=1`).
+pub fn system(test: &str) -> Option<Daos> {
+    let pool = std::env::var("DAOS_POOL").ok().filter(|p| !p.is_empty());
+    let socket_dir =
+        std::env::var_os("DAOS_AGENT_DRPC_DIR").map_or_else(|| "/var/run/daos_agent".into(), PathBuf::from);
+    let daos_tool = Command::new("daos").arg("version").output().is_ok_and(|o| o.status.success());
+    let why = match (&pool, socket_dir.join("daos_agent.sock").exists(), daos_tool) {
+        (None, _, _) => {
+            "DAOS_POOL is not set (start DAOS with ../shared/daos/daos-up.sh RUNDIR, then source RUNDIR/env)".to_owned()
+        }
+        (_, false, _) => format!("no daos_agent socket in {}", socket_dir.display()),
+        (_, _, false) => "the daos tool is not on PATH".to_owned(),
+        (Some(pool), true, true) => return Some(Daos { pool: pool.clone(), socket_dir }),
+    };
+    skip(test, &why);
+    None
+}
+
+/// Print that `test` is skipped and why; panic instead under `DPUIO_REQUIRE_DAOS=1`.
+pub fn skip(test: &str, why: &str) {
+    assert!(std::env::var("DPUIO_REQUIRE_DAOS").as_deref() != Ok("1"), "{test}: DPUIO_REQUIRE_DAOS=1 but: {why}");
+    eprintln!("{test}: skipped: {why}");
+}
+
+/// A container label no other test or run uses; the container is destroyed when the
+/// test's thread ends, so the shared pool gets its space back.
+pub fn label(test: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let label = format!("e2e-{test}-{}-{}", std::process::id(), nanos % 1_000_000_000);
+    CREATED.with(|c| c.0.borrow_mut().push(label.clone()));
+    label
+}
+
+thread_local! {
+    static CREATED: Cleanup = const { Cleanup(RefCell::new(Vec::new())) };
+}
+
+struct Cleanup(RefCell<Vec<String>>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Ok(pool) = std::env::var("DAOS_POOL") else { return };
+        for container in self.0.borrow().iter() {
+            let _ = Command::new("daos").args(["container", "destroy", "--force", &pool, container]).output();
+        }
+    }
+}
+
+/// `daos filesystem copy` of one file out of a container: DAOS's own view of it.
+pub fn copy_out(d: &Daos, container: &str, path: &str, dst: &Path) {
+    let out = Command::new("daos")
+        .args(["filesystem", "copy", "--src", &format!("daos://{}/{container}{path}", d.pool), "--dst"])
+        .arg(dst)
+        .output()
+        .expect("run daos");
+    assert!(out.status.success(), "daos filesystem copy failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A `daos_agent.yml` for another `daos_agent` of the running system: the access
+/// points, port and transport of the tier's own agent config (`$DAOS_RUNDIR/daos_agent.yml`,
+/// which daos-up.sh writes), with `runtime_dir` and `log_file` of the caller's.
+pub fn agent_config(runtime_dir: &Path, log_file: &Path) -> Result<String, String> {
+    let rundir = std::env::var_os("DAOS_RUNDIR").ok_or("DAOS_RUNDIR is not set (source the env file of daos-up.sh)")?;
+    let path = Path::new(&rundir).join("daos_agent.yml");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    let mut out: String = text
+        .lines()
+        .filter(|l| !l.starts_with("runtime_dir:") && !l.starts_with("log_file:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    out.push_str(&format!("runtime_dir: {}\nlog_file: {}\n", runtime_dir.display(), log_file.display()));
+    Ok(out)
+}
