@@ -10,7 +10,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+use crate::netns::Side;
 
 /// The emulator.
 pub const QEMU: &str = "qemu-aarch64-static";
@@ -74,26 +75,29 @@ impl DaosAgent {
     /// Start it with `config` (a `daos_agent.yml` whose `runtime_dir` is `socket_dir`)
     /// in `dir`, and wait for its socket.
     pub fn start(prefix: &Path, dir: &Path, config: &str, socket_dir: &Path) -> DaosAgent {
+        Self::start_in(prefix, dir, config, socket_dir, None)
+    }
+
+    /// [`DaosAgent::start`] in the network namespace of `netns` (`None`: the machine's).
+    pub fn start_in(prefix: &Path, dir: &Path, config: &str, socket_dir: &Path, netns: Option<&Side>) -> DaosAgent {
         std::fs::create_dir_all(socket_dir).unwrap();
         let path = dir.join("daos_agent.yml");
         std::fs::write(&path, config).unwrap();
-        let child = emulated(&prefix.join("bin/daos_agent"))
+        let mut command = match netns {
+            Some(side) => side.command(QEMU),
+            None => Command::new(QEMU),
+        };
+        let child = command
+            .arg(prefix.join("bin/daos_agent"))
             .arg("-o")
             .arg(&path)
+            .env_remove("LD_LIBRARY_PATH")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("daos_agent.stderr")).unwrap())
             .spawn()
             .expect("start the aarch64 daos_agent under qemu");
         let agent = DaosAgent { child, socket_dir: socket_dir.to_owned() };
-        let started = Instant::now();
-        while !socket_dir.join("daos_agent.sock").exists() {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the aarch64 daos_agent made no socket in 60 s: {}",
-                std::fs::read_to_string(dir.join("daos_agent.stderr")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::daos::wait_for_socket(socket_dir, &dir.join("daos_agent.stderr"));
         agent
     }
 }

@@ -91,3 +91,18 @@ pub fn agent_config(runtime_dir: &Path, log_file: &Path) -> Result<String, Strin
     out.push_str(&format!("runtime_dir: {}\nlog_file: {}\n", runtime_dir.display(), log_file.display()));
     Ok(out)
 }
+
+/// Wait (at most a minute) for a `daos_agent`'s socket in `socket_dir`; its `stderr`
+/// file in the panic otherwise.
+pub fn wait_for_socket(socket_dir: &Path, stderr: &Path) {
+    let started = std::time::Instant::now();
+    while !socket_dir.join("daos_agent.sock").exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the daos_agent made no socket in {} within 60 s: {}",
+            socket_dir.display(),
+            std::fs::read_to_string(stderr).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -7,6 +7,7 @@
 
 pub mod arm64;
 pub mod daos;
+pub mod daos_server;
 pub mod hostile;
 pub mod netns;
 pub mod programs;

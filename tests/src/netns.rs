@@ -1,6 +1,8 @@
-//! Two machines on one: network namespaces "host" and "dpu" joined by a veth pair, so
-//! an end-to-end test can put the agent and its client on either side of a real
-//! network path, with nothing but that path between them (`tests/two_hosts.rs`).
+//! Several machines on one: network namespaces "host" and "dpu" joined by a veth pair
+//! ([`TwoHosts`], `tests/two_hosts.rs`), or "storage", "dpu" and "host" with the DPU
+//! between the two others ([`ThreeMachines`], `tests/three_machines.rs`), so an
+//! end-to-end test can put the agent, its client and DAOS on either side of a real
+//! network path, with nothing but that path between them.
 //!
 //! Made with iproute2 (`ip netns`, `ip link`), which needs root. [`TwoHosts::create`]
 //! says why it cannot (not root, no `ip`, namespaces refused) so that the caller can
@@ -82,12 +84,69 @@ impl Side {
 pub struct TwoHosts {
     pub host: Side,
     pub dpu: Side,
-    /// The namespaces made so far, deleted on drop.
-    made: Vec<String>,
+    _made: Namespaces,
 }
 
-/// Tells apart the pairs one test process makes.
+/// Three machines as a BlueField deployment has them: "storage" (the DAOS servers),
+/// "dpu" (the agent and its daos_agent) and "host" (the job), with a veth pair between
+/// storage and dpu (`10.78.N.0/24`) and one between dpu and host (`10.79.N.0/24`). There
+/// is no route between host and storage: the host reaches storage only through the agent.
+pub struct ThreeMachines {
+    /// The storage machine's end of the storage link.
+    pub storage: Side,
+    /// The DPU's end of the storage link.
+    pub dpu_storage: Side,
+    /// The DPU's end of the host link.
+    pub dpu_host: Side,
+    /// The host's end of the host link.
+    pub host: Side,
+    _made: Namespaces,
+}
+
+/// Tells apart the topologies one test process makes.
 static PAIRS: AtomicU32 = AtomicU32::new(0);
+
+/// Namespaces made so far: deleted on drop (with any process left in them).
+struct Namespaces(Vec<String>);
+
+impl Namespaces {
+    /// Check that this process may make namespaces; the reason if not.
+    fn permitted() -> Result<(), String> {
+        match effective_uid() {
+            Some(0) => Ok(()),
+            Some(uid) => Err(format!("network namespaces need root (`ip netns add`); running as uid {uid}")),
+            None => Err("cannot tell this process's user id from /proc/self/status".into()),
+        }
+    }
+
+    /// `ip netns add NAME` with its loopback up.
+    fn add(&mut self, netns: &str) -> Result<(), String> {
+        ip(&["netns", "add", netns])?;
+        self.0.push(netns.to_owned());
+        ip(&["-n", netns, "link", "set", "lo", "up"])
+    }
+}
+
+/// A veth pair between `a` and `b` (each made in its own namespace), addressed in a /24,
+/// up and operational. Panics: it runs once the namespaces exist (the machine can).
+fn link(a: &Side, b: &Side) {
+    let steps: [&[&str]; 5] = [
+        &["-n", &a.netns, "link", "add", &a.interface, "type", "veth", "peer", "name", &b.interface, "netns", &b.netns],
+        &["-n", &a.netns, "addr", "add", &format!("{}/24", a.ip), "dev", &a.interface],
+        &["-n", &b.netns, "addr", "add", &format!("{}/24", b.ip), "dev", &b.interface],
+        &["-n", &a.netns, "link", "set", &a.interface, "up"],
+        &["-n", &b.netns, "link", "set", &b.interface, "up"],
+    ];
+    for step in steps {
+        ip(step).unwrap_or_else(|e| panic!("setting up the namespaces: {e}"));
+    }
+    // The kernel makes a veth end operational (IFF_RUNNING) a moment after both ends
+    // are up, and until then UCX and libfabric tcp leave the interface out: a process
+    // started at once would find no way to the other side.
+    for side in [a, b] {
+        side.wait_until_operational(Duration::from_secs(10));
+    }
+}
 
 /// Run `ip ARGS`; the reason when it fails.
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -115,11 +174,7 @@ impl TwoHosts {
     /// with their loopback. `Err` says why this machine cannot (the caller skips); a
     /// failure after the namespaces exist is a panic (the machine can, and did not).
     pub fn create() -> Result<TwoHosts, String> {
-        match effective_uid() {
-            Some(0) => {}
-            Some(uid) => return Err(format!("network namespaces need root (`ip netns add`); running as uid {uid}")),
-            None => return Err("cannot tell this process's user id from /proc/self/status".into()),
-        }
+        Namespaces::permitted()?;
         let n = PAIRS.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("dpuio-{}-{n}", std::process::id());
         let side = |role: &str, interface: &str, host: u8| Side {
@@ -127,62 +182,55 @@ impl TwoHosts {
             interface: interface.to_owned(),
             ip: format!("10.77.{}.{host}", n % 256),
         };
-        let mut pair =
-            TwoHosts { host: side("host", "veth-host", 1), dpu: side("dpu", "veth-dpu", 2), made: Vec::new() };
-        for netns in [pair.host.netns.clone(), pair.dpu.netns.clone()] {
-            ip(&["netns", "add", &netns])?;
-            pair.made.push(netns);
-        }
-        let (host, dpu) = (&pair.host, &pair.dpu);
-        let steps: [&[&str]; 7] = [
-            &[
-                "-n",
-                &host.netns,
-                "link",
-                "add",
-                &host.interface,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &dpu.interface,
-                "netns",
-                &dpu.netns,
-            ],
-            &["-n", &host.netns, "addr", "add", &format!("{}/24", host.ip), "dev", &host.interface],
-            &["-n", &dpu.netns, "addr", "add", &format!("{}/24", dpu.ip), "dev", &dpu.interface],
-            &["-n", &host.netns, "link", "set", &host.interface, "up"],
-            &["-n", &dpu.netns, "link", "set", &dpu.interface, "up"],
-            &["-n", &host.netns, "link", "set", "lo", "up"],
-            &["-n", &dpu.netns, "link", "set", "lo", "up"],
-        ];
-        for step in steps {
-            // `pair` is dropped by the panic, which deletes the namespaces.
-            ip(step).unwrap_or_else(|e| panic!("setting up the namespaces: {e}"));
-        }
-        // The kernel makes a veth end operational (IFF_RUNNING) a moment after both ends
-        // are up, and until then UCX and libfabric tcp leave the interface out: a
-        // process started at once would find no way to the other side.
-        for side in [&pair.host, &pair.dpu] {
-            side.wait_until_operational(Duration::from_secs(10));
-        }
-        Ok(pair)
+        let (host, dpu) = (side("host", "veth-host", 1), side("dpu", "veth-dpu", 2));
+        let mut made = Namespaces(Vec::new());
+        made.add(&host.netns)?;
+        made.add(&dpu.netns)?;
+        link(&host, &dpu);
+        Ok(TwoHosts { host, dpu, _made: made })
     }
 }
 
-impl Drop for TwoHosts {
+impl ThreeMachines {
+    /// Make `dpuio-PID-N-{storage,dpu,host}` with `veth-storage` (10.78.N.1) to
+    /// `veth-dpu-s` (10.78.N.2) and `veth-dpu-h` (10.79.N.1) to `veth-host` (10.79.N.2).
+    /// `Err` says why this machine cannot (the caller skips).
+    pub fn create() -> Result<ThreeMachines, String> {
+        Namespaces::permitted()?;
+        let n = PAIRS.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("dpuio-{}-{n}", std::process::id());
+        let side = |role: &str, interface: &str, net: u8, host: u8| Side {
+            netns: format!("{prefix}-{role}"),
+            interface: interface.to_owned(),
+            ip: format!("10.{net}.{}.{host}", n % 256),
+        };
+        let storage = side("storage", "veth-storage", 78, 1);
+        let dpu_storage = side("dpu", "veth-dpu-s", 78, 2);
+        let dpu_host = side("dpu", "veth-dpu-h", 79, 1);
+        let host = side("host", "veth-host", 79, 2);
+        let mut made = Namespaces(Vec::new());
+        for netns in [&storage.netns, &dpu_storage.netns, &host.netns] {
+            made.add(netns)?;
+        }
+        link(&storage, &dpu_storage);
+        link(&dpu_host, &host);
+        Ok(ThreeMachines { storage, dpu_storage, dpu_host, host, _made: made })
+    }
+}
+
+impl Drop for Namespaces {
     fn drop(&mut self) {
-        for netns in self.made.iter().rev() {
+        for netns in self.0.iter().rev() {
             // A process left in a namespace would keep it, and the veth, alive after
             // `ip netns del`: only this test's processes can be in these namespaces.
             if let Ok(out) = Command::new("ip").args(["netns", "pids", netns]).output() {
                 for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    eprintln!("TwoHosts: process {pid} was left in {netns}: killing it");
+                    eprintln!("netns: process {pid} was left in {netns}: killing it");
                     let _ = Command::new("kill").args(["-KILL", pid]).status();
                 }
             }
             if let Err(e) = ip(&["netns", "del", netns]) {
-                eprintln!("TwoHosts: {e} (remove it by hand: ip netns del {netns})");
+                eprintln!("netns: {e} (remove it by hand: ip netns del {netns})");
             }
         }
     }
