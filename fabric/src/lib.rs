@@ -191,7 +191,7 @@ pub use memory::{MappedRemote, SharedMemory};
 pub use progress::{ProgressReport, ProgressThread};
 pub use transport::{Transport, wait_any};
 
-/// Signals for which libraries this crate links install handlers when they are
+/// Signals for which libraries this crate loads install handlers when they are
 /// loaded: Debian's libfabric pulls in the PSM libraries, whose `libinfinipath`
 /// catches these at load time, prints a backtrace and calls `exit(1)`. A training job
 /// stopped with SIGTERM then exits 1 at once, and a crash exits 1 without a core dump.
@@ -233,6 +233,40 @@ pub fn drop_load_time_signal_handlers() -> Vec<libc::c_int> {
         reset.push(sig);
     }
     reset
+}
+
+/// Runs `load` (which loads libfabric, and with it the PSM libraries) and puts back
+/// every handler of [`LOAD_TIME_HANDLED`] that one of [`LOAD_TIME_HANDLER_LIBRARIES`]
+/// replaced meanwhile. libfabric is loaded when the first libfabric transport opens,
+/// long after the program installed its own handlers (Python's SIGINT among them): what
+/// the program had, it keeps.
+pub(crate) fn keeping_signal_handlers<T>(load: impl FnOnce() -> T) -> T {
+    // SAFETY: sigaction with a null new action only reads the current one into `old`,
+    // a properly sized, zeroed struct; the signals are valid standard signal numbers.
+    let before: Vec<libc::sigaction> = LOAD_TIME_HANDLED
+        .iter()
+        .map(|&sig| {
+            // SAFETY: as above.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+            old
+        })
+        .collect();
+    let loaded = load();
+    for (sig, old) in LOAD_TIME_HANDLED.into_iter().zip(before) {
+        // SAFETY: as above.
+        let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut now) } != 0 {
+            continue;
+        }
+        if now.sa_sigaction != old.sa_sigaction && handler_lives_in(now.sa_sigaction, &LOAD_TIME_HANDLER_LIBRARIES) {
+            // SAFETY: reinstalls the action this process had a moment ago, as read.
+            unsafe { libc::sigaction(sig, &old, std::ptr::null_mut()) };
+        }
+    }
+    loaded
 }
 
 /// Puts SIGTERM and SIGINT back to their default action whoever installed the handler:

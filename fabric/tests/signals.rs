@@ -62,3 +62,34 @@ fn load_time_handlers_go_and_the_programs_stay() {
     assert!(OURS_RAN.load(Ordering::SeqCst));
     assert!(fabric::drop_load_time_signal_handlers().is_empty(), "nothing of theirs is left");
 }
+
+/// libfabric loaded by the first libfabric worker, after the program installed its
+/// handlers: the program keeps them. Run in a child process of its own (this binary,
+/// this test alone): the other test loads libfabric.
+#[test]
+fn a_worker_loading_libfabric_leaves_the_programs_handlers() {
+    if std::env::var_os("DPUIO_SIGNALS_CHILD").is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "a_worker_loading_libfabric_leaves_the_programs_handlers", "--nocapture"])
+            .env("DPUIO_SIGNALS_CHILD", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let maps = || std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    assert!(!maps().contains("libfabric.so"), "libfabric was loaded before the worker opened");
+    // SAFETY: `ours` is async-signal-safe (one atomic store).
+    unsafe { libc::signal(libc::SIGTERM, ours_address()) };
+    let before: Vec<_> = SIGNALS.iter().map(|&s| handler(s)).collect();
+    let worker = fabric::ofi::Worker::open(&fabric::ofi::OfiConfig::tcp());
+    assert!(maps().contains("libfabric.so"), "opening a libfabric worker loads libfabric ({:?})", worker.err());
+    let after: Vec<_> = SIGNALS.iter().map(|&s| handler(s)).collect();
+    assert_eq!(before, after, "loading libfabric changed the program's signal handlers");
+    assert_eq!(handler(libc::SIGTERM), ours_address());
+}

@@ -269,8 +269,9 @@ impl Worker {
 
     fn open_once(config: &OfiConfig) -> Result<Worker> {
         config.validate()?;
-        // libfabric is loaded here, on the first worker (libfabric_sys's docs say why).
-        let api = sys::api()?;
+        // libfabric is loaded here, on the first worker (libfabric_sys's docs say why),
+        // and the signal handlers its dependencies install at load time are taken back.
+        let api = crate::keeping_signal_handlers(sys::api)?;
         let infos = get_info(api, config)?;
         // rxm does not filter on the domain name hint: pick the entry ourselves, and
         // refuse a name it does not offer rather than open the first domain (traffic
