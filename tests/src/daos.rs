@@ -106,3 +106,30 @@ pub fn wait_for_socket(socket_dir: &Path, stderr: &Path) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Why libfabric shm cannot join a test's host and an agent on the DAOS backend, if it
+/// cannot: the agent's libfabric is the DAOS client's (1.22, which mercury needs), this
+/// process's Debian's (1.17), and shm's protocol is private to a release, so the agent
+/// refuses the pair (`tests/daos.rs` checks that refusal). `None` when the agents of
+/// this run are not on DAOS or both sides run one version.
+pub fn ofi_shm_refused() -> Option<String> {
+    crate::daos_pool_under_test()?;
+    let prefix = std::env::var_os("DAOS_PREFIX").map_or_else(|| PathBuf::from("/opt/daos"), PathBuf::from);
+    let pc = prefix.join("prereq/release/ofi/lib64/pkgconfig/libfabric.pc");
+    let text = std::fs::read_to_string(&pc).ok()?;
+    let daos: Vec<u32> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Version:"))?
+        .trim()
+        .split('.')
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let (major, minor) = libfabric_sys::api().ok()?.version();
+    (daos.get(..2) != Some(&[major, minor][..])).then(|| {
+        format!(
+            "the agent runs the DAOS client's libfabric {}.{} and this host libfabric {major}.{minor}: libfabric shm needs \
+             one version on both sides, and the agent refuses the pair (checked in tests/daos.rs)",
+            daos[0], daos.get(1).copied().unwrap_or(0)
+        )
+    })
+}
