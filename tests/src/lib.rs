@@ -483,6 +483,29 @@ impl Drop for AgentProcess {
     }
 }
 
+/// `len` bytes of a seeded random stream: the same bytes for the same seed.
+pub fn seeded_bytes(len: usize, seed: u64) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut data = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
+    data
+}
+
+/// The files mapped into process `pid` whose path contains `name` (from
+/// `/proc/PID/maps`), each once. Under qemu-user an emulated program's libraries are
+/// mappings of the emulator process.
+pub fn mapped_files(pid: u32, name: &str) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read /proc/PID/maps");
+    let mut files: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.contains(name))
+        .map(str::to_owned)
+        .collect();
+    files.dedup();
+    files
+}
+
 /// stdout of a successful command, or a panic showing its stderr.
 pub fn ok_stdout(out: &Output) -> String {
     assert!(out.status.success(), "command failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));

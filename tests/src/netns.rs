@@ -43,6 +43,19 @@ impl Side {
         c
     }
 
+    /// `program` run on this side as a client of `agent`: the agent's address and
+    /// client bundle, this side's interface for the data plane (`DPUIO_INTERFACE`), a
+    /// scratch `HOME` of its own, warnings only in the log.
+    pub fn client(&self, agent: &crate::AgentProcess, program: impl AsRef<OsStr>) -> Command {
+        let mut c = self.command(program);
+        crate::hermetic(&mut c, &agent.data_dir.join(format!(".home-{}", self.interface)));
+        c.env("DPUIO_AGENT", agent.url())
+            .env("DPUIO_CONFIG_DIR", agent.client_dir())
+            .env("DPUIO_INTERFACE", &self.interface)
+            .env("RUST_LOG", "warn");
+        c
+    }
+
     /// Wait until the veth end's operational state is UP, at most `timeout`.
     fn wait_until_operational(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use dpuio_shim::{Client, ConnectOptions, DataPlaneOptions, EntryKind};
 use dpuio_tests::arm64::{self, DaosAgent};
 use dpuio_tests::daos::{self as daos_system, Daos};
-use dpuio_tests::{AgentProcess, ok_stdout};
+use dpuio_tests::{AgentProcess, mapped_files, ok_stdout, seeded_bytes};
 
 /// Everything the test needs, or why it is skipped.
 struct Setup {
@@ -34,27 +34,6 @@ fn setup(test: &str) -> Option<Setup> {
             None
         }
     }
-}
-
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    use rand::{Rng, SeedableRng};
-    let mut data = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
-    data
-}
-
-/// The libfabric files mapped into process `pid`: under qemu-user the guest's libraries
-/// are mappings of the emulator process.
-fn mapped_libfabric(pid: u32) -> Vec<String> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut files: Vec<String> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| p.contains("/libfabric.so"))
-        .map(str::to_owned)
-        .collect();
-    files.dedup();
-    files
 }
 
 /// Start the emulated agent on `config`, its log (info) in `log`.
@@ -95,7 +74,7 @@ fn the_aarch64_agent_serves_a_host_from_daos() {
 
     let (plain, sealed) = (daos_system::label("arm64"), daos_system::label("arm64-sealed"));
     let key = dpu.join("vault.key");
-    std::fs::write(&key, random_bytes(32, 7)).unwrap();
+    std::fs::write(&key, seeded_bytes(32, 7)).unwrap();
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let config = dpu.join("agent.toml");
     std::fs::write(
@@ -114,7 +93,7 @@ fn the_aarch64_agent_serves_a_host_from_daos() {
     let mut agent = start_agent(&s, dpu, &config, &log);
 
     // 64 MiB each way over UCX tcp and shm, and DAOS's own x86 tool reads the same bytes.
-    let data = random_bytes(64 << 20, 11);
+    let data = seeded_bytes(64 << 20, 11);
     let local = dpu.join("in.bin");
     std::fs::write(&local, &data).unwrap();
     for transport in ["tcp", "shm"] {
@@ -131,7 +110,7 @@ fn the_aarch64_agent_serves_a_host_from_daos() {
     let certs = dpu.join("vault-certs");
     ok_stdout(&agent.dpuctl(&["cert", "issue", "--tenant", "vault", "--out", certs.to_str().unwrap()]));
     let vault = |args: &[&str]| agent.command("dpuio").env("DPUIO_CONFIG_DIR", &certs).args(args).output().unwrap();
-    let secret = random_bytes(3 << 20, 12);
+    let secret = seeded_bytes(3 << 20, 12);
     std::fs::write(dpu.join("secret.bin"), &secret).unwrap();
     ok_stdout(&vault(&["--transport", "shm", "put", dpu.join("secret.bin").to_str().unwrap(), "/secret.bin"]));
     ok_stdout(&vault(&["--transport", "shm", "get", "/secret.bin", dpu.join("secret.back").to_str().unwrap()]));
@@ -163,7 +142,7 @@ fn the_aarch64_agent_serves_a_host_from_daos() {
     });
     drop(runtime);
 
-    let files = mapped_libfabric(agent.process.id());
+    let files = mapped_files(agent.process.id(), "/libfabric.so");
     assert!(
         files.len() == 1 && files[0].starts_with(s.prefix.to_str().unwrap()),
         "the aarch64 agent should map one libfabric, its DAOS client's; it maps {files:?}"

@@ -33,9 +33,7 @@ fn config(dir: &Path, d: &Daos, container: &str, create: bool, extra_tenant: &st
 }
 
 fn random_file(path: &Path, bytes: usize, seed: u64) -> Vec<u8> {
-    use rand::{Rng, SeedableRng};
-    let mut data = vec![0u8; bytes];
-    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
+    let data = dpuio_tests::seeded_bytes(bytes, seed);
     std::fs::write(path, &data).unwrap();
     data
 }
@@ -302,19 +300,6 @@ fn sigterm_finalises_daos_after_the_event_queues_are_gone() {
     assert!(stopped.is_some() && fini > stopped, "no daos_fini after the drain in the agent's log:\n{log}");
 }
 
-/// The libfabric files mapped into process `pid` (from `/proc/PID/maps`).
-fn mapped_libfabric(pid: u32) -> Vec<String> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut files: Vec<String> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| p.contains("/libfabric.so"))
-        .map(str::to_owned)
-        .collect();
-    files.dedup();
-    files
-}
-
 /// No loader tricks: the agent serves over DAOS with no LD_LIBRARY_PATH, and its
 /// libfabric transports run on the libfabric the DAOS client brought (1.22, which
 /// mercury needs), loaded once: the process maps one libfabric, DAOS's. A host on
@@ -349,7 +334,7 @@ fn the_data_plane_runs_on_the_daos_clients_libfabric_with_no_loader_path() {
             && stderr.contains("libfabric 1.17"),
         "ofi-shm between libfabric 1.17 and 1.22: {out:?}"
     );
-    let files = mapped_libfabric(agent.process.id());
+    let files = dpuio_tests::mapped_files(agent.process.id(), "/libfabric.so");
     assert!(
         files.len() == 1 && files[0].contains("/prereq/release/ofi/"),
         "the agent should map exactly one libfabric, the DAOS client's; it maps {files:?}"

@@ -19,7 +19,7 @@ use dpuio_tests::arm64::{self, DaosAgent};
 use dpuio_tests::daos::skip;
 use dpuio_tests::daos_server::{self, DaosSystem, Engine, Options};
 use dpuio_tests::netns::{Side, ThreeMachines};
-use dpuio_tests::{AgentProcess, binary, hermetic, ok_stdout};
+use dpuio_tests::{AgentProcess, binary, hermetic, ok_stdout, seeded_bytes};
 
 struct Setup {
     net: ThreeMachines,
@@ -39,17 +39,6 @@ fn setup(test: &str) -> Option<Setup> {
             None
         }
     }
-}
-
-/// A workspace binary run on the host machine as a client of `agent`.
-fn on_host(host: &Side, agent: &AgentProcess, program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut c = host.command(program);
-    hermetic(&mut c, &agent.data_dir.join(".home-host"));
-    c.env("DPUIO_AGENT", agent.url())
-        .env("DPUIO_CONFIG_DIR", agent.client_dir())
-        .env("DPUIO_INTERFACE", &host.interface)
-        .env("RUST_LOG", "warn");
-    c
 }
 
 fn output(mut c: Command) -> Output {
@@ -114,14 +103,14 @@ fn a_host_job_reads_from_daos_through_the_aarch64_agent_on_the_dpu() {
     assert!(agent.addr.starts_with(&format!("{}:", net.dpu_host.ip)) && !agent.plaintext, "{}", agent.addr);
 
     // host: put and get over UCX tcp and libfabric tcp, mutual TLS to the DPU's address.
-    let data_bytes = random_bytes(32 << 20, 3);
+    let data_bytes = seeded_bytes(32 << 20, 3);
     let local = dir.path().join("in.bin");
     std::fs::write(&local, &data_bytes).unwrap();
     for transport in ["ucx-tcp", "ofi-tcp"] {
         let path = format!("/{transport}.bin");
         let back = dir.path().join(format!("{transport}.back"));
         let cli = |args: &[&str]| {
-            let mut c = on_host(&net.host, &agent, binary("dpuio"));
+            let mut c = net.host.client(&agent, binary("dpuio"));
             c.args(["--transport", transport]).args(args);
             ok_stdout(&output(c))
         };
@@ -198,7 +187,7 @@ print(f"epoch: {seen} samples")
 "#,
     )
     .unwrap();
-    let mut c = on_host(host, agent, &python);
+    let mut c = host.client(agent, &python);
     c.arg(&script);
     let out = output(c);
     assert!(
@@ -207,11 +196,4 @@ print(f"epoch: {seen} samples")
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    use rand::{Rng, SeedableRng};
-    let mut data = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
-    data
 }

@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use dpuio_tests::netns::{Side, TwoHosts};
-use dpuio_tests::{AgentProcess, binary, command_in, hermetic, ok_stdout};
+use dpuio_tests::{AgentProcess, binary, command_in, ok_stdout};
 
 /// The namespaces, or why this machine cannot make them (printed as the skip).
 fn two_hosts_or_skip() -> Option<TwoHosts> {
@@ -45,17 +45,8 @@ fn start_agent(net: &TwoHosts, dir: &Path) -> AgentProcess {
     agent
 }
 
-/// A workspace binary run in the host namespace as a client of `agent`: its address
-/// (the dpu side's veth), the client bundle the agent wrote, the host's veth for the
-/// data plane, and a scratch `HOME`.
 fn on_host(host: &Side, agent: &AgentProcess, name: &str) -> Command {
-    let mut c = host.command(binary(name));
-    hermetic(&mut c, &agent.data_dir.join(".home-host"));
-    c.env("DPUIO_AGENT", agent.url())
-        .env("DPUIO_CONFIG_DIR", agent.client_dir())
-        .env("DPUIO_INTERFACE", &host.interface)
-        .env("RUST_LOG", "warn");
-    c
+    host.client(agent, binary(name))
 }
 
 fn output(mut c: Command) -> Output {
