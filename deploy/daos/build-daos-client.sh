@@ -7,6 +7,8 @@
 #   ARCH      amd64 or arm64 (Debian names). The build machine is Debian 12 x86-64.
 #   OUT_TREE  optional: a copy of the finished tree is put here (must not exist yet).
 #
+# Progress goes to stderr; stdout gets one line, the path of the finished tree.
+#
 # Sources: the tar.zst archives of $DPUIO_DAOS_SHARED/src (default ../shared/daos/src beside the
 # repository): DAOS 2.9.100 (daos-stack/daos 1ff454966b) with its raft submodule, libfabric 1.22.0,
 # mercury 2.4.1, argobots 1.2, isa-l 2.31.1, isa-l_crypto 2.26, fused 1.0.0; DAOS's patches for
@@ -39,9 +41,9 @@
 # programs). It renices itself to 19: on 2 cores a build takes 15-30 minutes.
 set -euo pipefail
 
-usage() { sed -n '2,39p' "$0" >&2; exit 2; }
+usage() { sed -n '2,41p' "$0" >&2; exit 2; }
 die() { printf 'build-daos-client: %s\n' "$*" >&2; exit 1; }
-say() { printf 'build-daos-client: %s\n' "$*"; }
+say() { printf 'build-daos-client: %s\n' "$*" >&2; }
 
 (($# >= 1 && $# <= 2)) || usage
 ARCH=$1 OUT_TREE=${2:-}
@@ -80,7 +82,7 @@ finish() {  # finish: print (and copy) the finished tree
         cp -a "$TREE" "$OUT_TREE"
         say "copied to $OUT_TREE"
     fi
-    echo "$TREE"
+    echo "${OUT_TREE:-$TREE}"
 }
 if [ -d "$TREE" ]; then
     say "cached: $TREE (same sources and script; remove it to rebuild)"
@@ -504,6 +506,6 @@ else
     say "kept the build directory $BUILD (DPUIO_DAOS_KEEP_BUILD)"
 fi
 say "phase times (also in $TREE.times):"
-printf '%s' "$TIMES"
+printf '%s' "$TIMES" >&2
 say "total $SECONDS s"
 finish

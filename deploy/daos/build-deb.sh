@@ -188,12 +188,16 @@ while IFS= read -r -d '' f; do
         esac
     done | awk '!seen[$0]++' | paste -sd:)
     if [ "$keep" != "$rp" ]; then
-        echo "build-deb: ${f#"$PKG"}: run path $rp -> ${keep:-(none)}" >&2
+        echo "${f#"$PKG"}: $rp -> ${keep:-(none)}" >>"$WORK/runpaths"
         if [ -n "$keep" ]; then patchelf --set-rpath "$keep" "$f"; else patchelf --remove-rpath "$f"; fi
     fi
     ELFS+=("$f")
 done < <(find "$PKG/usr" -type f -print0 | sort -z)
 ((${#ELFS[@]})) || die "no ELF file in the package"
+if [ -s "$WORK/runpaths" ]; then
+    echo "build-deb: $(wc -l <"$WORK/runpaths") files had run paths outside the tree: made \$ORIGIN-relative, e.g." \
+        "$(head -n1 "$WORK/runpaths")" >&2
+fi
 # Every tool and library finds what it needs in the package or the system (its run paths
 # resolve inside the package as they will under /usr/lib/daos). Mercury's plugins are left
 # out: libna, which loads them, provides their libna.so.6.
