@@ -26,7 +26,7 @@ set -euo pipefail
 
 die() { printf 'build-deb: %s\n' "$*" >&2; exit 1; }
 if (($# < 3 || $# > 4)); then
-    sed -n '2,25p' "$0" >&2
+    sed -n '2,24p' "$0" >&2
     exit 2
 fi
 ARCH=$1 TREE=${2%/} OUT_DIR=$3 COMPRESSION=${4:-xz}
