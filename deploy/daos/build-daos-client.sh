@@ -42,7 +42,7 @@
 # to 30 under a heavy load.
 set -euo pipefail
 
-usage() { sed -n '2,41p' "$0" >&2; exit 2; }
+usage() { sed -n '2,42p' "$0" >&2; exit 2; }
 die() { printf 'build-daos-client: %s\n' "$*" >&2; exit 1; }
 say() { printf 'build-daos-client: %s\n' "$*" >&2; }
 
