@@ -16,6 +16,9 @@
 //!   config from /etc/dpuio) starts and makes its socket in /var/run/daos_agent, where the
 //!   image's `dpu-agent check-config` finds it, with the DAOS libraries loading from
 //!   /usr/lib/daos and no DPUIO_DAOS_PREFIX; `daos` and `dmg` run; SIGTERM stops it;
+//! * with the DAOS tier's system up (`DAOS_POOL`, `DAOS_RUNDIR`), the DAOS image as the pod
+//!   runs it (its daos_agent, its agent on `kind = "daos"`) serves the native `dpuio` from
+//!   that pool: put/get byte-identical, read back by DAOS's own `daos filesystem copy`;
 //! * `deploy/bluefield/dpu-agent.yaml` parses and names that image, its probes and ports,
 //!   and runs daos_agent beside the agent: same image, one shared socket directory, one
 //!   read-only config directory, one PID namespace.
@@ -513,6 +516,155 @@ fn daos_agent_runs_beside_the_agent_in_its_root(arch: &str, emulator: Option<&st
     );
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(!mounts.contains(rootfs.to_str().unwrap()), "mounts left behind:\n{mounts}");
+}
+
+/// The running DAOS system of `./x test`'s DAOS tier (`source RUNDIR/env` of daos-up.sh):
+/// its pool and its control-plane port, or None, said (a failure under
+/// `DPUIO_REQUIRE_DAOS=1`).
+fn daos_system_under_test() -> Option<(String, u16)> {
+    let pool = std::env::var("DAOS_POOL").ok().filter(|p| !p.is_empty());
+    let rundir = std::env::var("DAOS_RUNDIR").ok().filter(|p| !p.is_empty());
+    let (Some(pool), Some(rundir)) = (pool, rundir) else {
+        let why = "DAOS_POOL and DAOS_RUNDIR are not set (start DAOS with ../shared/daos/daos-up.sh RUNDIR, then \
+                   source RUNDIR/env; ./x test's DAOS tier does)";
+        assert!(std::env::var("DPUIO_REQUIRE_DAOS").as_deref() != Ok("1"), "DPUIO_REQUIRE_DAOS=1 but: {why}");
+        eprintln!("SKIPPED: {why}");
+        return None;
+    };
+    // daos-up.sh's daos_agent.yml: `port: N` (the access point is this machine).
+    let yml = Path::new(&rundir).join("daos_agent.yml");
+    let text = std::fs::read_to_string(&yml).unwrap_or_else(|e| panic!("{}: {e}", yml.display()));
+    let port = text
+        .lines()
+        .find_map(|l| l.strip_prefix("port:"))
+        .map(|p| p.trim().parse().unwrap_or_else(|e| panic!("{}: port {p:?}: {e}", yml.display())))
+        .unwrap_or(10001);
+    Some((pool, port))
+}
+
+/// The DAOS image as the pod runs it, against the real DAOS system of the DAOS tier: in
+/// the image's root, the pod's daos_agent command with a daos_agent.yml in /etc/dpuio
+/// naming that system's access point, and the image's agent (its entrypoint and command,
+/// the image's environment only) with `[backend] kind = "daos"` on the tier's pool; the
+/// native `dpuio` puts and gets 8 MiB byte-identical over UCX TCP, DAOS's own `daos
+/// filesystem copy` reads the same bytes out of the container, and SIGTERM stops the
+/// agent with exit 0 after `daos_fini`.
+fn daos_image_serves_from_the_pool(arch: &str, emulator: Option<&str>) {
+    let Some((pool, port)) = daos_system_under_test() else { return };
+    let Some(path) = daos_archive(arch) else { return };
+    let Some(pod) = static_pod() else { return };
+    if !can_run_roots(emulator) {
+        return;
+    }
+    let scratch = Scratch(Some(tempfile::tempdir().unwrap()));
+    let tmp = scratch.0.as_ref().unwrap();
+    let (rootfs, config, prefix) = unpack_runnable(&path, tmp.path(), emulator);
+    let env = strings(&config["config"]["Env"]);
+
+    let daos_agent = pod_container(&pod, "daos-agent");
+    let mut argv = prefix.clone();
+    argv.extend(strings(&daos_agent["command"]).into_iter().map(String::from));
+    argv.extend(strings(&daos_agent["args"]).into_iter().map(String::from));
+    // The image has no /etc/hosts (kubelet brings the DPU's): an address, not localhost.
+    std::fs::write(
+        rootfs.join("etc/dpuio/daos_agent.yml"),
+        format!(
+            "name: daos_server\naccess_points: ['127.0.0.1:{port}']\nport: {port}\ntransport_config:\n  allow_insecure: true\n"
+        ),
+    )
+    .unwrap();
+    let agent_log = tmp.path().join("daos_agent.log");
+    let mut child = in_root(&rootfs, &argv, env.clone())
+        .stdout(std::fs::File::create(&agent_log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start daos_agent in the image's root");
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let daos_agent = Kill(&mut child);
+    let started = std::time::Instant::now();
+    while !rootfs.join("run/daos_agent/daos_agent.sock").exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "daos_agent made no socket within 60 s:\n{}",
+            std::fs::read_to_string(&agent_log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // The agent: the image's entrypoint and command, its config in /etc/dpuio as the pod's.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let container = format!("image-{arch}-{}-{}", std::process::id(), nanos % 1_000_000_000_000);
+    std::fs::write(
+        rootfs.join("etc/dpuio/agent.toml"),
+        format!(
+            "[agent]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"/var/lib/dpuio\"\n\n[tls]\nmode = \"off\"\n\n\
+             [admin]\nsocket = \"/run/dpuio/admin.sock\"\n\n[backend]\nkind = \"daos\"\npool = \"{pool}\"\n\
+             create_containers = true\n\n[[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n"
+        ),
+    )
+    .unwrap();
+    let c = &config["config"];
+    let mut argv: Vec<String> = prefix.clone();
+    argv.extend(strings(&c["Entrypoint"]).into_iter().map(String::from));
+    argv.extend(strings(&c["Cmd"]).into_iter().map(String::from));
+    let log_path = tmp.path().join("agent.log");
+    let mut cmd = in_root(&rootfs, &argv, env.clone());
+    cmd.env("RUST_LOG", "info").stderr(std::fs::File::create(&log_path).unwrap());
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let process = dpuio_harness::start(cmd, Duration::from_secs(300))
+        .unwrap_or_else(|e| panic!("the agent in the DAOS image over pool {pool}: {e}:\n{}", log()));
+    // Destroys the container when dropped (with the host's daos tool).
+    let mut agent =
+        AgentProcess::adopt(process, &rootfs.join("var/lib/dpuio"), Some((pool.clone(), container.clone())));
+
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let src = tmp.path().join("src.bin");
+    let back = tmp.path().join("back.bin");
+    std::fs::write(&src, &data).unwrap();
+    let t0 = std::time::Instant::now();
+    ok_stdout(&agent.cli(&["--transport", "ucx-tcp", "put", src.to_str().unwrap(), "/image.bin"]));
+    let put = t0.elapsed();
+    ok_stdout(&agent.cli(&["--transport", "ucx-tcp", "get", "/image.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == data, "get returned other bytes than put stored");
+    // DAOS's own tool, outside dpuio, reads the file out of the container.
+    let seen = tmp.path().join("seen-by-daos.bin");
+    let copy = Command::new("daos")
+        .args(["filesystem", "copy", "--src"])
+        .arg(format!("daos://{pool}/{container}/image.bin"))
+        .arg("--dst")
+        .arg(&seen)
+        .output()
+        .expect("run daos (DAOS's bin directory on PATH: source RUNDIR/env)");
+    assert!(copy.status.success(), "daos filesystem copy: {}", String::from_utf8_lossy(&copy.stderr));
+    assert!(std::fs::read(&seen).unwrap() == data, "DAOS holds other bytes than put stored");
+
+    agent.signal("TERM");
+    assert_eq!(agent.wait(Duration::from_secs(120)), Some(0), "{}", log());
+    assert!(log().contains("daos_fini"), "the agent did not finalise DAOS:\n{}", log());
+    drop(agent);
+    drop(daos_agent);
+    eprintln!(
+        "{arch}: the DAOS image's agent{} and daos_agent served 8 MiB from pool {pool} (put {:.2} s), read back \
+         byte-identical by dpuio get and by daos filesystem copy",
+        emulator.map(|e| format!(" under {e}")).unwrap_or_default(),
+        put.as_secs_f64()
+    );
+}
+
+#[test]
+fn amd64_daos_image_serves_from_a_daos_pool() {
+    daos_image_serves_from_the_pool("amd64", None);
+}
+
+#[test]
+fn arm64_daos_image_serves_from_a_daos_pool_under_qemu() {
+    daos_image_serves_from_the_pool("arm64", Some("qemu-aarch64-static"));
 }
 
 #[test]
