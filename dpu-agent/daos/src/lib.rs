@@ -4,8 +4,8 @@
 //!   with compile-time layout checks, and the run-time loader (`libloading`): libgurt,
 //!   libdaos and libdfs are opened when a DAOS backend is configured, so a host without
 //!   DAOS builds and runs dpuio with the local backend. Search order:
-//!   `$DPUIO_DAOS_PREFIX/lib64`, `$DPUIO_DAOS_PREFIX/lib`, `/opt/daos/lib64`, then the
-//!   dynamic loader's default path.
+//!   `$DPUIO_DAOS_PREFIX/lib64`, `$DPUIO_DAOS_PREFIX/lib`, `/usr/lib/daos/lib64` (the
+//!   `daos-client` package), `/opt/daos/lib64`, then the dynamic loader's default path.
 //! - `dfs`: safe owners of DAOS handles (runtime, pool, mounted container, object) whose
 //!   drop order is DAOS's teardown order; `daos_init` once per process, `daos_fini` after
 //!   the last handle; and the event queue of one I/O thread, which keeps many

@@ -272,7 +272,8 @@ struct LibraryPaths {
 }
 
 /// Where the libraries are looked for, in order: `$DPUIO_DAOS_PREFIX/lib64`,
-/// `$DPUIO_DAOS_PREFIX/lib`, `/opt/daos/lib64`, then the dynamic loader's own search
+/// `$DPUIO_DAOS_PREFIX/lib`, `/usr/lib/daos/lib64` (the `daos-client` package of
+/// deploy/daos), `/opt/daos/lib64`, then the dynamic loader's own search
 /// (`LD_LIBRARY_PATH`, `ld.so.cache`, `/usr/lib`...), given as `None`.
 pub fn search_dirs(prefix: Option<&Path>) -> Vec<Option<PathBuf>> {
     let mut dirs = Vec::new();
@@ -280,6 +281,7 @@ pub fn search_dirs(prefix: Option<&Path>) -> Vec<Option<PathBuf>> {
         dirs.push(Some(prefix.join("lib64")));
         dirs.push(Some(prefix.join("lib")));
     }
+    dirs.push(Some(PathBuf::from("/usr/lib/daos/lib64")));
     dirs.push(Some(PathBuf::from("/opt/daos/lib64")));
     dirs.push(None);
     dirs
@@ -319,7 +321,10 @@ fn load_from(dirs: Vec<Option<PathBuf>>) -> Result<Api, Vec<String>> {
             })
         })();
         match libs.and_then(Api::resolve) {
-            Ok(api) => return Ok(api),
+            Ok(api) => {
+                tracing::info!("DAOS client libraries loaded from {where_}");
+                return Ok(api);
+            }
             Err(e) => tried.push(e),
         }
     }
@@ -335,9 +340,15 @@ mod tests {
         let dirs = search_dirs(Some(Path::new("/p")));
         assert_eq!(
             dirs,
-            [Some("/p/lib64".into()), Some("/p/lib".into()), Some("/opt/daos/lib64".into()), None::<PathBuf>]
+            [
+                Some("/p/lib64".into()),
+                Some("/p/lib".into()),
+                Some("/usr/lib/daos/lib64".into()),
+                Some("/opt/daos/lib64".into()),
+                None::<PathBuf>
+            ]
         );
-        assert_eq!(search_dirs(None).len(), 2);
+        assert_eq!(search_dirs(None).len(), 3);
     }
 
     #[test]
