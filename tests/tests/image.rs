@@ -722,7 +722,8 @@ fn static_pod_parses_and_names_the_image() {
     assert_eq!(dargs.last(), Some(&"start"), "{dargs:?}");
     let yml = dargs.iter().position(|a| *a == "--config-path").map(|i| dargs[i + 1]).expect("--config-path");
     assert_eq!(yml, "/etc/dpuio/daos_agent.yml");
-    // daos_agent reads /proc/PID of the agent at the other end of its socket.
+    // daos_agent reads /proc/PID of the agent at the other end of its socket (to evict a
+    // crashed agent's pool handles): in a PID namespace of its own it sees pid 0.
     assert_eq!(spec["shareProcessNamespace"], true, "daos_agent must see the agent's process");
 
     // Every mount has its volume; config, certificates, data, admin socket and the RDMA
