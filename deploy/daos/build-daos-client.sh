@@ -221,12 +221,14 @@ say "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH ($(date -u -d "@$SOURCE_DATE_EPOCH" +%
 #   build id stays);
 # - ConfigDir (where daos_agent and dmg look for their YAML first) is PREFIX/etc: /etc/daos, the
 #   package's directory (and DAOS's default for RPM installs);
-# - the pydaos C shim needs the target's python3-dev: not built (nothing here ships pydaos).
+# - the pydaos C shim needs the target's python3-dev: not built (nothing here ships pydaos);
+# - fused compiles in where dfuse finds fusermount3 (PREFIX/bin, which it does not install):
+#   /usr/bin, where Debian's fuse3 puts it.
 patch_daos() {
     local c=$BUILD/src/daos/src/control/SConscript p=$BUILD/src/daos/src/client/pydaos/SConscript
-    /usr/bin/python3 - "$c" "$SOURCE_DATE_EPOCH" "$p" <<'EOF'
+    /usr/bin/python3 - "$c" "$SOURCE_DATE_EPOCH" "$p" "$BUILD/src/deps/fused/lib/meson.build" <<'EOF'
 import sys
-control, epoch, pydaos = sys.argv[1:]
+control, epoch, pydaos, fused = sys.argv[1:]
 def edit(path, changes):
     s = open(path).read()
     for old, new in changes:
@@ -239,6 +241,8 @@ edit(control, [
     (",\n                     f'-B $({gen_build_id()}$)'", ""),
     ("f'-X {path}.ConfigDir={conf_dir}'", "f'-X {path}.ConfigDir=/etc/daos'")])
 edit(pydaos, [("\n    build_shim_modules()\n", "\n    pass  # dpuio: the pydaos shim is not built\n")])
+edit(fused, [("fusermount_path = join_paths(get_option('prefix'), get_option('bindir'))",
+              "fusermount_path = '/usr/bin'  # dpuio: Debian's fuse3")])
 EOF
     local f
     for f in "$PATCHES"/argobots/*.diff; do patch -d "$BUILD/src/deps/argobots" -N -p1 <"$f"; done
@@ -341,8 +345,9 @@ build_ofi() {
         --disable-psm2 --disable-psm3 --disable-opx --disable-efa --disable-usnic --disable-mrail \
         --disable-rxd --disable-udp --disable-perf --disable-trace --disable-hook_debug --disable-hook_hmem \
         --disable-dmabuf_peer_mem --disable-ucx --disable-cxi --disable-debug CFLAGS="$CFLAGS -fPIC"
-    # The directory libfabric searches for loadable providers is compiled in: the package's.
-    make -j2 pkglibdir="$FINAL/prereq/release/ofi/lib64/libfabric"
+    # Two directories are compiled in: where libfabric looks for loadable providers (the
+    # package's) and for libfabric.conf (/etc/daos, the package's configuration directory).
+    make -j2 pkglibdir="$FINAL/prereq/release/ofi/lib64/libfabric" sysconfdir=/etc/daos
     make install
     grep -q '^#define HAVE_VERBS 1' config.h || { echo "libfabric was configured without verbs"; exit 1; }
 }
@@ -479,8 +484,9 @@ if [ "$ARCH" = arm64 ]; then
 else
     LIST=(/lib64/ld-linux-x86-64.so.2 --list)
 fi
+# (Not mercury's NA plugins: libna loads them and provides their libna.so.6.)
 for f in bin/daos bin/daos_agent bin/dmg bin/dfuse lib64/libdfs.so lib64/libdaos.so lib64/libgurt.so \
-    prereq/release/mercury/lib64/mercury/libna_plugin_ofi.so prereq/release/mercury/lib64/mercury/libna_plugin_ucx.so; do
+    prereq/release/mercury/lib64/libmercury.so.2 prereq/release/ofi/lib64/libfabric.so.1; do
     [ -e "$STAGE/$f" ] || die "the tree lacks $f"
     out=$(env -u LD_LIBRARY_PATH "${LIST[@]}" "$STAGE/$f" 2>&1) || die "$f: the loader cannot list it: $out"
     ! grep -q 'not found' <<<"$out" || die "$f: libraries not found: $(grep 'not found' <<<"$out" | tr -s ' \t\n' ' ')"

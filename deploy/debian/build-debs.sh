@@ -134,7 +134,7 @@ Name: dpuio
 Description: dpuio host library: attach to a dpuio agent, read and write files through registered memory
 Version: $VERSION
 Libs: -L\${libdir} -ldpuio
-Libs.private: -lucp -luct -lucs -lucm -lfabric -lgcc_s -lutil -lrt -lpthread -lm -ldl
+Libs.private: -lucp -luct -lucs -lucm -lgcc_s -lutil -lrt -lpthread -lm -ldl
 Cflags: -I\${includedir}
 EOF
 depends=$(shlibdeps "$H/usr/bin/dpuio" "$H/usr/bin/dpuio-bench" "$H/usr/lib/$TRIPLET/libdpuio.so")

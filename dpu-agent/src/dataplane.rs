@@ -95,6 +95,30 @@ pub enum DataPlaneError {
     NotOffered(String),
 }
 
+/// `TransportInfo.library` of this agent: `"libfabric MAJOR.MINOR"` once libfabric is
+/// loaded, else empty.
+pub fn library() -> String {
+    fabric::ofi::loaded_library().map_or_else(String::new, |(_, (major, minor))| format!("libfabric {major}.{minor}"))
+}
+
+/// Why a host on `host_library` cannot use libfabric provider `fabric_provider` with an
+/// agent on `agent_library`, if it cannot. libfabric shm's shared-memory protocol is
+/// private to a release (a 1.17 host and a 1.22 agent hang each other, the agent
+/// spinning): it needs the same version on both sides. Protocols between machines (tcp,
+/// verbs with rxm) are versioned on the wire and are not refused here. A host that does
+/// not say (an older shim) is let through.
+pub fn library_mismatch(fabric_provider: &str, host_library: &str, agent_library: &str) -> Option<String> {
+    (fabric_provider == fabric::ofi::SHM_PROVIDER && !host_library.is_empty() && host_library != agent_library).then(
+        || {
+            format!(
+                "libfabric shm needs the same libfabric on both sides (its shared-memory protocol changes between \
+                 releases): this agent runs {agent_library}, the host {host_library}. Use ucx-shm or ofi-tcp, or load \
+                 the agent's libfabric in the host process (LD_LIBRARY_PATH)"
+            )
+        },
+    )
+}
+
 /// A host region the agent may access.
 pub struct HostRegion {
     pub id: u32,
@@ -217,6 +241,9 @@ impl DataPlane {
                     )));
                 }
             }
+        }
+        if let Some((path, (major, minor))) = fabric::ofi::loaded_library() {
+            tracing::info!(path, version = %format!("{major}.{minor}"), "libfabric loaded");
         }
         DataPlane::from_workers(workers)
     }
@@ -374,6 +401,7 @@ impl DataPlane {
         &self,
         provider: &str,
         fabric_provider: &str,
+        host_library: &str,
         host_address: &[u8],
     ) -> Result<(Arc<Peer>, Vec<u8>, String), DataPlaneError> {
         let Some(lane) = self
@@ -391,6 +419,9 @@ impl DataPlane {
                 self.offers()
             )));
         };
+        if let Some(refusal) = library_mismatch(fabric_provider, host_library, &library()) {
+            return Err(DataPlaneError::NotOffered(refusal));
+        }
         if host_address.is_empty() || host_address.len() > 64 * 1024 {
             return Err(DataPlaneError::Invalid(format!(
                 "worker_address of {} bytes: expected a {provider} worker address (1 byte to 64 KiB)",
@@ -1742,7 +1773,17 @@ mod loopback_tests;
 
 #[cfg(test)]
 mod tests {
-    use super::split_bytes;
+    use super::{library_mismatch, split_bytes};
+
+    #[test]
+    fn libfabric_shm_needs_one_version_on_both_sides_and_the_rest_does_not() {
+        let refusal = library_mismatch("shm", "libfabric 1.17", "libfabric 1.22").expect("refused");
+        assert!(refusal.contains("libfabric 1.17") && refusal.contains("libfabric 1.22"), "{refusal}");
+        assert!(refusal.contains("ucx-shm or ofi-tcp"), "{refusal}");
+        assert_eq!(library_mismatch("shm", "libfabric 1.22", "libfabric 1.22"), None);
+        assert_eq!(library_mismatch("tcp;ofi_rxm", "libfabric 1.17", "libfabric 1.22"), None);
+        assert_eq!(library_mismatch("shm", "", "libfabric 1.22"), None, "an older shim that does not say");
+    }
 
     #[test]
     fn a_request_splits_in_as_many_pieces_as_cores_within_the_bounds() {

@@ -73,15 +73,15 @@ impl pb::session_server::Session for SessionService {
                     fabric::any::OFI => t.transports.first().cloned().unwrap_or_default(),
                     _ => String::new(),
                 };
-                Some((dp, provider.to_owned(), fabric_provider, t.worker_address.clone()))
+                Some((dp, provider.to_owned(), fabric_provider, t.library.clone(), t.worker_address.clone()))
             }
         };
         let session = self.agent.attach(&tenant, &req.client_name, rights)?;
         self.agent.set_connection(&session, peer);
         let mut agent_transport = None;
-        if let Some((dp, provider, fabric_provider, host_address)) = dataplane {
+        if let Some((dp, provider, fabric_provider, host_library, host_address)) = dataplane {
             let connected = blocking(move || {
-                dp.connect(&provider, &fabric_provider, &host_address)
+                dp.connect(&provider, &fabric_provider, &host_library, &host_address)
                     .map(|(peer, address, describe)| (peer, provider, address, describe))
                     .map_err(|e| match e {
                         DataPlaneError::NotOffered(_) => Error::invalid("transport.provider", e.to_string()),
@@ -92,7 +92,12 @@ impl pb::session_server::Session for SessionService {
             match connected {
                 Ok((peer, provider, worker_address, describe)) => {
                     session.set_peer(peer);
-                    agent_transport = Some(pb::TransportInfo { provider, worker_address, transports: vec![describe] });
+                    agent_transport = Some(pb::TransportInfo {
+                        library: if provider == fabric::any::OFI { crate::dataplane::library() } else { String::new() },
+                        provider,
+                        worker_address,
+                        transports: vec![describe],
+                    });
                 }
                 Err(e) => {
                     let _ = self.agent.detach(session.id);

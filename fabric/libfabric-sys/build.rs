@@ -1,5 +1,9 @@
-//! Finds libfabric with pkg-config, generates bindings with bindgen, and compiles the
-//! C wrappers bindgen writes for the header's `static inline` functions.
+//! Finds libfabric with pkg-config, generates bindings with bindgen, compiles the C
+//! wrappers bindgen writes for the header's `static inline` functions, and records which
+//! symbol version of each exported function those headers describe.
+//!
+//! Nothing links libfabric: `src/lib.rs` loads `libfabric.so.1` when a libfabric
+//! transport is first opened (why: the crate docs).
 
 use std::env;
 use std::path::PathBuf;
@@ -14,22 +18,25 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
 
-    let lib = match pkg_config::Config::new().atleast_version(MIN_LIBFABRIC_VERSION).probe("libfabric") {
-        Ok(lib) => lib,
-        Err(err) => {
-            // Panicking in build.rs is how a build script reports a fatal error; say
-            // what to do, not only what failed.
-            panic!(
-                "\n\nlibfabric-sys: libfabric >= {MIN_LIBFABRIC_VERSION} not found through pkg-config \
+    // No link lines: the library is loaded at run time.
+    let lib =
+        match pkg_config::Config::new().atleast_version(MIN_LIBFABRIC_VERSION).cargo_metadata(false).probe("libfabric")
+        {
+            Ok(lib) => lib,
+            Err(err) => {
+                // Panicking in build.rs is how a build script reports a fatal error; say
+                // what to do, not only what failed.
+                panic!(
+                    "\n\nlibfabric-sys: libfabric >= {MIN_LIBFABRIC_VERSION} not found through pkg-config \
                  (`libfabric.pc`).\n\
                  Install the development package, e.g. `apt-get install libfabric-dev` \
                  (Debian/Ubuntu) or `dnf install libfabric-devel`, or point PKG_CONFIG_PATH \
                  at the directory holding libfabric.pc of another build (DOCA / MLNX_OFED \
                  on BlueField, or the AWS EFA installer, ship their own).\n\
                  pkg-config said: {err}\n\n"
-            );
-        }
-    };
+                );
+            }
+        };
     println!("cargo:version={}", lib.version);
 
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -43,6 +50,11 @@ fn main() {
         .allowlist_function("fi_.*")
         .allowlist_type("fi_.*|fid.*")
         .allowlist_var("FI_.*|fi_.*")
+        // The exported functions are called through the table `src/lib.rs` loads; an
+        // `extern` declaration of them would be a link-time dependency. fi_allocinfo is
+        // the one inline that calls one of them (fi_dupinfo): lib.rs has it too.
+        .blocklist_function(EXPORTED.join("|"))
+        .blocklist_function("fi_allocinfo")
         // The static inline calls (fi_domain, fi_write, fi_cq_read, ...) have no symbol
         // in libfabric.so: bindgen writes a C file of exported wrappers that call them,
         // compiled below, and binds the Rust names to the wrappers.
@@ -75,8 +87,62 @@ fn main() {
         cc.include(path);
     }
     cc.compile("libfabric_static_fns");
-    // cc links the archive first; libfabric itself must come after it on the line.
-    for l in &lib.libs {
-        println!("cargo:rustc-link-lib={l}");
+
+    let versions = exported_versions(&lib);
+    let mut table = String::from(
+        "/// The symbol version of each exported function that the headers' structs match.\n\
+         pub(crate) const SYMBOL_VERSIONS: &[(&str, &str)] = &[\n",
+    );
+    for (name, version) in &versions {
+        table.push_str(&format!("    (\"{name}\", \"{version}\"),\n"));
     }
+    table.push_str("];\n");
+    std::fs::write(out.join("symbol_versions.rs"), table).expect("write symbol_versions.rs into OUT_DIR");
+}
+
+/// The exported functions `src/lib.rs` loads.
+const EXPORTED: &[&str] = &["fi_getinfo", "fi_freeinfo", "fi_dupinfo", "fi_fabric", "fi_strerror", "fi_version"];
+
+/// The default symbol version (`name@@VERSION`) of each function in [`EXPORTED`], read
+/// from the dynamic symbol table of the library pkg-config found: the version whose
+/// `struct fi_info` the headers just parsed describe. A newer libfabric (1.18 made
+/// FABRIC_1.7 the default of fi_getinfo, with another `fi_info`) keeps the older
+/// versions as compatibility symbols, and asking for them by name at run time is what
+/// the static linker would have recorded.
+fn exported_versions(lib: &pkg_config::Library) -> Vec<(String, String)> {
+    let found = lib
+        .link_paths
+        .iter()
+        .chain([&PathBuf::from("/usr/lib")])
+        .find_map(|dir| ["libfabric.so", "libfabric.so.1"].iter().map(|n| dir.join(n)).find(|p| p.exists()));
+    let Some(path) = found else {
+        panic!(
+            "\n\nlibfabric-sys: libfabric.so not found in the link paths pkg-config gave ({:?})\n\n",
+            lib.link_paths
+        );
+    };
+    println!("cargo:rerun-if-changed={}", path.display());
+    let readelf = env::var("READELF").unwrap_or_else(|_| "readelf".into());
+    let out = std::process::Command::new(&readelf)
+        .args(["--dyn-syms", "--wide"])
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("\n\nlibfabric-sys: cannot run {readelf} (binutils): {e}\n\n"));
+    assert!(
+        out.status.success(),
+        "\n\nlibfabric-sys: {readelf} --dyn-syms {} failed: {}\n\n",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    EXPORTED
+        .iter()
+        .map(|name| {
+            let default = text.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}@@")));
+            let Some(version) = default else {
+                panic!("\n\nlibfabric-sys: {} has no default version of {name}\n\n", path.display());
+            };
+            ((*name).to_owned(), version.to_owned())
+        })
+        .collect()
 }

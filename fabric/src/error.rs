@@ -37,6 +37,11 @@ pub enum Error {
         reason: String,
     },
 
+    /// libfabric itself cannot be loaded (not installed, or older than the headers this
+    /// crate was built with): no libfabric provider is available in this process.
+    #[error("{0}")]
+    Library(#[from] libfabric_sys::LoadError),
+
     /// libfabric has no provider of this name on this machine (`fi_getinfo` found
     /// nothing matching; `fi_info -l` lists what is there).
     #[error("libfabric provider {provider:?} is not available here (see `fi_info -l`)")]

@@ -519,7 +519,17 @@ impl Prepared {
                 "" => vec![],
                 f => vec![f.to_owned()],
             },
+            library: library_of(&self.worker),
         }
+    }
+}
+
+/// `TransportInfo.library`: `"libfabric MAJOR.MINOR"` for a libfabric worker (its library
+/// is loaded once it opened), empty for UCX.
+fn library_of(worker: &any::Worker) -> String {
+    match (worker.provider(), fabric::ofi::loaded_library()) {
+        (any::OFI, Some((_, (major, minor)))) => format!("libfabric {major}.{minor}"),
+        _ => String::new(),
     }
 }
 

@@ -65,7 +65,6 @@ fn cc(name: &str, source: &Path, link: Link, out_dir: &Path) -> PathBuf {
                 "-luct",
                 "-lucs",
                 "-lucm",
-                "-lfabric",
                 "-lgcc_s",
                 "-lutil",
                 "-lrt",

@@ -357,3 +357,88 @@ fn sigterm_finalises_daos_after_the_event_queues_are_gone() {
     let (stopped, fini) = (log.find("stopped: sessions closed"), log.find("DAOS client finalised (daos_fini)"));
     assert!(stopped.is_some() && fini > stopped, "no daos_fini after the drain in the agent's log:\n{log}");
 }
+
+/// The libfabric files mapped into process `pid` (from `/proc/PID/maps`).
+fn mapped_libfabric(pid: u32) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut files: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.contains("/libfabric.so"))
+        .map(str::to_owned)
+        .collect();
+    files.dedup();
+    files
+}
+
+/// No loader tricks: the agent serves over DAOS with no LD_LIBRARY_PATH, and its
+/// libfabric transports run on the libfabric the DAOS client brought (1.22, which
+/// mercury needs), loaded once: the process maps one libfabric, DAOS's. A host on
+/// Debian's libfabric 1.17 moves data with it over tcp (a protocol versioned on the
+/// wire); libfabric shm, whose shared-memory protocol is private to a release, is
+/// refused naming both versions instead of hanging both sides.
+#[test]
+fn the_data_plane_runs_on_the_daos_clients_libfabric_with_no_loader_path() {
+    let Some(d) = daos("data_plane_on_daos_libfabric") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &d, &label("ofi"), true, "");
+    let mut command = dpuio_tests::command_in("dpu-agent", &dir.path().join("home"));
+    command.env_remove("LD_LIBRARY_PATH").env_remove("LD_PRELOAD");
+    let agent = AgentProcess::start_program(
+        command,
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+        std::time::Duration::from_secs(60),
+    );
+    let local = dir.path().join("in.bin");
+    let data = random_file(&local, 16 << 20, 31);
+    let back = dir.path().join("back.bin");
+    ok_stdout(&agent.cli(&["--transport", "ofi-tcp", "put", local.to_str().unwrap(), "/tcp.bin"]));
+    ok_stdout(&agent.cli(&["--transport", "ofi-tcp", "get", "/tcp.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == data, "ofi-tcp: get differs from put");
+    let out = agent.cli(&["--transport", "ofi-shm", "put", local.to_str().unwrap(), "/shm.bin"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("same libfabric on both sides")
+            && stderr.contains("libfabric 1.22")
+            && stderr.contains("libfabric 1.17"),
+        "ofi-shm between libfabric 1.17 and 1.22: {out:?}"
+    );
+    let files = mapped_libfabric(agent.process.id());
+    assert!(
+        files.len() == 1 && files[0].contains("/prereq/release/ofi/"),
+        "the agent should map exactly one libfabric, the DAOS client's; it maps {files:?}"
+    );
+}
+
+/// A libfabric older than DAOS needs, loaded before the DAOS client (here by
+/// LD_PRELOAD), is named with its version and what to do, not left to mercury's
+/// "version FABRIC_1.7 not found".
+#[test]
+fn an_older_libfabric_loaded_first_is_named_with_what_to_do() {
+    let Some(d) = daos("older_libfabric_loaded_first") else { return };
+    let system = ["/usr/lib/x86_64-linux-gnu/libfabric.so.1", "/usr/lib/aarch64-linux-gnu/libfabric.so.1"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("Debian's libfabric1 (./x installs libfabric-dev)");
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &d, &label("conflict"), true, "");
+    let out = dpuio_tests::command_in("dpu-agent", &dir.path().join(".home"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .env("LD_PRELOAD", system)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve started with an old libfabric preloaded: {stderr}");
+    assert!(
+        stderr.contains("libfabric 1.")
+            && stderr.contains("already loaded")
+            && stderr.contains(">= 1.20")
+            && stderr.contains("LD_PRELOAD"),
+        "{stderr}"
+    );
+}

@@ -42,6 +42,32 @@ pub enum SetupError {
     /// `daos_init` failed.
     #[error("{0} (is the daos_agent running and compatible with this libdaos?)")]
     Init(CallError),
+    /// A libfabric older than DAOS's network layer needs is already loaded in this
+    /// process: a process has one `libfabric.so.1`, the first loaded, so DAOS's own
+    /// build (shipped with the DAOS client) cannot be used.
+    #[error(
+        "{path} (libfabric {major}.{minor}) is already loaded in this process, but the DAOS client's \
+         network layer (mercury) needs libfabric >= {}.{} (the build shipped with the DAOS client), and a \
+         process has only one libfabric.so.1: the first loaded. Remove it from LD_PRELOAD and \
+         LD_LIBRARY_PATH; dpu-agent itself loads libfabric only after the DAOS backend",
+        MIN_LIBFABRIC.0, MIN_LIBFABRIC.1
+    )]
+    LibfabricConflict { path: String, major: u32, minor: u32 },
+}
+
+/// The oldest libfabric DAOS's mercury works with (DAOS's own build check says 1.20;
+/// older ones lack the `FABRIC_1.7` symbols its NA plugin needs).
+pub const MIN_LIBFABRIC: (u32, u32) = (1, 20);
+
+/// [`SetupError::LibfabricConflict`] if this process already holds a libfabric older
+/// than DAOS needs (loaded by a data-plane transport, a preload, or a link).
+fn check_loaded_libfabric() -> Result<(), SetupError> {
+    match libfabric_sys::loaded() {
+        Some((path, (major, minor))) if (major, minor) < MIN_LIBFABRIC => {
+            Err(SetupError::LibfabricConflict { path, major, minor })
+        }
+        _ => Ok(()),
+    }
 }
 
 static API: OnceLock<Result<Api, Vec<String>>> = OnceLock::new();
@@ -104,6 +130,7 @@ impl Runtime {
             }
         }
         let api = api()?;
+        check_loaded_libfabric()?;
         if std::env::var_os("DAOS_AGENT_DRPC_DIR").as_deref() != Some(agent_socket_dir.as_os_str()) {
             // libdaos reads the socket directory only from this variable, in daos_init.
             // SAFETY: set_var races with concurrent getenv in other threads. It runs once
@@ -122,6 +149,10 @@ impl Runtime {
         let rc = unsafe { (api.daos_init)() };
         if rc != 0 {
             return Err(SetupError::Init(der_error(api, "daos_init", rc)));
+        }
+        if let Some((path, (major, minor))) = libfabric_sys::loaded() {
+            // The data plane's libfabric transports will use this one too.
+            tracing::info!(libfabric = %path, version = %format!("{major}.{minor}"), "DAOS client's libfabric");
         }
         let rt = Arc::new(Runtime { api });
         *current = Arc::downgrade(&rt);

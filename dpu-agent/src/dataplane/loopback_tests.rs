@@ -123,7 +123,7 @@ impl Rig {
         let loopback = LoopbackWorker::new(access).unwrap();
         let worker = any::Worker::LoopbackForTests(loopback.clone());
         let session = Arc::new(Session::new(tenant, None, self.agent.metrics.tenant(tenant)));
-        let (peer, agent_address, _) = self.dp.connect(testing::PROVIDER, "", &worker.address().unwrap()).unwrap();
+        let (peer, agent_address, _) = self.dp.connect(testing::PROVIDER, "", "", &worker.address().unwrap()).unwrap();
         session.set_peer(peer.clone());
         let endpoint = worker.connect(&agent_address).unwrap();
         lock(&self.agent.sessions).push(session.clone());

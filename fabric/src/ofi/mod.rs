@@ -90,7 +90,12 @@ pub use endpoint::{Endpoint, RemoteKey};
 pub use region::Region;
 pub use worker::Worker;
 
-use std::ffi::CStr;
+/// The libfabric this process has loaded, if any: its file and `(major, minor)`
+/// version. libfabric is loaded when the first [`Worker`] opens (or by another
+/// component before, such as the DAOS client, whose build then serves us too).
+pub fn loaded_library() -> Option<(String, (u32, u32))> {
+    sys::loaded()
+}
 
 use libfabric_sys as sys;
 
@@ -205,9 +210,9 @@ impl OfiConfig {
 /// Builds [`Error::Ofi`] from a libfabric return value (a negative error number).
 pub(crate) fn ofi_error(op: &'static str, ret: i64) -> Error {
     let code = i32::try_from(ret.unsigned_abs()).unwrap_or(i32::MAX);
-    // SAFETY: fi_strerror accepts any error number and returns a pointer to a static
-    // NUL-terminated string (strerror's text for errno values).
-    let reason = unsafe { CStr::from_ptr(sys::fi_strerror(code)) }.to_string_lossy().into_owned();
+    // Errors come from calls into a loaded libfabric; were it not, the errno text.
+    let reason =
+        sys::api().map_or_else(|_| std::io::Error::from_raw_os_error(code).to_string(), |api| api.strerror(code));
     Error::Ofi { op, code, reason }
 }
 

@@ -25,6 +25,7 @@ const RECV_TOKEN: u64 = 1 << 63;
 /// of them goes. Holds the lock that serialises every libfabric call (module docs).
 pub(crate) struct DomainInner {
     lock: Mutex<()>,
+    api: &'static sys::Api,
     infos: *mut sys::fi_info,
     fabric: *mut sys::fid_fabric,
     pub(crate) domain: *mut sys::fid_domain,
@@ -65,7 +66,7 @@ impl Drop for DomainInner {
             if !self.fabric.is_null() {
                 sys::fi_close(&mut (*self.fabric).fid);
             }
-            sys::fi_freeinfo(self.infos);
+            (self.api.fi_freeinfo)(self.infos);
         }
     }
 }
@@ -181,10 +182,10 @@ fn c_string(what: &str, s: &str) -> Result<*mut libc::c_char> {
 }
 
 /// Finds a provider for `config` with `fi_getinfo`; returns the whole list.
-fn get_info(config: &OfiConfig) -> Result<*mut sys::fi_info> {
-    // SAFETY: fi_allocinfo returns a zeroed fi_info with its attribute structs
-    // allocated (or NULL); it is freed with fi_freeinfo below.
-    let hints = unsafe { sys::fi_allocinfo() };
+fn get_info(api: &sys::Api, config: &OfiConfig) -> Result<*mut sys::fi_info> {
+    // A zeroed fi_info with its attribute structs allocated (or NULL); it is freed with
+    // fi_freeinfo below.
+    let hints = api.allocinfo();
     if hints.is_null() {
         return Err(Error::Io {
             op: "allocate libfabric hints (fi_allocinfo)",
@@ -228,10 +229,10 @@ fn get_info(config: &OfiConfig) -> Result<*mut sys::fi_info> {
     let mut info: *mut sys::fi_info = ptr::null_mut();
     let ret = fill().map(|()| {
         // SAFETY: hints is a complete fi_info; info is writable.
-        unsafe { sys::fi_getinfo(sys::FI_API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info) }
+        unsafe { (api.fi_getinfo)(sys::FI_API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info) }
     });
     // SAFETY: hints came from fi_allocinfo and is freed once (with the strdup'd names).
-    unsafe { sys::fi_freeinfo(hints) };
+    unsafe { (api.fi_freeinfo)(hints) };
     let ret = ret?;
     if ret == -(sys::FI_ENODATA as i32) || (ret == 0 && info.is_null()) {
         return Err(Error::ProviderUnavailable { provider: config.provider.clone() });
@@ -268,7 +269,9 @@ impl Worker {
 
     fn open_once(config: &OfiConfig) -> Result<Worker> {
         config.validate()?;
-        let infos = get_info(config)?;
+        // libfabric is loaded here, on the first worker (libfabric_sys's docs say why).
+        let api = sys::api()?;
+        let infos = get_info(api, config)?;
         // rxm does not filter on the domain name hint: pick the entry ourselves, and
         // refuse a name it does not offer rather than open the first domain (traffic
         // on another interface than the one configured).
@@ -295,7 +298,7 @@ impl Worker {
             }
             if chosen.is_null() {
                 // SAFETY: infos came from fi_getinfo and nothing else holds it yet.
-                unsafe { sys::fi_freeinfo(infos) };
+                unsafe { (api.fi_freeinfo)(infos) };
                 return Err(Error::NoSuchDomain {
                     provider: config.provider.clone(),
                     domain: want.clone(),
@@ -309,6 +312,7 @@ impl Worker {
         let mr_mode = unsafe { (*info.domain_attr).mr_mode } as u32;
         let mut domain = DomainInner {
             lock: Mutex::new(()),
+            api,
             infos,
             fabric: ptr::null_mut(),
             domain: ptr::null_mut(),
@@ -319,7 +323,7 @@ impl Worker {
         };
         // SAFETY: the fabric attributes come from fi_getinfo; fabric is writable. From
         // here on, DomainInner's Drop closes whatever was opened.
-        let ret = unsafe { sys::fi_fabric(info.fabric_attr, &mut domain.fabric, ptr::null_mut()) };
+        let ret = unsafe { (api.fi_fabric)(info.fabric_attr, &mut domain.fabric, ptr::null_mut()) };
         check("open fabric (fi_fabric)", ret)?;
         // SAFETY: fabric open; info from fi_getinfo; domain writable.
         let ret = unsafe { sys::fi_domain(domain.fabric, chosen, &mut domain.domain, ptr::null_mut()) };
