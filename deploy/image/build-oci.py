@@ -19,9 +19,9 @@
                        agent finds libdaos without DPUIO_DAOS_PREFIX)
 
 The root filesystem holds what the package installs (but the systemd unit), the shared
-libraries its binaries need (DT_NEEDED, resolved in the sysroot, transitively), UCX's
-transport modules (loaded at run time from /usr/lib/<triplet>/ucx) and the chosen
-libibverbs providers with their dependencies, the copyright files of the Debian packages
+libraries its binaries need (DT_NEEDED, resolved in the sysroot, transitively) and the one
+the agent loads by soname (libfabric.so.1, for its ofi transports), UCX's transport modules
+(loaded at run time from /usr/lib/<triplet>/ucx) and the chosen libibverbs providers with their dependencies, the copyright files of the Debian packages
 those libraries come from, and a list of those packages with their versions
 (/usr/share/dpuio/image-packages.txt). No shell, no package manager. With --daos-client it
 also holds that package's files (but its systemd unit, C headers and daos.pc) and the libraries
@@ -52,6 +52,8 @@ ARCHES = {
     "arm64": ("arm64", "aarch64-linux-gnu", 183),
 }
 AGENT_PORT = 7300
+# Libraries the agent loads with dlopen by soname.
+DLOPENED = ("libfabric.so.1",)
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -476,6 +478,11 @@ def build(args):
 
     providers = [] if args.ibverbs_providers in ("", "none") else args.ibverbs_providers.split(",")
     found, extra = plugins(sysroot, triplet, providers)
+    # The agent's ofi transports dlopen libfabric.so.1 (no DT_NEEDED names it): the sysroot's,
+    # which the loader finds when no DAOS client has mapped its own first.
+    for soname in DLOPENED:
+        real, lib = sysroot.library(soname)
+        found[f"usr/lib/{triplet}/{soname}"] = (real, lib)
     sources = [real for real, _ in found.values()]
     for path, (_real, data) in found.items():
         rootfs.file(path, data, 0o644)

@@ -313,6 +313,8 @@ fn agent_runs_in_its_root(path: Option<PathBuf>, arch: &str, emulator: Option<&s
             log()
         );
     }
+    // libfabric, which the agent loads at run time (no DT_NEEDED names it), is in the image.
+    assert!(line.contains("ofi (tcp;ofi_rxm)"), "no libfabric tcp transport from the image:\n{}", log());
 
     // The image's own dpuctl, in the same root, over the packaged config's admin socket.
     let mut argv = prefix.clone();
@@ -644,6 +646,15 @@ fn daos_image_serves_from_the_pool(arch: &str, emulator: Option<&str>) {
     assert!(copy.status.success(), "daos filesystem copy: {}", String::from_utf8_lossy(&copy.stderr));
     assert!(std::fs::read(&seen).unwrap() == data, "DAOS holds other bytes than put stored");
 
+    // The agent's ofi transports use the libfabric DAOS's mercury mapped, not the image's other one.
+    assert!(
+        log()
+            .lines()
+            .any(|l| l.contains("libfabric loaded")
+                && l.contains("/usr/lib/daos/prereq/release/ofi/lib64/libfabric.so.1")),
+        "the agent's libfabric is not DAOS's:\n{}",
+        log()
+    );
     agent.signal("TERM");
     assert_eq!(agent.wait(Duration::from_secs(120)), Some(0), "{}", log());
     assert!(log().contains("daos_fini"), "the agent did not finalise DAOS:\n{}", log());
