@@ -650,8 +650,10 @@ fn daos_image_serves_from_the_pool(arch: &str, emulator: Option<&str>) {
     assert!(
         log()
             .lines()
+            // As mercury's plugin found it: .../mercury/lib64/mercury/../../../ofi/lib64/...
             .any(|l| l.contains("libfabric loaded")
-                && l.contains("/usr/lib/daos/prereq/release/ofi/lib64/libfabric.so.1")),
+                && l.contains("\"/usr/lib/daos/prereq/release/")
+                && l.contains("/ofi/lib64/libfabric.so.1\"")),
         "the agent's libfabric is not DAOS's:\n{}",
         log()
     );
