@@ -1,14 +1,15 @@
 //! The agent's OCI image and its kubelet static pod:
 //!
 //! * the archive `dpu-agent-VERSION-ARCH.oci.tar` (`./x package` writes both architectures
-//!   into target/packages; `./x test` builds the amd64 one from the debug build into
-//!   `$DPUIO_IMAGE_DIR`, which is looked in first) is a valid OCI layout for skopeo, every blob matches its digest,
-//!   and its config names the agent's entrypoint, command, port and architecture;
+//!   into target/packages; `./x test` builds both from the debug builds into
+//!   `$DPUIO_IMAGE_DIR`, which is looked in first) is a valid OCI layout for skopeo, every
+//!   blob matches its digest, and its config names the agent's entrypoint, command, port
+//!   and architecture;
 //! * the root filesystem of its one layer runs the agent (chroot into it, with /proc, /sys
 //!   and /dev mounted in a mount namespace of its own, as a container runtime would; the
 //!   arm64 one under `qemu-aarch64-static`), with the image's own command, environment and
 //!   packaged config: it answers grpc.health.v1 on its plaintext health port and over TLS
-//!   on its control-plane port, its UCX data plane comes up, the image's `dpuctl status`
+//!   on its control-plane port, its UCX and libfabric (tcp) data planes come up, the image's `dpuctl status`
 //!   answers over the admin socket, and SIGTERM stops it cleanly;
 //! * the variant with the DAOS client, `dpu-agent-daos-VERSION-ARCH.oci.tar` (tag
 //!   `VERSION-daos`), is as valid and its agent serves the same way; in its root the
