@@ -491,8 +491,9 @@ for f in bin/daos bin/daos_agent bin/dmg bin/dfuse lib64/libdfs.so lib64/libdaos
     out=$(env -u LD_LIBRARY_PATH "${LIST[@]}" "$STAGE/$f" 2>&1) || die "$f: the loader cannot list it: $out"
     ! grep -q 'not found' <<<"$out" || die "$f: libraries not found: $(grep 'not found' <<<"$out" | tr -s ' \t\n' ' ')"
 done
-env -u LD_LIBRARY_PATH "${LIST[@]}" "$STAGE/prereq/release/ofi/lib64/libfabric.so.1" | grep -q libibverbs ||
-    die "libfabric does not link libibverbs: no verbs provider"
+# (Output captured first: grep -q ending a pipe early fails it under pipefail.)
+out=$(env -u LD_LIBRARY_PATH "${LIST[@]}" "$STAGE/prereq/release/ofi/lib64/libfabric.so.1")
+grep -q libibverbs <<<"$out" || die "libfabric does not link libibverbs: no verbs provider"
 # The tools start (under qemu for arm64, through binfmt_misc) from the moved tree.
 for t in daos daos_agent dmg; do
     out=$(env -u LD_LIBRARY_PATH "$STAGE/bin/$t" version 2>&1) || die "$t version failed: $out"

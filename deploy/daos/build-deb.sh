@@ -164,7 +164,8 @@ ELFS=()
 while IFS= read -r -d '' f; do
     is_elf "$f" || continue
     file -b "$f" | grep -q "$ELF_MACHINE" || die "${f#"$PKG"} is not a $ARCH ELF file: $(file -b "$f")"
-    ! readelf -S "$f" | grep -q ' \.debug_info ' || die "${f#"$PKG"} is not stripped (it has .debug_info)"
+    sections=$(readelf -S "$f")
+    ! grep -q ' \.debug_info ' <<<"$sections" || die "${f#"$PKG"} is not stripped (it has .debug_info)"
     # Absolute run path entries (the amd64 tree of ../shared/daos has /opt/daos/... ones) become
     # $ORIGIN-relative where they name a directory of the tree, and are dropped otherwise:
     # installed, the package uses its own files only.

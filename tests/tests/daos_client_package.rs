@@ -398,6 +398,29 @@ fn amd64_package_installs_and_dpu_agent_serves_over_its_daos_client() {
         log()
     );
 
+    eprintln!("{}", log().lines().find(|l| l.contains("DAOS client libraries loaded from")).unwrap_or_default());
+    // What the process really mapped: the package's DAOS libraries and its libfabric
+    // (mercury's, which the data plane then shares), no other copy of either.
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", agent.process.id())).unwrap();
+    let mapped = |name: &str| -> Vec<&str> {
+        let mut paths: Vec<&str> =
+            maps.lines().filter_map(|l| l.split_whitespace().nth(5)).filter(|p| p.contains(name)).collect();
+        paths.dedup();
+        paths
+    };
+    for (name, from) in [
+        ("/libdfs.so", "/usr/lib/daos/lib64/"),
+        ("/libdaos.so", "/usr/lib/daos/lib64/"),
+        ("/libfabric.so", "/usr/lib/daos/prereq/release/ofi/lib64/"),
+        ("/libmercury.so", "/usr/lib/daos/prereq/release/mercury/lib64/"),
+    ] {
+        let paths = mapped(name);
+        assert!(
+            !paths.is_empty() && paths.iter().all(|p| p.starts_with(from)),
+            "{name} mapped from {paths:?}, not {from}"
+        );
+    }
+
     let input = tmp.path().join("in.bin");
     let data: Vec<u8> = {
         use rand::{Rng, SeedableRng};
@@ -407,11 +430,13 @@ fn amd64_package_installs_and_dpu_agent_serves_over_its_daos_client() {
     };
     std::fs::write(&input, &data).unwrap();
     let back = tmp.path().join("back.bin");
+    let started = Instant::now();
     let put = agent.cli(&["--transport", "shm", "put", input.to_str().unwrap(), "/package.bin"]);
     assert!(put.status.success(), "put: {}\nagent log:\n{}", String::from_utf8_lossy(&put.stderr), log());
     let get = agent.cli(&["--transport", "shm", "get", "/package.bin", back.to_str().unwrap()]);
     assert!(get.status.success(), "get: {}\nagent log:\n{}", String::from_utf8_lossy(&get.stderr), log());
     assert!(std::fs::read(&back).unwrap() == data, "get differs from put");
+    eprintln!("8 MiB put and get through the package's DAOS client: {:?}", started.elapsed());
 
     // The package's own daos tool sees the container dpu-agent made.
     let list = Command::new("/usr/bin/daos")
