@@ -776,7 +776,7 @@ fn static_pod_parses_and_names_the_image() {
     assert!(mounted(&mounts, "/etc/dpuio", "/etc/dpuio").1, "/etc/dpuio must be read-only in dpu-agent");
     assert!(mounted(&dmounts, "/etc/dpuio", "/etc/dpuio").1, "/etc/dpuio must be read-only in daos-agent");
     mounted(&dmounts, "/dev/infiniband", "/dev/infiniband");
-    mounted(&dmounts, "/var/log/daos", "/var/log/daos");
+    mounted(&dmounts, "/var/log/daos_agent", "/var/log/daos_agent");
     assert_eq!(d["securityContext"]["privileged"], true, "daos_agent scans the RDMA devices");
     // The dRPC socket directory: one emptyDir, at DAOS's default path in both (where
     // daos_agent makes it and the agent looks without agent_socket_dir).
