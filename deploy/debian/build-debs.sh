@@ -15,8 +15,10 @@
 # conffile, a system user) and dpuio-host_VERSION_ARCH.deb (dpuio, dpuio-bench, which
 # `dpuio bench` runs, libdpuio.so/.a, dpuio.h, dpuio.pc). Binaries are stripped (with the
 # cross binutils for arm64). Depends: comes from dpkg-shlibdeps over the binaries, so it
-# names the UCX, libfabric and libc packages the binaries really link. `./x package`
-# calls this for both architectures.
+# names the UCX and libc packages the binaries really link. libfabric is loaded at run time
+# (dlopen, for the ofi transports), so it is recommended: libfabric1, and for dpuio-agent
+# daos-client (the DAOS backend's libraries, their libfabric and daos_agent, which
+# ./x package also builds). `./x package` calls this for both architectures.
 set -euo pipefail
 
 if (($# < 4)); then
@@ -58,9 +60,9 @@ shlibdeps() {  # shlibdeps FILE...: prints the Depends: value for the binaries
     sed -n 's/^shlibs:Depends=//p' <<<"$out"
 }
 
-control() {  # control NAME DEPENDS DESCRIPTION... > DEBIAN/control
-    local name=$1 depends=$2 size
-    shift 2
+control() {  # control NAME DEPENDS RECOMMENDS DESCRIPTION... > DEBIAN/control (RECOMMENDS may be empty)
+    local name=$1 depends=$2 recommends=$3 size
+    shift 3
     size=$(du -sk --exclude=DEBIAN "$WORK/$name" | cut -f1)
     cat <<EOF
 Package: $name
@@ -69,7 +71,8 @@ Architecture: $ARCH
 Maintainer: dpuio developers <dpuio@localhost>
 Installed-Size: $size
 Depends: $depends
-Section: net
+${recommends:+Recommends: $recommends
+}Section: net
 Priority: optional
 Description: $1
 EOF
@@ -101,7 +104,12 @@ install -m 0755 "$HERE/dpuio-agent.postinst" "$A/DEBIAN/postinst"
 install -m 0755 "$HERE/dpuio-agent.prerm" "$A/DEBIAN/prerm"
 install -m 0755 "$HERE/dpuio-agent.postrm" "$A/DEBIAN/postrm"
 depends="$(shlibdeps "$A/usr/bin/dpu-agent" "$A/usr/bin/dpuctl"), adduser"
-control dpuio-agent "$depends" \
+# The DAOS backend loads libdaos/libdfs at run time (from /usr/lib/daos/lib64, where the
+# daos-client package ./x package builds puts them) and talks to its daos_agent; without
+# it the agent serves its embedded local backend. The ofi transports load libfabric.so.1
+# at run time: DAOS's when the DAOS backend has loaded it, else the loader's (libfabric1);
+# without one the agent offers UCX alone. So: recommended, not required.
+control dpuio-agent "$depends" "daos-client, libfabric1" \
     "dpuio agent: DAOS client and RDMA data plane for BlueField DPUs" \
     "dpu-agent serves the dpuio control plane (gRPC over mutual TLS) and moves file" \
     "data into host memory with one-sided UCX/RDMA operations, so no host CPU is on" \
@@ -133,7 +141,8 @@ Libs.private: -lucp -luct -lucs -lucm -lgcc_s -lutil -lrt -lpthread -lm -ldl
 Cflags: -I\${includedir}
 EOF
 depends=$(shlibdeps "$H/usr/bin/dpuio" "$H/usr/bin/dpuio-bench" "$H/usr/lib/$TRIPLET/libdpuio.so")
-control dpuio-host "$depends" \
+# The ofi transports (dlopen of libfabric.so.1); UCX alone without it.
+control dpuio-host "$depends" "libfabric1" \
     "dpuio host side: CLI, benchmarks, C library and header" \
     "dpuio attaches a host process to a dpuio agent on a DPU; the agent moves file data" \
     "into the process's registered memory. This package holds the dpuio command (and" \

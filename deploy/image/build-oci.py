@@ -13,13 +13,21 @@
   --ibverbs-providers  comma-separated libibverbs providers to include (default mlx5, the
                        BlueField's; "none" for none)
   --revision REV       the source revision, recorded as a label
+  --daos-client DEB    daos-client_DAOSVERSION_ARCH.deb (deploy/daos/build-deb.sh): the image
+                       variant with the DAOS client; its tag is VERSION-daos (the image's
+                       `daos_agent`, `daos`, `dmg` and libdaos under /usr/lib/daos, where the
+                       agent finds libdaos without DPUIO_DAOS_PREFIX)
 
 The root filesystem holds what the package installs (but the systemd unit), the shared
-libraries its binaries need (DT_NEEDED, resolved in the sysroot, transitively), UCX's
-transport modules (loaded at run time from /usr/lib/<triplet>/ucx) and the chosen
-libibverbs providers with their dependencies, the copyright files of the Debian packages
+libraries its binaries need (DT_NEEDED, resolved in the sysroot, transitively) and the one
+the agent loads by soname (libfabric.so.1, for its ofi transports), UCX's transport modules
+(loaded at run time from /usr/lib/<triplet>/ucx) and the chosen libibverbs providers with their dependencies, the copyright files of the Debian packages
 those libraries come from, and a list of those packages with their versions
-(/usr/share/dpuio/image-packages.txt). No shell, no package manager.
+(/usr/share/dpuio/image-packages.txt). No shell, no package manager. With --daos-client it
+also holds that package's files (but its systemd unit, C headers and daos.pc) and the libraries
+they need, found the same way (each DAOS library's own $ORIGIN run path first, so DAOS's
+libfabric and mercury come from its tree), and /var/run -> /run with /run/daos_agent, the
+dRPC socket directory the static pod shares between daos_agent and the agent.
 
 The output is reproducible: entries sorted, owner root, mtimes and `created` from
 SOURCE_DATE_EPOCH (default 0). Only the Python standard library is used.
@@ -44,6 +52,8 @@ ARCHES = {
     "arm64": ("arm64", "aarch64-linux-gnu", 183),
 }
 AGENT_PORT = 7300
+# Libraries the agent loads with dlopen by soname.
+DLOPENED = ("libfabric.so.1",)
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -227,6 +237,49 @@ def open_member_tar(name, blob):
         raise BuildError(f"{name}: {e}") from e
 
 
+def read_deb(path, package, arch, version=None):
+    """The control fields and the data tar of the Debian package `path`, checked to be
+    `package` for `arch` (and `version`, when given)."""
+    members = read_ar(path)
+    control_name = next((n for n in members if n.startswith("control.tar")), None)
+    data_name = next((n for n in members if n.startswith("data.tar")), None)
+    if control_name is None or data_name is None:
+        raise BuildError(f"{path}: not a Debian binary package (no control.tar or data.tar)")
+    fields = deb_fields(open_member_tar(control_name, members[control_name]))
+    if fields.get("Package") != package:
+        raise BuildError(f"{path} is the package {fields.get('Package')!r}, not {package}")
+    if fields.get("Architecture") != arch:
+        raise BuildError(f"{path} is for {fields.get('Architecture')}, not {arch}")
+    if version is not None and fields.get("Version") != version:
+        raise BuildError(f"{path} is version {fields.get('Version')}, not {version}")
+    return fields, open_member_tar(data_name, members[data_name])
+
+
+def add_package_files(rootfs, deb, tar, skip=()):
+    """Put the files of a package's data tar into the image, but its systemd units and the
+    paths under `skip`; returns its ELF files {image path: bytes}."""
+    elf_files = {}
+    with tar:
+        for m in tar.getmembers():
+            path = usrmerged(os.path.normpath(m.name))
+            if path in (".", "") or path.startswith("usr/lib/systemd"):
+                continue  # no systemd in a container: the pod is the unit
+            if any(path == d or path.startswith(d + "/") for d in skip):
+                continue
+            if m.isdir():
+                rootfs.dir(path, m.mode)
+            elif m.issym():
+                rootfs.symlink(path, m.linkname)
+            elif m.isfile():
+                data = tar.extractfile(m).read()
+                rootfs.file(path, data, m.mode)
+                if data[:4] == b"\x7fELF":
+                    elf_files["/" + path] = data
+            else:
+                raise BuildError(f"{deb}: {m.name} is neither a file, a directory nor a symlink")
+    return elf_files
+
+
 class Sysroot:
     """Finds ARCH's shared libraries and the Debian packages they belong to."""
 
@@ -299,9 +352,12 @@ class Sysroot:
         return None
 
 
-def add_libraries(rootfs, sysroot, elf_files, triplet):
+def add_libraries(rootfs, sysroot, elf_files, triplet, plugin_dirs=()):
     """Add the DT_NEEDED closure of `elf_files` ({image path: bytes}) to the image under
-    usr/lib/TRIPLET; returns the sysroot paths the libraries came from."""
+    usr/lib/TRIPLET; returns the sysroot paths the libraries came from. An object in one of
+    `plugin_dirs` is a plugin that a library of the directory above loads (mercury's NA
+    plugins need libna.so.6, which is what dlopens them): a soname the image holds there is
+    already loaded when the plugin is, wherever the plugin's run path points."""
     libdir = f"usr/lib/{triplet}"
     pending = list(elf_files.items())
     done, sources = set(), []
@@ -322,11 +378,16 @@ def add_libraries(rootfs, sysroot, elf_files, triplet):
         # the image already holds is taken from there.
         origin = os.path.dirname(path.lstrip("/"))
         local = [os.path.normpath(d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)).lstrip("/") for d in elf.runpath]
+        if origin in plugin_dirs:
+            local.append(os.path.dirname(origin))
         for soname in elf.needed:
             if soname in done or any(f"{d}/{soname}" in rootfs.entries for d in local):
                 continue
             done.add(soname)
-            real, lib = sysroot.library(soname)
+            try:
+                real, lib = sysroot.library(soname)
+            except BuildError as e:
+                raise BuildError(f"{e} (needed by {path})") from None
             sources.append(real)
             # The dynamic loader is also a DT_NEEDED of libc: executable either way.
             mode = 0o755 if elf.interp and soname == os.path.basename(elf.interp) or soname.startswith("ld-") else 0o644
@@ -394,50 +455,44 @@ def build(args):
         raise BuildError(f"SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']!r} is not a number of seconds") from None
     sysroot = Sysroot(args.sysroot, triplet, machine)
 
-    members = read_ar(args.deb)
-    control_name = next((n for n in members if n.startswith("control.tar")), None)
-    data_name = next((n for n in members if n.startswith("data.tar")), None)
-    if control_name is None or data_name is None:
-        raise BuildError(f"{args.deb}: not a Debian binary package (no control.tar or data.tar)")
-    fields = deb_fields(open_member_tar(control_name, members[control_name]))
-    if fields.get("Package") != "dpuio-agent":
-        raise BuildError(f"{args.deb} is the package {fields.get('Package')!r}, not dpuio-agent")
-    if fields.get("Architecture") != args.arch:
-        raise BuildError(f"{args.deb} is for {fields.get('Architecture')}, not {args.arch}")
-    if fields.get("Version") != args.version:
-        raise BuildError(f"{args.deb} is version {fields.get('Version')}, not {args.version}")
-
+    _fields, data = read_deb(args.deb, "dpuio-agent", args.arch, args.version)
     rootfs = RootFs()
-    elf_files = {}
-    with open_member_tar(data_name, members[data_name]) as tar:
-        for m in tar.getmembers():
-            path = usrmerged(os.path.normpath(m.name))
-            if path in (".", "") or path.startswith("usr/lib/systemd"):
-                continue  # no systemd in a container: the pod is the unit
-            if m.isdir():
-                rootfs.dir(path, m.mode)
-            elif m.issym():
-                rootfs.symlink(path, m.linkname)
-            elif m.isfile():
-                data = tar.extractfile(m).read()
-                rootfs.file(path, data, m.mode)
-                if data[:4] == b"\x7fELF":
-                    elf_files["/" + path] = data
-            else:
-                raise BuildError(f"{args.deb}: {m.name} is neither a file, a directory nor a symlink")
+    elf_files = add_package_files(rootfs, args.deb, data)
     for binary in ("usr/bin/dpu-agent", "usr/bin/dpuctl"):
         if "/" + binary not in elf_files:
             raise BuildError(f"{args.deb} has no /{binary}")
+    tag, daos = args.version, None
+    if args.daos_client:
+        if not os.path.isfile(args.daos_client):
+            raise BuildError(f"--daos-client {args.daos_client}: no such package (deploy/daos/build-deb.sh makes it)")
+        fields, data = read_deb(args.daos_client, "daos-client", args.arch)
+        daos = (fields["Package"], args.arch, fields.get("Version", ""))
+        # The headers and daos.pc are for building against libdaos: no compiler in the image.
+        skip = ("usr/lib/daos/include", f"usr/lib/{triplet}/pkgconfig")
+        daos_elf = add_package_files(rootfs, args.daos_client, data, skip=skip)
+        for binary in ("usr/bin/daos_agent", "usr/bin/daos", "usr/lib/daos/lib64/libdfs.so"):
+            if binary not in rootfs.entries:
+                raise BuildError(f"{args.daos_client} has no /{binary}")
+        elf_files.update(daos_elf)
+        tag = f"{args.version}-daos"
 
     providers = [] if args.ibverbs_providers in ("", "none") else args.ibverbs_providers.split(",")
     found, extra = plugins(sysroot, triplet, providers)
+    # The agent's ofi transports dlopen libfabric.so.1 (no DT_NEEDED names it): the sysroot's,
+    # which the loader finds when no DAOS client has mapped its own first.
+    for soname in DLOPENED:
+        real, lib = sysroot.library(soname)
+        found[f"usr/lib/{triplet}/{soname}"] = (real, lib)
     sources = [real for real, _ in found.values()]
     for path, (_real, data) in found.items():
         rootfs.file(path, data, 0o644)
         elf_files["/" + path] = data
     for path, data in extra.items():
         rootfs.file(path, data, 0o644)
-    sources += add_libraries(rootfs, sysroot, elf_files, triplet)
+    # Mercury loads its NA plugins (libna_plugin_ofi.so...) from the directory `mercury`
+    # beside libna.
+    plugin_dirs = [d for d in ("usr/lib/daos/prereq/release/mercury/lib64/mercury",) if d in rootfs.entries]
+    sources += add_libraries(rootfs, sysroot, elf_files, triplet, plugin_dirs)
 
     # The Debian packages the libraries come from: their copyright files and a list.
     packages = {}
@@ -455,6 +510,9 @@ def build(args):
         if os.path.isfile(sysroot.host_path(real)):
             with open(sysroot.host_path(real), "rb") as f:
                 rootfs.file(copyright_path, f.read())
+    # The daos-client package (its copyright file is among its own files).
+    if daos is not None:
+        listing = sorted(listing + [f"{daos[0]}:{daos[1]} {daos[2]}"])
     rootfs.file("usr/share/dpuio/image-packages.txt", ("\n".join(listing) + "\n").encode())
     rootfs.dedupe()
 
@@ -467,13 +525,19 @@ def build(args):
         rootfs.dir(f"usr/{top}")
     if args.arch == "amd64":
         rootfs.symlink("lib64", "usr/lib64")
+    if daos is not None:
+        # daos_agent's default runtime_dir and the agent's default agent_socket_dir are
+        # /var/run/daos_agent: the pod mounts its shared socket directory there.
+        rootfs.dir("var")
+        rootfs.symlink("var/run", "../run")
+        rootfs.dir("run/daos_agent")
     rootfs.file("etc/passwd", b"root:x:0:0:root:/root:/usr/sbin/nologin\n")
     rootfs.file("etc/group", b"root:x:0:\n")
     rootfs.file("etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n")
     rootfs.file(
         "etc/os-release",
         f'NAME="dpuio agent image"\nID=dpuio\nVERSION_ID="{args.version}"\n'
-        f'PRETTY_NAME="dpu-agent {args.version} ({args.arch})"\n'.encode(),
+        f'PRETTY_NAME="dpu-agent {tag} ({args.arch})"\n'.encode(),
     )
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -499,6 +563,9 @@ def build(args):
         "io.dpuio.package": f"dpuio-agent_{args.version}_{args.arch}.deb",
         "io.dpuio.runtime-packages": ", ".join(listing),
     }
+    if daos is not None:
+        labels["org.opencontainers.image.description"] += "; with the DAOS client (daos_agent, libdaos, libdfs)"
+        labels["io.dpuio.daos-client"] = f"{daos[0]}_{daos[2]}_{daos[1]}.deb"
     if args.revision:
         labels["org.opencontainers.image.revision"] = args.revision
     config = {
@@ -524,7 +591,8 @@ def build(args):
             {
                 "created": created,
                 "created_by": f"deploy/image/build-oci.py: dpuio-agent {args.version} ({args.arch}) "
-                f"and the runtime libraries of {len(packages)} Debian packages",
+                + (f"with {daos[0]} {daos[2]} " if daos is not None else "")
+                + f"and the runtime libraries of {len(packages)} Debian packages",
             }
         ],
     }
@@ -558,9 +626,9 @@ def build(args):
                 "platform": platform,
                 "annotations": {
                     # The tag (`skopeo ... oci-archive:FILE:VERSION`, `ctr import --base-name NAME`)
-                    "org.opencontainers.image.ref.name": args.version,
+                    "org.opencontainers.image.ref.name": tag,
                     # The full name containerd gives the image on import.
-                    "io.containerd.image.name": f"{args.name}:{args.version}",
+                    "io.containerd.image.name": f"{args.name}:{tag}",
                 },
             }
         ],
@@ -587,7 +655,7 @@ def build(args):
     os.replace(tmp_out, args.out)
     return {
         "out": args.out,
-        "image": f"{args.name}:{args.version}",
+        "image": f"{args.name}:{tag}",
         "manifest": sha256(manifest_blob),
         "layer_bytes": len(layer),
         "files": sum(1 for e in rootfs.entries.values() if e[0] == "file"),
@@ -605,6 +673,7 @@ def main():
     parser.add_argument("--name", default="localhost/dpuio/dpu-agent")
     parser.add_argument("--ibverbs-providers", default="mlx5")
     parser.add_argument("--revision", default="")
+    parser.add_argument("--daos-client", default="")
     args = parser.parse_args()
     try:
         result = build(args)

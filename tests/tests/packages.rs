@@ -1,7 +1,8 @@
 //! The Debian packages `./x package` writes (target/packages, or `$DPUIO_PACKAGE_DIR`):
 //!
 //! * arm64: the binaries are aarch64 ELF files, the control data is valid and names the
-//!   UCX runtime, the config is a conffile;
+//!   UCX runtime (and recommends libfabric1, the agent daos-client too), the config is a
+//!   conffile;
 //! * amd64: both packages install with `dpkg -i` on this machine, the installed agent starts
 //!   from its installed paths and config as its own system user, the installed `dpuio` puts
 //!   a file, and a C program built with `pkg-config --cflags --libs dpuio` reads it back.
@@ -60,6 +61,11 @@ fn arm64_packages_hold_aarch64_binaries_and_valid_control_data() {
             assert!(kind.contains("ARM aarch64"), "{f} is not aarch64: {kind}");
         }
     }
+    // The DAOS backend's libraries and daos_agent, and libfabric (loaded at run time by the
+    // ofi transports): wanted, not required (the local backend and UCX serve without them).
+    let recommends = |deb: &Path| ok_stdout(&run("dpkg-deb", &["--field", deb.to_str().unwrap(), "Recommends"]));
+    assert_eq!(recommends(&agent).trim(), "daos-client, libfabric1");
+    assert_eq!(recommends(&host).trim(), "libfabric1");
     let contents = ok_stdout(&run("dpkg-deb", &["--contents", agent.to_str().unwrap()]));
     for path in ["./etc/dpuio/agent.toml", "./lib/systemd/system/dpu-agent.service"] {
         assert!(contents.contains(path), "{path} missing:\n{contents}");
