@@ -1,4 +1,4 @@
-//! The agent's rooms import downwards only (issue 14): no cycle among the `crate::`
+//! The agent's rooms import downwards only: no cycle among the `crate::`
 //! paths of `dpu-agent/src`.
 //!
 //! A room is a top-level module of the library: `state` is `state.rs`, `dataplane` is

@@ -1298,8 +1298,9 @@ fn targets(totals: &[Figures]) {
             }
         }
     }
-    // Metadata on the data plane and small samples (issue 15's floors), for every path
-    // that reads by path or through the ring, against POSIX in the same run.
+    // Floors for metadata on the data plane and small samples, for every path that
+    // reads by path or through the ring, against POSIX in the same run: these are the
+    // workloads where a round trip to the agent costs most next to a local call.
     for path in ["shim-ucx-sm", PRELOAD, FUSE] {
         let row = |w: &str| totals.iter().find(|t| t.path == path && t.workload == w);
         if let (Some(s), Some(p)) = (row("metadata-stat"), px("metadata-stat")) {

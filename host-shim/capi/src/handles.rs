@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::RwLock;
 
-use crate::session::{Failure, Result};
+use dpuio_shim::blocking::{Failure, Result};
 
 /// Which kind of object a handle is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,8 +18,8 @@
 //! callback runs on the caller's thread), or retry behind the caller's back, except
 //! data-plane requests the agent refused with `Busy` in the blocking helpers.
 //!
-//! The blocking session layer ([`session`]) is shared with the Python extension, which
-//! links this crate as an rlib.
+//! The blocking session layer is [`dpuio_shim::blocking`], shared with the Python
+//! extension and the `LD_PRELOAD` library.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -36,11 +36,9 @@ use dpuio_shim::{
 
 /// cbindgen:ignore
 mod handles;
-/// cbindgen:ignore
-pub mod session;
 
+use dpuio_shim::blocking::{Code, DirStream, Failure, ProcessLocal, Result, Session};
 use handles::{Handle, Kind};
-use session::{Code, DirStream, Failure, ProcessLocal, Result, Session};
 
 // ---------------------------------------------------------------------------------
 // Codes, flags and plain structs

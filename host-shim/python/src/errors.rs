@@ -3,7 +3,7 @@
 //! The classes live in Python (`dpuio/_errors.py`), so they can also derive from the
 //! built-in classes users already catch (`FileNotFoundError`, `PermissionError`, ...).
 
-use dpuio::session::{Code, Failure};
+use dpuio_shim::blocking::{Code, Failure};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 

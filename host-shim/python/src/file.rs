@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use dpuio::session::{Failure, ProcessLocal, Session};
+use dpuio_shim::blocking::{Failure, ProcessLocal, Session};
 use dpuio_shim::{File, Opcode, Request};
 use pyo3::prelude::*;
 
@@ -72,7 +72,7 @@ impl PyFile {
         };
         if spec.region_offset.checked_add(length).is_none_or(|end| end > region_len) {
             return Err(Failure::new(
-                dpuio::session::Code::OutOfRange,
+                dpuio_shim::blocking::Code::OutOfRange,
                 format!("range {}+{length} lies outside the {region_len}-byte region", spec.region_offset),
             )
             .into());
@@ -229,7 +229,7 @@ impl PyFile {
     ) -> R<u64> {
         if !self.writable {
             return Err(Failure::new(
-                dpuio::session::Code::PermissionDenied,
+                dpuio_shim::blocking::Code::PermissionDenied,
                 format!("{} is open read-only", self.path),
             )
             .into());

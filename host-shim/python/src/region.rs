@@ -10,8 +10,8 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use dpuio::session::{Failure, ProcessLocal, Session};
 use dpuio_shim::RegisteredRegion;
+use dpuio_shim::blocking::{Failure, ProcessLocal, Session};
 use pyo3::ffi;
 use pyo3::prelude::*;
 

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dpuio::session::{Code, DirStream, Failure, Session};
+use dpuio_shim::blocking::{Code, DirStream, Failure, Session};
 use dpuio_shim::{Access, Attr, Client, ConnectOptions, DataPlaneOptions, EntryKind, Opcode, RegionAccess, Request};
 use pyo3::prelude::*;
 
