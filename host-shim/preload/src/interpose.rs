@@ -94,6 +94,55 @@ macro_rules! libc_call {
     };
 }
 
+/// Defines one interposer per name, all with the same parameters and body: the plain,
+/// 64-bit, `at` and glibc-versioned spellings of one call
+/// (`interpose! { fn open | open64 (…) -> c_int { … } }`). The body returns what dpuio
+/// answers; when it falls through, the call goes on to libc's function of the name
+/// being defined, with the caller's arguments.
+macro_rules! interpose {
+    (fn $($rest:tt)+) => {
+        interpose!(@names [] $($rest)+);
+    };
+    (@names [$($n:ident)*] $next:ident | $($rest:tt)+) => {
+        interpose!(@names [$($n)* $next] $($rest)+);
+    };
+    (@names [$($n:ident)*] $last:ident $params:tt -> $r:ty $body:block) => {
+        $(interpose!(@one $n $params $body -> $r);)*
+        interpose!(@one $last $params $body -> $r);
+    };
+    (@one $name:ident ($($arg:ident: $t:ty),* $(,)?) $body:block -> $r:ty) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $t),*) -> $r {
+            $body
+            libc_call!($name($($arg),*) as fn($($t),*) -> $r)
+        }
+    };
+}
+
+/// Defines interposers that are another interposer called with adjusted arguments
+/// (`_FORTIFY_SOURCE`'s checked spellings, `creat`): `name => target` pairs sharing one
+/// parameter list and one argument list
+/// (`interpose_as! { fn __open_2 => open | … (…) -> c_int = (path, flags, 0) }`).
+macro_rules! interpose_as {
+    (fn $($rest:tt)+) => {
+        interpose_as!(@pairs [] $($rest)+);
+    };
+    (@pairs [$($n:ident $to:ident)*] $name:ident => $target:ident | $($rest:tt)+) => {
+        interpose_as!(@pairs [$($n $to)* $name $target] $($rest)+);
+    };
+    (@pairs [$($n:ident $to:ident)*] $name:ident => $target:ident $params:tt -> $r:ty = $args:tt) => {
+        $(interpose_as!(@one $n $to $params $args -> $r);)*
+        interpose_as!(@one $name $target $params $args -> $r);
+    };
+    (@one $name:ident $target:ident ($($arg:ident: $t:ty),* $(,)?) ($($a:expr),* $(,)?) -> $r:ty) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $t),*) -> $r {
+            // SAFETY: the caller's arguments, passed on under the same contract.
+            unsafe { $target($($a),*) }
+        }
+    };
+}
+
 /// Run a dpuio operation with the recursion guard, mapping its failure to `errno`.
 fn dpuio<T: Failed>(f: impl FnOnce() -> Result<T, PosixError>) -> T {
     inside(|| answer(f()))
@@ -240,77 +289,37 @@ fn do_open(path: &str, flags: c_int) -> Result<c_int, PosixError> {
 
 // ---- open, close, dup -------------------------------------------------------------
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-        return dpuio(|| do_open(&p, flags));
+interpose! {
+    fn open | open64 (path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
+            return dpuio(|| do_open(&p, flags));
+        }
     }
-    libc_call!(open(path, flags, mode) as fn(*const c_char, c_int, mode_t) -> c_int)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-        return dpuio(|| do_open(&p, flags));
+// `_FORTIFY_SOURCE` spellings of `open` without a mode.
+interpose_as! {
+    fn __open_2 => open | __open64_2 => open64 (path: *const c_char, flags: c_int) -> c_int = (path, flags, 0)
+}
+
+interpose! {
+    fn openat | openat64 (dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(dirfd, path) } {
+            return dpuio(|| do_open(&p, flags));
+        }
     }
-    libc_call!(open64(path, flags, mode) as fn(*const c_char, c_int, mode_t) -> c_int)
 }
 
-/// `_FORTIFY_SOURCE` spelling of `open` without a mode.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: the caller's arguments.
-    unsafe { open(path, flags, 0) }
+interpose_as! {
+    fn __openat_2 => openat | __openat64_2 => openat64 (dirfd: c_int, path: *const c_char, flags: c_int) -> c_int
+        = (dirfd, path, flags, 0)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: the caller's arguments.
-    unsafe { open64(path, flags, 0) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(dirfd, path) } {
-        return dpuio(|| do_open(&p, flags));
-    }
-    libc_call!(openat(dirfd, path, flags, mode) as fn(c_int, *const c_char, c_int, mode_t) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(dirfd, path) } {
-        return dpuio(|| do_open(&p, flags));
-    }
-    libc_call!(openat64(dirfd, path, flags, mode) as fn(c_int, *const c_char, c_int, mode_t) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: the caller's arguments.
-    unsafe { openat(dirfd, path, flags, 0) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: the caller's arguments.
-    unsafe { openat64(dirfd, path, flags, 0) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: the caller's arguments.
-    unsafe { open64(path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, mode) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: the caller's arguments.
-    unsafe { open64(path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, mode) }
+interpose_as! {
+    fn creat => open64 | creat64 => open64 (path: *const c_char, mode: mode_t) -> c_int
+        = (path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, mode)
 }
 
 #[unsafe(no_mangle)]
@@ -393,20 +402,12 @@ fn do_fcntl(fd: c_int, n: Arc<Node>, cmd: c_int, arg: usize) -> c_int {
     }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
-    if let Some(n) = node(fd) {
-        return do_fcntl(fd, n, cmd, arg);
+interpose! {
+    fn fcntl | fcntl64 (fd: c_int, cmd: c_int, arg: usize) -> c_int {
+        if let Some(n) = node(fd) {
+            return do_fcntl(fd, n, cmd, arg);
+        }
     }
-    libc_call!(fcntl(fd, cmd, arg) as fn(c_int, c_int, usize) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
-    if let Some(n) = node(fd) {
-        return do_fcntl(fd, n, cmd, arg);
-    }
-    libc_call!(fcntl64(fd, cmd, arg) as fn(c_int, c_int, usize) -> c_int)
 }
 
 // ---- read, write, seek --------------------------------------------------------------
@@ -487,54 +488,23 @@ pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, len: size_t, bu
     libc_call!(__read_chk(fd, buf, len, buflen) as fn(c_int, *mut c_void, size_t, size_t) -> ssize_t)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, len: size_t, offset: off_t) -> ssize_t {
-    if let Some(n) = node(fd) {
-        if offset < 0 {
-            return fail(libc::EINVAL);
+interpose! {
+    fn pread | pread64 (fd: c_int, buf: *mut c_void, len: size_t, offset: off_t) -> ssize_t {
+        if let Some(n) = node(fd) {
+            if offset < 0 {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: the caller's buffer.
+            let b = unsafe { buffer(buf, len) };
+            return dpuio(|| do_read(&n, b, Some(offset as u64)));
         }
-        // SAFETY: the caller's buffer.
-        let b = unsafe { buffer(buf, len) };
-        return dpuio(|| do_read(&n, b, Some(offset as u64)));
     }
-    libc_call!(pread(fd, buf, len, offset) as fn(c_int, *mut c_void, size_t, off_t) -> ssize_t)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, len: size_t, offset: off_t) -> ssize_t {
-    if let Some(n) = node(fd) {
-        if offset < 0 {
-            return fail(libc::EINVAL);
-        }
-        // SAFETY: the caller's buffer.
-        let b = unsafe { buffer(buf, len) };
-        return dpuio(|| do_read(&n, b, Some(offset as u64)));
-    }
-    libc_call!(pread64(fd, buf, len, offset) as fn(c_int, *mut c_void, size_t, off_t) -> ssize_t)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __pread_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    len: size_t,
-    offset: off_t,
-    buflen: size_t,
-) -> ssize_t {
-    // SAFETY: the caller's arguments, at most `buflen` bytes.
-    unsafe { pread(fd, buf, len.min(buflen), offset) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __pread64_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    len: size_t,
-    offset: off_t,
-    buflen: size_t,
-) -> ssize_t {
-    // SAFETY: the caller's arguments, at most `buflen` bytes.
-    unsafe { pread64(fd, buf, len.min(buflen), offset) }
+interpose_as! {
+    fn __pread_chk => pread | __pread64_chk => pread64
+        (fd: c_int, buf: *mut c_void, len: size_t, offset: off_t, buflen: size_t) -> ssize_t
+        = (fd, buf, len.min(buflen), offset)
 }
 
 /// readv/preadv: one read per vector, stopping at a short one.
@@ -578,104 +548,46 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, count: c_int)
     libc_call!(readv(fd, iov, count) as fn(c_int, *const libc::iovec, c_int) -> ssize_t)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn preadv(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
-    if let Some(n) = node(fd) {
-        // SAFETY: the caller's vectors.
-        let v = unsafe { iovecs(iov, count) };
-        return dpuio(|| do_readv(&n, v, Some(offset.max(0) as u64)));
+interpose! {
+    fn preadv | preadv64 (fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
+        if let Some(n) = node(fd) {
+            // SAFETY: the caller's vectors.
+            let v = unsafe { iovecs(iov, count) };
+            return dpuio(|| do_readv(&n, v, Some(offset.max(0) as u64)));
+        }
     }
-    libc_call!(preadv(fd, iov, count, offset) as fn(c_int, *const libc::iovec, c_int, off_t) -> ssize_t)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn preadv64(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
-    if let Some(n) = node(fd) {
-        // SAFETY: the caller's vectors.
-        let v = unsafe { iovecs(iov, count) };
-        return dpuio(|| do_readv(&n, v, Some(offset.max(0) as u64)));
+// `preadv2`/`pwritev2` (Python's `os.preadv` uses them): an offset of -1 means the
+// descriptor's own; the RWF_* hints mean nothing here.
+interpose! {
+    fn preadv2 | preadv64v2 (fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t, flags: c_int) -> ssize_t {
+        if let Some(n) = node(fd) {
+            // SAFETY: the caller's vectors.
+            let v = unsafe { iovecs(iov, count) };
+            return dpuio(|| do_readv(&n, v, (offset >= 0).then_some(offset as u64)));
+        }
     }
-    libc_call!(preadv64(fd, iov, count, offset) as fn(c_int, *const libc::iovec, c_int, off_t) -> ssize_t)
 }
 
-/// `preadv2`/`pwritev2` (Python's `os.preadv` uses them): an offset of -1 means the
-/// descriptor's own; the RWF_* hints mean nothing here.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn preadv2(
-    fd: c_int,
-    iov: *const libc::iovec,
-    count: c_int,
-    offset: off_t,
-    flags: c_int,
-) -> ssize_t {
-    if let Some(n) = node(fd) {
-        // SAFETY: the caller's vectors.
-        let v = unsafe { iovecs(iov, count) };
-        return dpuio(|| do_readv(&n, v, (offset >= 0).then_some(offset as u64)));
+interpose! {
+    fn pwritev2 | pwritev64v2 (fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t, flags: c_int) -> ssize_t {
+        if let Some(n) = node(fd) {
+            // SAFETY: the caller's vectors.
+            let v = unsafe { iovecs(iov, count) };
+            return dpuio(|| do_writev(&n, v, (offset >= 0).then_some(offset as u64)));
+        }
     }
-    libc_call!(preadv2(fd, iov, count, offset, flags) as fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pwritev2(
-    fd: c_int,
-    iov: *const libc::iovec,
-    count: c_int,
-    offset: off_t,
-    flags: c_int,
-) -> ssize_t {
-    if let Some(n) = node(fd) {
-        // SAFETY: the caller's vectors.
-        let v = unsafe { iovecs(iov, count) };
-        return dpuio(|| do_writev(&n, v, (offset >= 0).then_some(offset as u64)));
+interpose! {
+    fn pwritev | pwritev64 (fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
+        if let Some(n) = node(fd) {
+            // SAFETY: the caller's vectors.
+            let v = unsafe { iovecs(iov, count) };
+            return dpuio(|| do_writev(&n, v, Some(offset.max(0) as u64)));
+        }
     }
-    libc_call!(pwritev2(fd, iov, count, offset, flags) as fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn preadv64v2(
-    fd: c_int,
-    iov: *const libc::iovec,
-    count: c_int,
-    offset: off_t,
-    flags: c_int,
-) -> ssize_t {
-    if let Some(n) = node(fd) {
-        // SAFETY: the caller's vectors.
-        let v = unsafe { iovecs(iov, count) };
-        return dpuio(|| do_readv(&n, v, (offset >= 0).then_some(offset as u64)));
-    }
-    libc_call!(
-        preadv64v2(fd, iov, count, offset, flags) as fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t
-    )
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pwritev64v2(
-    fd: c_int,
-    iov: *const libc::iovec,
-    count: c_int,
-    offset: off_t,
-    flags: c_int,
-) -> ssize_t {
-    if let Some(n) = node(fd) {
-        // SAFETY: the caller's vectors.
-        let v = unsafe { iovecs(iov, count) };
-        return dpuio(|| do_writev(&n, v, (offset >= 0).then_some(offset as u64)));
-    }
-    libc_call!(
-        pwritev64v2(fd, iov, count, offset, flags) as fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t
-    )
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pwritev64(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
-    if let Some(n) = node(fd) {
-        // SAFETY: the caller's vectors.
-        let v = unsafe { iovecs(iov, count) };
-        return dpuio(|| do_writev(&n, v, Some(offset.max(0) as u64)));
-    }
-    libc_call!(pwritev64(fd, iov, count, offset) as fn(c_int, *const libc::iovec, c_int, off_t) -> ssize_t)
 }
 
 #[unsafe(no_mangle)]
@@ -688,30 +600,17 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ss
     libc_call!(write(fd, buf, len) as fn(c_int, *const c_void, size_t) -> ssize_t)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, len: size_t, offset: off_t) -> ssize_t {
-    if let Some(n) = node(fd) {
-        if offset < 0 {
-            return fail(libc::EINVAL);
+interpose! {
+    fn pwrite | pwrite64 (fd: c_int, buf: *const c_void, len: size_t, offset: off_t) -> ssize_t {
+        if let Some(n) = node(fd) {
+            if offset < 0 {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: the caller's buffer, only read.
+            let b = unsafe { buffer(buf.cast_mut(), len) };
+            return dpuio(|| do_write(&n, b, Some(offset as u64)));
         }
-        // SAFETY: the caller's buffer, only read.
-        let b = unsafe { buffer(buf.cast_mut(), len) };
-        return dpuio(|| do_write(&n, b, Some(offset as u64)));
     }
-    libc_call!(pwrite(fd, buf, len, offset) as fn(c_int, *const c_void, size_t, off_t) -> ssize_t)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, len: size_t, offset: off_t) -> ssize_t {
-    if let Some(n) = node(fd) {
-        if offset < 0 {
-            return fail(libc::EINVAL);
-        }
-        // SAFETY: the caller's buffer, only read.
-        let b = unsafe { buffer(buf.cast_mut(), len) };
-        return dpuio(|| do_write(&n, b, Some(offset as u64)));
-    }
-    libc_call!(pwrite64(fd, buf, len, offset) as fn(c_int, *const c_void, size_t, off_t) -> ssize_t)
 }
 
 #[unsafe(no_mangle)]
@@ -722,16 +621,6 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, count: c_int
         return dpuio(|| do_writev(&n, v, None));
     }
     libc_call!(writev(fd, iov, count) as fn(c_int, *const libc::iovec, c_int) -> ssize_t)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pwritev(fd: c_int, iov: *const libc::iovec, count: c_int, offset: off_t) -> ssize_t {
-    if let Some(n) = node(fd) {
-        // SAFETY: the caller's vectors.
-        let v = unsafe { iovecs(iov, count) };
-        return dpuio(|| do_writev(&n, v, Some(offset.max(0) as u64)));
-    }
-    libc_call!(pwritev(fd, iov, count, offset) as fn(c_int, *const libc::iovec, c_int, off_t) -> ssize_t)
 }
 
 fn do_lseek(fd: c_int, n: &Node, offset: off_t, whence: c_int) -> Result<off_t, PosixError> {
@@ -773,42 +662,23 @@ fn do_lseek(fd: c_int, n: &Node, offset: off_t, whence: c_int) -> Result<off_t, 
     Ok(target)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn lseek(fd: c_int, offset: off_t, whence: c_int) -> off_t {
-    if let Some(n) = node(fd) {
-        return dpuio(|| do_lseek(fd, &n, offset, whence));
+interpose! {
+    fn lseek | lseek64 (fd: c_int, offset: off_t, whence: c_int) -> off_t {
+        if let Some(n) = node(fd) {
+            return dpuio(|| do_lseek(fd, &n, offset, whence));
+        }
     }
-    libc_call!(lseek(fd, offset, whence) as fn(c_int, off_t, c_int) -> off_t)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn lseek64(fd: c_int, offset: off_t, whence: c_int) -> off_t {
-    if let Some(n) = node(fd) {
-        return dpuio(|| do_lseek(fd, &n, offset, whence));
+interpose! {
+    fn fsync | fdatasync (fd: c_int) -> c_int {
+        if let Some(n) = node(fd) {
+            return dpuio(|| match &*n {
+                Node::File(f) => mount()?.fsync(&*f.handle()?).map(|()| 0),
+                Node::Directory { .. } => Ok(0),
+            });
+        }
     }
-    libc_call!(lseek64(fd, offset, whence) as fn(c_int, off_t, c_int) -> off_t)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    if let Some(n) = node(fd) {
-        return dpuio(|| match &*n {
-            Node::File(f) => mount()?.fsync(&*f.handle()?).map(|()| 0),
-            Node::Directory { .. } => Ok(0),
-        });
-    }
-    libc_call!(fsync(fd) as fn(c_int) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    if let Some(n) = node(fd) {
-        return dpuio(|| match &*n {
-            Node::File(f) => mount()?.fsync(&*f.handle()?).map(|()| 0),
-            Node::Directory { .. } => Ok(0),
-        });
-    }
-    libc_call!(fdatasync(fd) as fn(c_int) -> c_int)
 }
 
 fn do_ftruncate(n: &Node, size: off_t) -> Result<c_int, PosixError> {
@@ -819,38 +689,21 @@ fn do_ftruncate(n: &Node, size: off_t) -> Result<c_int, PosixError> {
     mount()?.ftruncate(&*f.handle()?, size as u64).map(|()| 0)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ftruncate(fd: c_int, size: off_t) -> c_int {
-    if let Some(n) = node(fd) {
-        return dpuio(|| do_ftruncate(&n, size));
+interpose! {
+    fn ftruncate | ftruncate64 (fd: c_int, size: off_t) -> c_int {
+        if let Some(n) = node(fd) {
+            return dpuio(|| do_ftruncate(&n, size));
+        }
     }
-    libc_call!(ftruncate(fd, size) as fn(c_int, off_t) -> c_int)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ftruncate64(fd: c_int, size: off_t) -> c_int {
-    if let Some(n) = node(fd) {
-        return dpuio(|| do_ftruncate(&n, size));
+interpose! {
+    fn truncate | truncate64 (path: *const c_char, size: off_t) -> c_int {
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
+            return dpuio(|| mount()?.truncate(&p, size.max(0) as u64).map(|()| 0));
+        }
     }
-    libc_call!(ftruncate64(fd, size) as fn(c_int, off_t) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn truncate(path: *const c_char, size: off_t) -> c_int {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-        return dpuio(|| mount()?.truncate(&p, size.max(0) as u64).map(|()| 0));
-    }
-    libc_call!(truncate(path, size) as fn(*const c_char, off_t) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn truncate64(path: *const c_char, size: off_t) -> c_int {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-        return dpuio(|| mount()?.truncate(&p, size.max(0) as u64).map(|()| 0));
-    }
-    libc_call!(truncate64(path, size) as fn(*const c_char, off_t) -> c_int)
 }
 
 /// Reserve space: dpuio allocates on write, so only a size that grows is kept (as
@@ -876,20 +729,12 @@ fn do_fallocate(n: &Node, mode: c_int, offset: off_t, len: off_t) -> Result<c_in
     }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
-    if let Some(n) = node(fd) {
-        return dpuio(|| do_fallocate(&n, mode, offset, len));
+interpose! {
+    fn fallocate | fallocate64 (fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
+        if let Some(n) = node(fd) {
+            return dpuio(|| do_fallocate(&n, mode, offset, len));
+        }
     }
-    libc_call!(fallocate(fd, mode, offset, len) as fn(c_int, c_int, off_t, off_t) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
-    if let Some(n) = node(fd) {
-        return dpuio(|| do_fallocate(&n, mode, offset, len));
-    }
-    libc_call!(fallocate64(fd, mode, offset, len) as fn(c_int, c_int, off_t, off_t) -> c_int)
 }
 
 /// `posix_fallocate` returns the error number rather than setting `errno`.
@@ -900,20 +745,12 @@ fn posix_fallocate_result(n: &Node, offset: off_t, len: off_t) -> c_int {
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn posix_fallocate(fd: c_int, offset: off_t, len: off_t) -> c_int {
-    if let Some(n) = node(fd) {
-        return posix_fallocate_result(&n, offset, len);
+interpose! {
+    fn posix_fallocate | posix_fallocate64 (fd: c_int, offset: off_t, len: off_t) -> c_int {
+        if let Some(n) = node(fd) {
+            return posix_fallocate_result(&n, offset, len);
+        }
     }
-    libc_call!(posix_fallocate(fd, offset, len) as fn(c_int, off_t, off_t) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn posix_fallocate64(fd: c_int, offset: off_t, len: off_t) -> c_int {
-    if let Some(n) = node(fd) {
-        return posix_fallocate_result(&n, offset, len);
-    }
-    libc_call!(posix_fallocate64(fd, offset, len) as fn(c_int, off_t, off_t) -> c_int)
 }
 
 /// `cp` tries the kernel's copy first; between two file systems it says `EXDEV`,
@@ -934,20 +771,12 @@ pub unsafe extern "C" fn copy_file_range(
         as fn(c_int, *mut i64, c_int, *mut i64, size_t, std::ffi::c_uint) -> ssize_t)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn posix_fadvise(fd: c_int, offset: off_t, len: off_t, advice: c_int) -> c_int {
-    if !is_inside() && is_marked(fd) {
-        return 0; // advice only; posix_fadvise returns the error number, not -1
+interpose! {
+    fn posix_fadvise | posix_fadvise64 (fd: c_int, offset: off_t, len: off_t, advice: c_int) -> c_int {
+        if !is_inside() && is_marked(fd) {
+            return 0; // advice only; posix_fadvise returns the error number, not -1
+        }
     }
-    libc_call!(posix_fadvise(fd, offset, len, advice) as fn(c_int, off_t, off_t, c_int) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn posix_fadvise64(fd: c_int, offset: off_t, len: off_t, advice: c_int) -> c_int {
-    if !is_inside() && is_marked(fd) {
-        return 0;
-    }
-    libc_call!(posix_fadvise64(fd, offset, len, advice) as fn(c_int, off_t, off_t, c_int) -> c_int)
 }
 
 // ---- stat ---------------------------------------------------------------------------
@@ -974,114 +803,68 @@ fn fstat_into(n: &Node, st: *mut libc::stat64) -> Result<c_int, PosixError> {
     Ok(0)
 }
 
-macro_rules! path_stat {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(path: *const c_char, st: *mut libc::stat64) -> c_int {
-            // SAFETY: the caller's path.
-            if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-                return dpuio(|| stat_into(&p, st));
-            }
-            libc_call!($name(path, st) as fn(*const c_char, *mut libc::stat64) -> c_int)
+interpose! {
+    fn stat | stat64 | lstat | lstat64 (path: *const c_char, st: *mut libc::stat64) -> c_int {
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
+            return dpuio(|| stat_into(&p, st));
         }
-    };
+    }
 }
-path_stat!(stat);
-path_stat!(stat64);
-path_stat!(lstat);
-path_stat!(lstat64);
 
-macro_rules! fd_stat {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(fd: c_int, st: *mut libc::stat64) -> c_int {
-            if let Some(n) = node(fd) {
-                return dpuio(|| fstat_into(&n, st));
-            }
-            libc_call!($name(fd, st) as fn(c_int, *mut libc::stat64) -> c_int)
+interpose! {
+    fn fstat | fstat64 (fd: c_int, st: *mut libc::stat64) -> c_int {
+        if let Some(n) = node(fd) {
+            return dpuio(|| fstat_into(&n, st));
         }
-    };
+    }
 }
-fd_stat!(fstat);
-fd_stat!(fstat64);
 
-macro_rules! at_stat {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int {
-            if flags & libc::AT_EMPTY_PATH != 0
-                && !path.is_null()
-                // SAFETY: non-null, NUL-terminated (the caller's contract).
-                && unsafe { *path } == 0
-                && let Some(n) = node(dirfd)
-            {
-                return dpuio(|| fstat_into(&n, st));
-            }
-            // SAFETY: the caller's path.
-            if let Some(p) = unsafe { at_path(dirfd, path) } {
-                return dpuio(|| stat_into(&p, st));
-            }
-            libc_call!($name(dirfd, path, st, flags) as fn(c_int, *const c_char, *mut libc::stat64, c_int) -> c_int)
+interpose! {
+    fn fstatat | fstatat64 | newfstatat (dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int {
+        if flags & libc::AT_EMPTY_PATH != 0
+            && !path.is_null()
+            // SAFETY: non-null, NUL-terminated (the caller's contract).
+            && unsafe { *path } == 0
+            && let Some(n) = node(dirfd)
+        {
+            return dpuio(|| fstat_into(&n, st));
         }
-    };
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(dirfd, path) } {
+            return dpuio(|| stat_into(&p, st));
+        }
+    }
 }
-at_stat!(fstatat);
-at_stat!(fstatat64);
-at_stat!(newfstatat);
 
-/// The glibc < 2.33 entry points (`__xstat` and friends) that older binaries call.
-macro_rules! ver_path_stat {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(ver: c_int, path: *const c_char, st: *mut libc::stat64) -> c_int {
-            // SAFETY: the caller's path.
-            if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-                return dpuio(|| stat_into(&p, st));
-            }
-            libc_call!($name(ver, path, st) as fn(c_int, *const c_char, *mut libc::stat64) -> c_int)
+// The glibc < 2.33 entry points (`__xstat` and friends) that older binaries call.
+interpose! {
+    fn __xstat | __xstat64 | __lxstat | __lxstat64 (ver: c_int, path: *const c_char, st: *mut libc::stat64) -> c_int {
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
+            return dpuio(|| stat_into(&p, st));
         }
-    };
+    }
 }
-ver_path_stat!(__xstat);
-ver_path_stat!(__xstat64);
-ver_path_stat!(__lxstat);
-ver_path_stat!(__lxstat64);
 
-macro_rules! ver_fd_stat {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(ver: c_int, fd: c_int, st: *mut libc::stat64) -> c_int {
-            if let Some(n) = node(fd) {
-                return dpuio(|| fstat_into(&n, st));
-            }
-            libc_call!($name(ver, fd, st) as fn(c_int, c_int, *mut libc::stat64) -> c_int)
+interpose! {
+    fn __fxstat | __fxstat64 (ver: c_int, fd: c_int, st: *mut libc::stat64) -> c_int {
+        if let Some(n) = node(fd) {
+            return dpuio(|| fstat_into(&n, st));
         }
-    };
+    }
 }
-ver_fd_stat!(__fxstat);
-ver_fd_stat!(__fxstat64);
 
-macro_rules! ver_at_stat {
-    ($name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            ver: c_int,
-            dirfd: c_int,
-            path: *const c_char,
-            st: *mut libc::stat64,
-            flags: c_int,
-        ) -> c_int {
-            // SAFETY: the caller's path.
-            if let Some(p) = unsafe { at_path(dirfd, path) } {
-                return dpuio(|| stat_into(&p, st));
-            }
-            libc_call!($name(ver, dirfd, path, st, flags)
-                as fn(c_int, c_int, *const c_char, *mut libc::stat64, c_int) -> c_int)
+interpose! {
+    fn __fxstatat | __fxstatat64
+        (ver: c_int, dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int
+    {
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(dirfd, path) } {
+            return dpuio(|| stat_into(&p, st));
         }
-    };
+    }
 }
-ver_at_stat!(__fxstatat);
-ver_at_stat!(__fxstatat64);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn statx(
@@ -1120,13 +903,13 @@ fn do_access(path: &str) -> Result<c_int, PosixError> {
     mount()?.stat(path).map(|_| 0)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-        return dpuio(|| do_access(&p));
+interpose! {
+    fn access | euidaccess (path: *const c_char, mode: c_int) -> c_int {
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
+            return dpuio(|| do_access(&p));
+        }
     }
-    libc_call!(access(path, mode) as fn(*const c_char, c_int) -> c_int)
 }
 
 #[unsafe(no_mangle)]
@@ -1138,32 +921,23 @@ pub unsafe extern "C" fn faccessat(dirfd: c_int, path: *const c_char, mode: c_in
     libc_call!(faccessat(dirfd, path, mode, flags) as fn(c_int, *const c_char, c_int, c_int) -> c_int)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn euidaccess(path: *const c_char, mode: c_int) -> c_int {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-        return dpuio(|| do_access(&p));
-    }
-    libc_call!(euidaccess(path, mode) as fn(*const c_char, c_int) -> c_int)
-}
-
-/// Extended attributes: dpuio keeps none. `ls -l` asks for ACLs on every entry.
-macro_rules! no_xattr {
-    ($name:ident($($arg:ident: $t:ty),*)) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(path: *const c_char, $($arg: $t),*) -> ssize_t {
-            // SAFETY: the caller's path.
-            if unsafe { at_path(libc::AT_FDCWD, path) }.is_some() {
-                return fail(libc::ENOTSUP);
-            }
-            libc_call!($name(path, $($arg),*) as fn(*const c_char, $($t),*) -> ssize_t)
+// Extended attributes: dpuio keeps none. `ls -l` asks for ACLs on every entry.
+interpose! {
+    fn getxattr | lgetxattr (path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t {
+        // SAFETY: the caller's path.
+        if unsafe { at_path(libc::AT_FDCWD, path) }.is_some() {
+            return fail(libc::ENOTSUP);
         }
-    };
+    }
 }
-no_xattr!(getxattr(name: *const c_char, value: *mut c_void, size: size_t));
-no_xattr!(lgetxattr(name: *const c_char, value: *mut c_void, size: size_t));
-no_xattr!(listxattr(list: *mut c_char, size: size_t));
-no_xattr!(llistxattr(list: *mut c_char, size: size_t));
+interpose! {
+    fn listxattr | llistxattr (path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t {
+        // SAFETY: the caller's path.
+        if unsafe { at_path(libc::AT_FDCWD, path) }.is_some() {
+            return fail(libc::ENOTSUP);
+        }
+    }
+}
 
 // ---- namespace ----------------------------------------------------------------------
 
@@ -1391,20 +1165,12 @@ fn do_readdir(d: &mut Dir) -> *mut libc::dirent64 {
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn readdir(d: *mut c_void) -> *mut libc::dirent64 {
-    if let Some(dir) = our_dir(d) {
-        return do_readdir(dir);
+interpose! {
+    fn readdir | readdir64 (d: *mut c_void) -> *mut libc::dirent64 {
+        if let Some(dir) = our_dir(d) {
+            return do_readdir(dir);
+        }
     }
-    libc_call!(readdir(d) as fn(*mut c_void) -> *mut libc::dirent64)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn readdir64(d: *mut c_void) -> *mut libc::dirent64 {
-    if let Some(dir) = our_dir(d) {
-        return do_readdir(dir);
-    }
-    libc_call!(readdir64(d) as fn(*mut c_void) -> *mut libc::dirent64)
 }
 
 #[unsafe(no_mangle)]
@@ -1500,30 +1266,13 @@ unsafe fn our_readdir_r(dir: &mut Dir, entry: *mut libc::dirent64, result: *mut 
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn readdir_r(
-    d: *mut c_void,
-    entry: *mut libc::dirent64,
-    result: *mut *mut libc::dirent64,
-) -> c_int {
-    if let Some(dir) = our_dir(d) {
-        // SAFETY: the caller's arguments.
-        return unsafe { our_readdir_r(dir, entry, result) };
+interpose! {
+    fn readdir_r | readdir64_r (d: *mut c_void, entry: *mut libc::dirent64, result: *mut *mut libc::dirent64) -> c_int {
+        if let Some(dir) = our_dir(d) {
+            // SAFETY: the caller's arguments.
+            return unsafe { our_readdir_r(dir, entry, result) };
+        }
     }
-    libc_call!(readdir_r(d, entry, result) as fn(*mut c_void, *mut libc::dirent64, *mut *mut libc::dirent64) -> c_int)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn readdir64_r(
-    d: *mut c_void,
-    entry: *mut libc::dirent64,
-    result: *mut *mut libc::dirent64,
-) -> c_int {
-    if let Some(dir) = our_dir(d) {
-        // SAFETY: the caller's arguments.
-        return unsafe { our_readdir_r(dir, entry, result) };
-    }
-    libc_call!(readdir64_r(d, entry, result) as fn(*mut c_void, *mut libc::dirent64, *mut *mut libc::dirent64) -> c_int)
 }
 
 /// Listings of directory descriptors read with `getdents64` rather than a `DIR*`.
@@ -1686,24 +1435,14 @@ unsafe fn do_fopen(path: &str, mode: *const c_char) -> *mut FILE {
     fp
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-        // SAFETY: the caller's mode.
-        return unsafe { do_fopen(&p, mode) };
+interpose! {
+    fn fopen | fopen64 (path: *const c_char, mode: *const c_char) -> *mut FILE {
+        // SAFETY: the caller's path.
+        if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
+            // SAFETY: the caller's mode.
+            return unsafe { do_fopen(&p, mode) };
+        }
     }
-    libc_call!(fopen(path, mode) as fn(*const c_char, *const c_char) -> *mut FILE)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
-    // SAFETY: the caller's path.
-    if let Some(p) = unsafe { at_path(libc::AT_FDCWD, path) } {
-        // SAFETY: the caller's mode.
-        return unsafe { do_fopen(&p, mode) };
-    }
-    libc_call!(fopen64(path, mode) as fn(*const c_char, *const c_char) -> *mut FILE)
 }
 
 #[unsafe(no_mangle)]
