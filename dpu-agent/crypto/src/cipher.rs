@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use zeroize::Zeroize;
 
 use crate::error::{Error, Result};
-use crate::header::{FILE_ID_BYTES, FileHeader, FileId, HEADER_BYTES, HEADER_TAG_COVERS, WrappedKey};
+use crate::header::{FILE_ID_BYTES, FileHeader, FileId, HEADER_TAG_COVERS, WrappedKey};
 use crate::keys::{DataKey, Kek, Secret};
-use crate::layout::{BLOCK_OVERHEAD_BYTES, BlockWrite, Layout};
+use crate::layout::{BLOCK_OVERHEAD_BYTES, BlockWrite, HEADER_BYTES, Layout};
 use crate::provider::{Aes256GcmKey, CryptoProvider, KEY_BYTES, NONCE_BYTES, Nonce, TAG_BYTES};
 
 /// Longest tenant or container name bound into the AAD.

@@ -27,11 +27,9 @@
 use std::fmt;
 
 use crate::error::{Error, Result};
-use crate::layout::{Layout, MAX_PLAINTEXT_BYTES};
+use crate::layout::{HEADER_BYTES, Layout, MAX_PLAINTEXT_BYTES};
 use crate::provider::{KEY_BYTES, NONCE_BYTES, Nonce, TAG_BYTES, Tag};
 
-/// Size of the file header in bytes.
-pub const HEADER_BYTES: usize = 256;
 /// The first eight bytes of every encrypted file.
 pub const MAGIC: [u8; 8] = *b"DPUIOENC";
 /// The header format version this build reads and writes.

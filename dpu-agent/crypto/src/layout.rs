@@ -13,9 +13,11 @@
 use std::ops::Range;
 
 use crate::error::{Error, Result};
-use crate::header::HEADER_BYTES;
 use crate::provider::{NONCE_BYTES, TAG_BYTES};
 
+/// Size of the file header in bytes: where block 0 starts. The header's fields are
+/// `crate::header`'s; only its size is part of the layout.
+pub const HEADER_BYTES: usize = 256;
 /// Bytes a stored block adds to its plaintext: nonce and tag.
 pub const BLOCK_OVERHEAD_BYTES: usize = NONCE_BYTES + TAG_BYTES;
 /// Smallest encryption block: one page.

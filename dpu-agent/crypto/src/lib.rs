@@ -152,10 +152,10 @@ mod vectors;
 pub use bench::{Op, Throughput, measure};
 pub use cipher::{FileCipher, FileContext, MAX_NAME_BYTES, MAX_SEALS_PER_KEY};
 pub use error::{Error, Result};
-pub use header::{FILE_ID_BYTES, FORMAT_VERSION, FileHeader, FileId, HEADER_BYTES, MAGIC, WrappedKey};
+pub use header::{FILE_ID_BYTES, FORMAT_VERSION, FileHeader, FileId, MAGIC, WrappedKey};
 pub use keys::{DataKey, FileKeySource, Kek, KeySource, RotatingKeySource};
 pub use layout::{
-    BLOCK_OVERHEAD_BYTES, BlockWrite, DEFAULT_BLOCK_BYTES, Layout, MAX_BLOCK_BYTES, MAX_PLAINTEXT_BYTES,
+    BLOCK_OVERHEAD_BYTES, BlockWrite, DEFAULT_BLOCK_BYTES, HEADER_BYTES, Layout, MAX_BLOCK_BYTES, MAX_PLAINTEXT_BYTES,
     MIN_BLOCK_BYTES, WritePlan,
 };
 pub use provider::{

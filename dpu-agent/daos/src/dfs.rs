@@ -857,3 +857,16 @@ impl Drop for EventQueue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_load_says_what_was_searched_and_what_to_set() {
+        let tried = vec!["/p/lib64: no libdfs.so".to_owned(), "/opt/daos/lib64: not an ELF file".to_owned()];
+        let message = SetupError::Libraries { tried }.to_string();
+        assert!(message.contains("/p/lib64: no libdfs.so; /opt/daos/lib64"), "{message}");
+        assert!(message.contains("DPUIO_DAOS_PREFIX") && message.contains("libdfs.so"), "{message}");
+    }
+}

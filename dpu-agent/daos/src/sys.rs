@@ -364,7 +364,5 @@ mod tests {
         assert_eq!(tried.len(), 2, "{tried:?}");
         assert!(tried[0].contains(&empty.path().display().to_string()) && tried[0].contains("no libdfs.so"));
         assert!(tried[1].contains(&broken.path().display().to_string()), "{tried:?}");
-        let message = crate::SetupError::Libraries { tried }.to_string();
-        assert!(message.contains("DPUIO_DAOS_PREFIX") && message.contains("libdfs.so"), "{message}");
     }
 }

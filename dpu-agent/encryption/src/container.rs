@@ -5,6 +5,7 @@
 //! On the objects and the settings below it; rotation, above, adds its methods to
 //! [`EncryptedContainer`].
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -70,9 +71,10 @@ impl EncryptedContainer {
             files: Mutex::new(Registry::default()),
             rotation: Mutex::new(()),
         });
+        let registered: Arc<dyn Any + Send + Sync> = core.clone();
         let mut running = lock(&running);
         running.retain(|c| c.strong_count() > 0);
-        running.push(Arc::downgrade(&core));
+        running.push(Arc::downgrade(&registered));
         Ok(Self { core })
     }
 
@@ -130,7 +132,9 @@ impl EncryptionSettings {
     /// of them) that is still in use, if any: a handle sharing its state, open files
     /// and locks.
     pub fn running_container(&self) -> Option<EncryptedContainer> {
-        lock(&self.running).iter().rev().find_map(Weak::upgrade).map(|core| EncryptedContainer { core })
+        let core = lock(&self.running).iter().rev().find_map(Weak::upgrade)?;
+        // Only `EncryptedContainer::new` registers, and always a `Core`.
+        core.downcast::<Core>().ok().map(|core| EncryptedContainer { core })
     }
 }
 

@@ -115,9 +115,10 @@
 //! [`PlaintextFiles`], and what every file of a container shares); `object`
 //! ([`EncryptedObject`], the state every open of a file shares, and the block read and
 //! write paths); `container` ([`EncryptedContainer`]: the wrapping backend and its
-//! registry of open files); `rotation` (re-wrapping, [`key_status`]). One name points
-//! up, on purpose: the settings' list of running containers, so that whoever holds the
-//! settings reaches the container made from them. The unit tests are in `tests`.
+//! registry of open files); `rotation` (re-wrapping, [`key_status`]). Whoever holds the
+//! settings reaches the container made from them through the settings' list of running
+//! containers, which holds them as opaque weak handles so that no name points up. The
+//! unit tests are in `tests`.
 //!
 //! [`Object::stat`]: dpuio_backend::Object::stat
 //! [`Error::Integrity`]: dpuio_backend::Error::Integrity

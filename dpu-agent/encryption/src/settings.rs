@@ -2,10 +2,11 @@
 //! [`PlaintextFiles`]) and what every file of one container shares (`Shared`: the
 //! settings, the AAD context, the current key version).
 //!
-//! Below the objects and the container, which both read it. The one name that points
-//! up is the type of the running list: settings reach the container made from them
-//! (see [`EncryptionSettings::running_container`], in the container room).
+//! Below the objects and the container, which both read it. Settings reach the
+//! container made from them (see [`EncryptionSettings::running_container`], in the
+//! container room) through [`Running`], which names no type of the rooms above.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, Weak};
@@ -13,8 +14,12 @@ use std::sync::{Arc, Mutex, Weak};
 use dpuio_backend::{NsPath, Result};
 use dpuio_crypto::{self as crypto, CryptoProvider, FileContext, Kek, KeySource, Layout};
 
-use crate::container::Core;
 use crate::error::crypto_error;
+
+/// The containers made from one set of settings, shared by every clone of them: weak
+/// handles to each container's state, which only the container room (that registers
+/// and reads them) knows the type of, so that the settings stay below it.
+pub(crate) type Running = Arc<Mutex<Vec<Weak<dyn Any + Send + Sync>>>>;
 
 /// What to do with a non-empty file that has no encryption header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,7 +58,7 @@ pub struct EncryptionSettings {
     pub plaintext_files: PlaintextFiles,
     /// The containers made from these settings (every clone shares the list), so
     /// whoever holds the settings reaches the running one: key rotation does.
-    pub(crate) running: Arc<Mutex<Vec<Weak<Core>>>>,
+    pub(crate) running: Running,
 }
 
 impl EncryptionSettings {

@@ -6,9 +6,9 @@ use dpuio_shim::blocking::{Failure, ProcessLocal, Session};
 use dpuio_shim::{File, Opcode, Request};
 use pyo3::prelude::*;
 
+use crate::attr::attr_tuple;
 use crate::errors::R;
 use crate::region::PyRegion;
-use crate::session::attr_tuple;
 
 /// An open file. Reads and writes move data between the file and a `Region`; the
 /// agent does the copying. Closed on `close()`, at the end of a `with` block, or when

@@ -1,7 +1,7 @@
 //! `dpuio._native`: the compiled part of the `dpuio` Python package.
 //!
 //! It exposes three kinds of object on top of the blocking session layer shared with
-//! the C ABI (`dpuio::session`):
+//! the C ABI and the `LD_PRELOAD` library (`dpuio_shim::blocking`):
 //!
 //! * `Session`: one attached session (control-only, or with a data plane), with the
 //!   namespace calls, batched opens, a recursive listing and batched I/O;
@@ -20,6 +20,7 @@
 
 use pyo3::prelude::*;
 
+mod attr;
 mod errors;
 mod file;
 mod region;

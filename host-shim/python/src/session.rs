@@ -4,23 +4,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dpuio_shim::blocking::{Code, DirStream, Failure, Session};
-use dpuio_shim::{Access, Attr, Client, ConnectOptions, DataPlaneOptions, EntryKind, Opcode, RegionAccess, Request};
+use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, EntryKind, Opcode, RegionAccess, Request};
 use pyo3::prelude::*;
 
+use crate::attr::{AttrTuple, attr_tuple};
 use crate::errors::{Fail, R, exception};
 use crate::file::PyFile;
 use crate::region::PyRegion;
-
-/// Attributes as a tuple: (kind, size, mode, mtime_ns, object_id), kind "file" or "dir".
-pub(crate) type AttrTuple = (&'static str, u64, u32, i64, u64);
-
-pub(crate) fn attr_tuple(a: &Attr) -> AttrTuple {
-    let kind = match a.kind {
-        EntryKind::File => "file",
-        EntryKind::Directory => "dir",
-    };
-    (kind, a.size, a.mode, a.mtime_ns, a.object_id)
-}
 
 /// Opens and closes issued at once by `open_many` / `close_many` (one HTTP/2
 /// connection carries them; this bounds what one call puts in flight).
