@@ -17,25 +17,29 @@
 //!
 //! # Who uses what
 //!
+//! Each provider implements the traits of [`transport`] once, on its own types; the
+//! calls below are those traits' methods.
+//!
 //! * **Host shim**: [`ucx::Worker::open`] with a [`FabricConfig`] preset;
-//!   [`ucx::Worker::alloc_region`] for each region (its [`SharedMemory::addr`], `len`
-//!   and [`ucx::Region::packed_key`] go into `RegisterRegion`); reads its rings with
-//!   [`SharedMemory::load_u64_acquire`] and payload with [`SharedMemory::as_slice`];
-//!   [`ucx::Worker::address`] goes into `Attach`; [`ucx::Worker::connect`] to the
-//!   agent's address and [`ucx::Endpoint::send_doorbell`]. Over TCP it runs a
-//!   [`ProgressThread`] and reports its [`ProgressReport`].
-//! * **Agent**: the same worker setup; per session [`ucx::Worker::connect`] to the
-//!   host's address and [`ucx::Endpoint::unpack_key`] per region (with the address
-//!   and length the host declared); then either [`ucx::RemoteKey::map`] (shared
-//!   memory: read files straight into host memory through [`MappedRemote`]) or
-//!   `put`/`get` from its own staging regions, [`ucx::Endpoint::flush`], then the
-//!   completion entry. Doorbells arrive during [`ucx::Worker::progress`] and are
-//!   drained with [`ucx::Worker::take_doorbells`]; sleep on
-//!   [`ucx::Worker::event_fd`] after [`ucx::Worker::arm`] returns `true` (tokio:
-//!   `AsyncFd`).
+//!   [`Transport::alloc_region`] for each region (its [`SharedMemory::addr`], `len`
+//!   and [`transport::Region::packed_key`] go into `RegisterRegion`); reads its rings
+//!   with [`SharedMemory::load_u64_acquire`] and payload with
+//!   [`SharedMemory::as_slice`]; [`Transport::address`] goes into `Attach`;
+//!   [`Transport::connect`] to the agent's address and
+//!   [`transport::Endpoint::send_doorbell`]. Over TCP it runs a [`ProgressThread`] and
+//!   reports its [`ProgressReport`].
+//! * **Agent**: the same worker setup; per session [`Transport::connect`] to the
+//!   host's address and [`transport::Endpoint::unpack_key`] per region (with the
+//!   address and length the host declared); then either [`transport::RemoteKey::map`]
+//!   (shared memory: read files straight into host memory through [`MappedRemote`])
+//!   or `put`/`get` from its own staging regions, [`transport::Endpoint::flush`], then
+//!   the completion entry. Doorbells arrive during [`Transport::progress`] and are
+//!   drained with [`Transport::take_doorbells`]; sleep on [`Transport::event_fd`]
+//!   after [`Transport::arm`] returns `true` (tokio: `AsyncFd`).
 //!
 //! ```no_run
 //! use std::time::Duration;
+//! use fabric::transport::Endpoint as _;
 //! use fabric::{FabricConfig, Transport, ucx::Worker};
 //!
 //! # fn host_says() -> (Vec<u8>, Vec<u8>, u64, u64) { unimplemented!() }
@@ -141,16 +145,17 @@
 //!   stalls (here: `SIGSTOP`), crashed the *target* in `uct_tcp_iface_progress`
 //!   (SIGSEGV at `0xfffffffffffffff8`) in 4 of 6 runs. The initiator's endpoint flush
 //!   completes before the target has finished its side of the handshake; a round trip
-//!   through the target avoids it (0 of 30 runs). Hence [`ucx::Worker::connect`]
-//!   flushes the new endpoint and [`ucx::Endpoint::unpack_key`] probes each key with
-//!   a one-byte get and a flush (which also rejects a bad key early).
+//!   through the target avoids it (0 of 30 runs). Hence UCX's [`Transport::connect`]
+//!   flushes the new endpoint and its [`transport::Endpoint::unpack_key`] probes each
+//!   key with a one-byte get and a flush (which also rejects a bad key early).
 //! * `ucp_rkey_ptr` works where the memory domain says "rkey_ptr is supported"
 //!   (`ucx_info -d`: sysv, posix) and returns `UCS_ERR_UNREACHABLE` otherwise (tcp),
-//!   which [`ucx::RemoteKey::map`] turns into `None`. It takes no length, and mm puts
-//!   do no bounds checks: a host declaring a region longer than its segment would
-//!   steer the agent's writes past the mapping. [`ucx::Endpoint::unpack_key`]
-//!   therefore checks the declared range against `/proc/self/maps` whenever the key
-//!   maps, and every put/get/map is checked against the declared range. Shared memory
+//!   which UCX's [`transport::RemoteKey::map`] turns into `None`. It takes no length,
+//!   and mm puts do no bounds checks: a host declaring a region longer than its segment
+//!   would steer the agent's writes past the mapping. UCX's
+//!   [`transport::Endpoint::unpack_key`] therefore checks the declared range against
+//!   `/proc/self/maps` whenever the key maps, and every put/get/map is checked against
+//!   the declared range. Shared memory
 //!   gives no isolation between processes of one user in any case; production relies
 //!   on RDMA keys, which the NIC enforces.
 //! * Transport-level options (`POSIX_USE_PROC_LINK`, `TCP_*`, `SYSV_*`) are *not*

@@ -15,7 +15,7 @@
 //!   allocation ([`Error::RemoteRangeUnmapped`] otherwise), as the UCX code checks
 //!   `/proc/self/maps`. A key keeps the memory alive, like an attached shared segment.
 //! * **Mapped or put/get**: a worker made with [`PeerAccess::Mapped`] lets peers
-//!   [`LoopbackRemoteKey::map`] its regions (UCX shared memory: the agent's mapped
+//!   [`map`](transport::RemoteKey::map) its regions (UCX shared memory: the agent's mapped
 //!   path); with [`PeerAccess::PutGet`] `map` returns `None` (TCP, RDMA: the put/get
 //!   path).
 //! * **Put, get, put_bytes** are bounds-checked copies, *posted*: they land at the
@@ -48,7 +48,7 @@ use std::time::Duration;
 use crate::doorbell::{Doorbell, DoorbellQueue, MAX_DOORBELL_BYTES};
 use crate::error::{Error, Result};
 use crate::memory::{MappedRemote, SharedMemory};
-use crate::transport::{self, Transport};
+use crate::transport::{self, DeclaredRange, Transport, local_range};
 
 /// `"loopback"`: the provider name of loopback workers (the agent's lanes match on it).
 pub const PROVIDER: &str = "loopback";
@@ -70,7 +70,7 @@ static NEXT_WORKER_ID: AtomicU64 = AtomicU64::new(1);
 /// How peers reach a loopback worker's regions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerAccess {
-    /// Peers may map them ([`LoopbackRemoteKey::map`] gives `Some`), as over UCX
+    /// Peers may map them ([`map`](transport::RemoteKey::map) gives `Some`), as over UCX
     /// shared memory.
     Mapped,
     /// Peers only put and get (`map` gives `None`), as over TCP or RDMA.
@@ -411,35 +411,26 @@ struct KeyInner {
     /// The worker the region belongs to (the endpoint's peer).
     owner: u64,
     mappable: bool,
-    remote_addr: u64,
-    len: u64,
+    range: DeclaredRange,
 }
 
 impl KeyInner {
     /// Offset in the allocation of `[addr, addr + len)`, which must lie in the declared range.
     fn offset_of(&self, addr: u64, len: usize) -> Result<usize> {
-        let end = self.remote_addr + self.len; // checked at unpack
-        match addr.checked_add(len as u64) {
-            Some(stop) if addr >= self.remote_addr && stop <= end => Ok((addr - self.alloc.addr()) as usize),
-            _ => Err(Error::OutOfRange {
-                what: "remote key's declared range (bound is its end address)",
-                offset: addr,
-                len: len as u64,
-                bound: end,
-            }),
-        }
+        self.range.check(addr, len)?;
+        Ok((addr - self.alloc.addr()) as usize)
     }
 }
 
 impl transport::RemoteKey for LoopbackRemoteKey {
     /// First byte of the peer region (as declared when unpacking).
     fn remote_addr(&self) -> u64 {
-        self.inner.remote_addr
+        self.inner.range.addr
     }
 
     /// Length of the peer region (as declared when unpacking).
     fn len(&self) -> u64 {
-        self.inner.len
+        self.inner.range.len
     }
 
     /// The peer's memory as a [`MappedRemote`] if its worker is [`PeerAccess::Mapped`],
@@ -462,8 +453,8 @@ impl transport::RemoteKey for LoopbackRemoteKey {
 impl fmt::Debug for LoopbackRemoteKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoopbackRemoteKey")
-            .field("remote_addr", &format_args!("{:#x}", self.inner.remote_addr))
-            .field("len", &self.inner.len)
+            .field("remote_addr", &format_args!("{:#x}", self.inner.range.addr))
+            .field("len", &self.inner.range.len)
             .finish()
     }
 }
@@ -512,15 +503,7 @@ impl LoopbackEndpoint {
         if local.worker.id != self.inner.own.id {
             return Err(Error::ForeignRegion);
         }
-        match offset.checked_add(len) {
-            Some(end) if end <= local.len() => Ok(()),
-            _ => Err(Error::OutOfRange {
-                what: "local region",
-                offset: offset as u64,
-                len: len as u64,
-                bound: local.len() as u64,
-            }),
-        }
+        local_range(local, offset, len).map(drop)
     }
 
     fn check_key(&self, key: &LoopbackRemoteKey) -> Result<()> {
@@ -570,8 +553,8 @@ impl transport::Endpoint for LoopbackEndpoint {
                 alloc,
                 owner,
                 mappable: self.inner.peer.access == PeerAccess::Mapped,
-                remote_addr,
-                len,
+                // Inside the allocation (checked above), so it does not wrap.
+                range: DeclaredRange { addr: remote_addr, len },
             }),
         })
     }

@@ -144,6 +144,52 @@ pub trait RemoteKey: Send + Sync {
     fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>>;
 }
 
+/// A peer region's range as declared when its key was unpacked: every access through
+/// the key must lie inside it. One check for every provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeclaredRange {
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+}
+
+impl DeclaredRange {
+    /// `[addr, addr + len)`, refused when it wraps the address space.
+    pub(crate) fn new(addr: u64, len: u64) -> Result<DeclaredRange> {
+        if addr.checked_add(len).is_none() {
+            return Err(Error::OutOfRange { what: "address space", offset: addr, len, bound: u64::MAX });
+        }
+        Ok(DeclaredRange { addr, len })
+    }
+
+    /// Whether `[addr, addr + len)` lies inside the declared range.
+    pub(crate) fn check(&self, addr: u64, len: usize) -> Result<()> {
+        let len = len as u64;
+        let end = self.addr + self.len; // checked in `new`
+        match addr.checked_add(len) {
+            Some(stop) if addr >= self.addr && stop <= end => Ok(()),
+            _ => Err(Error::OutOfRange {
+                what: "remote key's declared range (bound is its end address)",
+                offset: addr,
+                len,
+                bound: end,
+            }),
+        }
+    }
+}
+
+/// The address of `len` bytes at `offset` of a local region, checked against its size.
+pub(crate) fn local_range(local: &SharedMemory, offset: usize, len: usize) -> Result<*mut u8> {
+    match offset.checked_add(len) {
+        Some(end) if end <= local.len() => Ok(local.as_ptr().wrapping_add(offset)),
+        _ => Err(Error::OutOfRange {
+            what: "local region",
+            offset: offset as u64,
+            len: len as u64,
+            bound: local.len() as u64,
+        }),
+    }
+}
+
 /// One-sided operations towards one peer worker.
 ///
 /// `put`/`get`/`put_bytes` only *post*: the data is in place at the target (put) or

@@ -19,7 +19,7 @@ use common::{
     ring_doorbell, self_cpu_us, serve_host,
 };
 use fabric::ofi::{Completion, OfiConfig, Worker};
-use fabric::transport::Endpoint as _;
+use fabric::transport::{Endpoint as _, RemoteKey as _};
 use fabric::{Error, Transport};
 
 fn config(provider: &str) -> OfiConfig {

@@ -15,7 +15,7 @@ use common::{
     check_pattern, child_env, child_role, fill_pattern, get_flush, no_extra, proc_stat, put_flush, ring_doorbell,
     serve_host,
 };
-use fabric::transport::Endpoint as _;
+use fabric::transport::{Endpoint as _, RemoteKey as _};
 use fabric::ucx::Worker;
 use fabric::{Error, FabricConfig, Transport};
 

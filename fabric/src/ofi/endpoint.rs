@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use libfabric_sys as sys;
 
 use super::region::KEY_MAGIC;
-use super::worker::{Hold, OpState};
-use super::{Completion, Region, Worker, ofi_error};
+use super::shared::{Hold, OpState, WorkerShared};
+use super::{Completion, Region, ofi_error};
 use crate::doorbell::MAX_DOORBELL_BYTES;
 use crate::error::{Error, Result};
 use crate::memory::MappedRemote;
+use crate::transport::{self, DeclaredRange, Endpoint as _, local_range};
 
 /// One peer: its `fi_addr_t` in the worker's address vector, used with the worker's
 /// one RDM endpoint. `Send + Sync`, cheap to clone. The address-vector entry stays
@@ -25,109 +26,27 @@ pub struct Endpoint {
 }
 
 struct EndpointInner {
-    worker: Worker,
+    worker: Arc<WorkerShared>,
     addr: sys::fi_addr_t,
     state: Arc<OpState>,
 }
 
 impl Endpoint {
-    pub(crate) fn new(worker: Worker, addr: sys::fi_addr_t) -> Endpoint {
+    pub(crate) fn new(worker: Arc<WorkerShared>, addr: sys::fi_addr_t) -> Endpoint {
         Endpoint { inner: Arc::new(EndpointInner { worker, addr, state: OpState::new() }) }
-    }
-
-    /// The worker this endpoint belongs to.
-    pub fn worker(&self) -> &Worker {
-        &self.inner.worker
-    }
-
-    /// Unpacks a key the peer packed for its region `[remote_addr, remote_addr+len)`.
-    /// The declared range bounds every later access through the key (libfabric
-    /// checks the registration's bounds too on tcp and verbs; shm's CMA path does
-    /// not check keys).
-    ///
-    /// Then probes the key with a one-byte read and a flush, waiting at most
-    /// `OfiConfig::connect_timeout_ms`: a bad key fails here, and over rxm this makes
-    /// the connection (the peer must progress). On shm the peer need not run if it
-    /// spoke to us first (see the module docs); otherwise the probe fails with
-    /// [`Error::Again`] until it has progressed once.
-    pub fn unpack_key(&self, packed: &[u8], remote_addr: u64, len: u64) -> Result<RemoteKey> {
-        if remote_addr.checked_add(len).is_none() {
-            return Err(Error::OutOfRange { what: "address space", offset: remote_addr, len, bound: u64::MAX });
-        }
-        let key = match packed.strip_prefix(KEY_MAGIC.as_slice()).map(<[u8; 8]>::try_from) {
-            Some(Ok(k)) => u64::from_le_bytes(k),
-            _ => return Err(Error::Config("not a packed libfabric key (\"ofi1\" + 8 bytes)".into())),
-        };
-        let key = RemoteKey { inner: Arc::new(RkeyInner { key, remote_addr, len }) };
-        if len > 0 {
-            self.probe(&key)?;
-        }
-        Ok(key)
     }
 
     fn probe(&self, key: &RemoteKey) -> Result<()> {
         let (hold, dst, desc) = self.inner.worker.hold_bytes(&[0u8])?;
         let dst = dst.cast_mut();
-        self.post_rma("probe remote key (fi_readmsg)", hold, dst, 1, desc, key.inner.remote_addr, key, false)?;
-        let timeout = Duration::from_millis(self.inner.worker.config().connect_timeout_ms);
+        self.post_rma("probe remote key (fi_readmsg)", hold, dst, 1, desc, key.inner.range.addr, key, false)?;
+        let timeout = Duration::from_millis(self.inner.worker.config.connect_timeout_ms);
         self.flush(timeout).map_err(|err| match err {
             Error::Timeout { timeout_ms, .. } => {
                 Error::Timeout { op: "probe remote key (is the peer progressing?)", timeout_ms }
             }
             other => other,
         })
-    }
-
-    /// Posts a write of `local[local_offset..][..len]` to `remote_addr`
-    /// (`fi_writemsg`, one iov each side). In place at the target at the next
-    /// successful [`Endpoint::flush`].
-    pub fn put(
-        &self,
-        local: &Region,
-        local_offset: usize,
-        len: usize,
-        remote_addr: u64,
-        key: &RemoteKey,
-    ) -> Result<()> {
-        let src = self.local_range(local, local_offset, len)?;
-        key.inner.check(remote_addr, len)?;
-        let hold = Hold::Region { _region: local.inner.clone() };
-        self.post_rma("post write (fi_writemsg)", hold, src, len, local.inner.desc(), remote_addr, key, true)
-    }
-
-    /// Posts a write of a copy of `data` (completion entries, ring tails).
-    pub fn put_bytes(&self, data: &[u8], remote_addr: u64, key: &RemoteKey) -> Result<()> {
-        key.inner.check(remote_addr, data.len())?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        let (hold, src, desc) = self.inner.worker.hold_bytes(data)?;
-        self.post_rma(
-            "post write of bytes (fi_writemsg)",
-            hold,
-            src.cast_mut(),
-            data.len(),
-            desc,
-            remote_addr,
-            key,
-            true,
-        )
-    }
-
-    /// Posts a read of `len` bytes at `remote_addr` into `local[local_offset..]`
-    /// (`fi_readmsg`). In place at the next successful [`Endpoint::flush`].
-    pub fn get(
-        &self,
-        local: &Region,
-        local_offset: usize,
-        len: usize,
-        remote_addr: u64,
-        key: &RemoteKey,
-    ) -> Result<()> {
-        let dst = self.local_range(local, local_offset, len)?;
-        key.inner.check(remote_addr, len)?;
-        let hold = Hold::Region { _region: local.inner.clone() };
-        self.post_rma("post read (fi_readmsg)", hold, dst, len, local.inner.desc(), remote_addr, key, false)
     }
 
     #[allow(clippy::too_many_arguments)] // one private helper for both directions
@@ -148,13 +67,13 @@ impl Endpoint {
         let worker = &self.inner.worker;
         let iov = sys::iovec { iov_base: local.cast(), iov_len: len };
         let rma =
-            sys::fi_rma_iov { addr: worker.target_addr(key.inner.remote_addr, remote_addr), len, key: key.inner.key };
+            sys::fi_rma_iov { addr: worker.target_addr(key.inner.range.addr, remote_addr), len, key: key.inner.key };
         let mut desc = desc;
         let mut flags = u64::from(sys::FI_COMPLETION);
         if write && worker.completion() == Completion::Delivery {
             flags |= u64::from(sys::FI_DELIVERY_COMPLETE);
         }
-        let ep = worker.inner.ep;
+        let ep = worker.ep;
         let peer = self.inner.addr;
         let desc_ptr: *mut *mut std::ffi::c_void =
             if worker.mr_local() { ptr::from_mut(&mut desc) } else { ptr::null_mut() };
@@ -179,6 +98,131 @@ impl Endpoint {
         })
     }
 
+    /// Operations posted on this endpoint and not yet completed.
+    fn in_flight(&self) -> usize {
+        self.inner.state.in_flight.load(Ordering::Acquire)
+    }
+
+    fn local_range(&self, local: &Region, offset: usize, len: usize) -> Result<*mut u8> {
+        if !Arc::ptr_eq(local.inner.domain(), &self.inner.worker.domain) {
+            return Err(Error::ForeignRegion);
+        }
+        local_range(local, offset, len)
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint").field("in_flight", &self.in_flight()).finish_non_exhaustive()
+    }
+}
+
+/// A peer region's remote key (the 64-bit `fi_mr_key`) with the range the peer
+/// declared for it. Plain data: nothing to release.
+#[derive(Clone)]
+pub struct RemoteKey {
+    inner: Arc<RkeyInner>,
+}
+
+struct RkeyInner {
+    key: u64,
+    range: DeclaredRange,
+}
+
+impl fmt::Debug for RemoteKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteKey")
+            .field("remote_addr", &format_args!("{:#x}", self.inner.range.addr))
+            .field("len", &self.inner.range.len)
+            .finish()
+    }
+}
+
+impl transport::RemoteKey for RemoteKey {
+    /// First byte of the declared remote range.
+    fn remote_addr(&self) -> u64 {
+        self.inner.range.addr
+    }
+
+    /// Length of the declared remote range.
+    fn len(&self) -> u64 {
+        self.inner.range.len
+    }
+
+    /// Always `Ok(None)` after checking the range: libfabric offers no portable
+    /// mapping of a peer's memory (shm's CMA path copies with `process_vm_writev`);
+    /// use put/get.
+    fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
+        self.inner.range.check(remote_addr, len)?;
+        Ok(None)
+    }
+}
+
+impl transport::Endpoint for Endpoint {
+    type Region = Region;
+    type RemoteKey = RemoteKey;
+
+    /// Unpacks a key the peer packed for its region `[remote_addr, remote_addr+len)`.
+    /// The declared range bounds every later access through the key (libfabric
+    /// checks the registration's bounds too on tcp and verbs; shm's CMA path does
+    /// not check keys).
+    ///
+    /// Then probes the key with a one-byte read and a flush, waiting at most
+    /// `OfiConfig::connect_timeout_ms`: a bad key fails here, and over rxm this makes
+    /// the connection (the peer must progress). On shm the peer need not run if it
+    /// spoke to us first (see the module docs); otherwise the probe fails with
+    /// [`Error::Again`] until it has progressed once.
+    fn unpack_key(&self, packed: &[u8], remote_addr: u64, len: u64) -> Result<RemoteKey> {
+        let range = DeclaredRange::new(remote_addr, len)?;
+        let key = match packed.strip_prefix(KEY_MAGIC.as_slice()).map(<[u8; 8]>::try_from) {
+            Some(Ok(k)) => u64::from_le_bytes(k),
+            _ => return Err(Error::Config("not a packed libfabric key (\"ofi1\" + 8 bytes)".into())),
+        };
+        let key = RemoteKey { inner: Arc::new(RkeyInner { key, range }) };
+        if len > 0 {
+            self.probe(&key)?;
+        }
+        Ok(key)
+    }
+
+    /// Posts a write of `local[local_offset..][..len]` to `remote_addr`
+    /// (`fi_writemsg`, one iov each side). In place at the target at the next
+    /// successful [`Endpoint::flush`].
+    fn put(&self, local: &Region, local_offset: usize, len: usize, remote_addr: u64, key: &RemoteKey) -> Result<()> {
+        let src = self.local_range(local, local_offset, len)?;
+        key.inner.range.check(remote_addr, len)?;
+        let hold = Hold::Region { _region: local.inner.clone() };
+        self.post_rma("post write (fi_writemsg)", hold, src, len, local.inner.desc(), remote_addr, key, true)
+    }
+
+    /// Posts a write of a copy of `data` (completion entries, ring tails).
+    fn put_bytes(&self, data: &[u8], remote_addr: u64, key: &RemoteKey) -> Result<()> {
+        key.inner.range.check(remote_addr, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (hold, src, desc) = self.inner.worker.hold_bytes(data)?;
+        self.post_rma(
+            "post write of bytes (fi_writemsg)",
+            hold,
+            src.cast_mut(),
+            data.len(),
+            desc,
+            remote_addr,
+            key,
+            true,
+        )
+    }
+
+    /// Posts a read of `len` bytes at `remote_addr` into `local[local_offset..]`
+    /// (`fi_readmsg`). In place at the next successful [`Endpoint::flush`].
+    fn get(&self, local: &Region, local_offset: usize, len: usize, remote_addr: u64, key: &RemoteKey) -> Result<()> {
+        let dst = self.local_range(local, local_offset, len)?;
+        key.inner.range.check(remote_addr, len)?;
+        let hold = Hold::Region { _region: local.inner.clone() };
+        self.post_rma("post read (fi_readmsg)", hold, dst, len, local.inner.desc(), remote_addr, key, false)
+    }
+
     /// Waits, reading the completion queue, until every operation posted on this
     /// endpoint has its completion entry, or `timeout` passes ([`Error::Timeout`]).
     /// Then reports the first failure since the previous flush.
@@ -187,7 +231,7 @@ impl Endpoint {
     /// after `Ok`, written bytes are at the target on shm (CMA) and, with
     /// `FI_DELIVERY_COMPLETE`, on tcp and verbs. A CPU fence follows, so a later put
     /// is ordered after everything flushed.
-    pub fn flush(&self, timeout: Duration) -> Result<()> {
+    fn flush(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut idle_rounds = 0u32;
         while self.inner.state.in_flight.load(Ordering::Acquire) > 0 {
@@ -221,13 +265,13 @@ impl Endpoint {
 
     /// Sends a doorbell of at most [`MAX_DOORBELL_BYTES`] (`fi_send` into one of the
     /// receive buffers the peer keeps posted). Completes with progress or flush.
-    pub fn send_doorbell(&self, bytes: &[u8]) -> Result<()> {
+    fn send_doorbell(&self, bytes: &[u8]) -> Result<()> {
         if bytes.len() > MAX_DOORBELL_BYTES {
             return Err(Error::DoorbellTooLong { len: bytes.len(), max: MAX_DOORBELL_BYTES });
         }
         let worker = &self.inner.worker;
         let (hold, src, desc) = worker.hold_bytes(bytes)?;
-        let (ep, peer, len) = (worker.inner.ep, self.inner.addr, bytes.len());
+        let (ep, peer, len) = (worker.ep, self.inner.addr, bytes.len());
         worker.post("send doorbell (fi_send)", &self.inner.state, hold, |context| {
             // SAFETY: domain lock held by Worker::post; ep open; src..src+len lives in
             // the Hold recorded under `context` until the completion entry.
@@ -236,135 +280,7 @@ impl Endpoint {
     }
 
     /// The provider and domain chosen, for logs.
-    pub fn describe(&self) -> String {
-        self.inner.worker.describe()
-    }
-
-    /// Operations posted on this endpoint and not yet completed.
-    pub fn in_flight(&self) -> usize {
-        self.inner.state.in_flight.load(Ordering::Acquire)
-    }
-
-    fn local_range(&self, local: &Region, offset: usize, len: usize) -> Result<*mut u8> {
-        if !Arc::ptr_eq(local.inner.domain(), &self.inner.worker.inner.domain) {
-            return Err(Error::ForeignRegion);
-        }
-        match offset.checked_add(len) {
-            Some(end) if end <= local.len() => Ok(local.as_ptr().wrapping_add(offset)),
-            _ => Err(Error::OutOfRange {
-                what: "local region",
-                offset: offset as u64,
-                len: len as u64,
-                bound: local.len() as u64,
-            }),
-        }
-    }
-}
-
-impl fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Endpoint").field("in_flight", &self.in_flight()).finish_non_exhaustive()
-    }
-}
-
-/// A peer region's remote key (the 64-bit `fi_mr_key`) with the range the peer
-/// declared for it. Plain data: nothing to release.
-#[derive(Clone)]
-pub struct RemoteKey {
-    inner: Arc<RkeyInner>,
-}
-
-struct RkeyInner {
-    key: u64,
-    remote_addr: u64,
-    len: u64,
-}
-
-impl RkeyInner {
-    fn check(&self, addr: u64, len: usize) -> Result<()> {
-        let len = len as u64;
-        let end = self.remote_addr + self.len; // checked at unpack
-        match addr.checked_add(len) {
-            Some(stop) if addr >= self.remote_addr && stop <= end => Ok(()),
-            _ => Err(Error::OutOfRange {
-                what: "remote key's declared range (bound is its end address)",
-                offset: addr,
-                len,
-                bound: end,
-            }),
-        }
-    }
-}
-
-impl RemoteKey {
-    /// First byte of the declared remote range.
-    pub fn remote_addr(&self) -> u64 {
-        self.inner.remote_addr
-    }
-
-    /// Length of the declared remote range.
-    pub fn len(&self) -> u64 {
-        self.inner.len
-    }
-
-    /// True if the declared range is empty.
-    pub fn is_empty(&self) -> bool {
-        self.inner.len == 0
-    }
-
-    /// Always `Ok(None)` after checking the range: libfabric offers no portable
-    /// mapping of a peer's memory (shm's CMA path copies with `process_vm_writev`);
-    /// use put/get.
-    pub fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
-        self.inner.check(remote_addr, len)?;
-        Ok(None)
-    }
-}
-
-impl fmt::Debug for RemoteKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RemoteKey")
-            .field("remote_addr", &format_args!("{:#x}", self.inner.remote_addr))
-            .field("len", &self.inner.len)
-            .finish()
-    }
-}
-
-impl crate::transport::RemoteKey for RemoteKey {
-    fn remote_addr(&self) -> u64 {
-        RemoteKey::remote_addr(self)
-    }
-    fn len(&self) -> u64 {
-        RemoteKey::len(self)
-    }
-    fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
-        RemoteKey::map(self, remote_addr, len)
-    }
-}
-
-impl crate::transport::Endpoint for Endpoint {
-    type Region = Region;
-    type RemoteKey = RemoteKey;
-
-    fn unpack_key(&self, packed: &[u8], remote_addr: u64, len: u64) -> Result<RemoteKey> {
-        Endpoint::unpack_key(self, packed, remote_addr, len)
-    }
-    fn put(&self, local: &Region, local_offset: usize, len: usize, remote_addr: u64, key: &RemoteKey) -> Result<()> {
-        Endpoint::put(self, local, local_offset, len, remote_addr, key)
-    }
-    fn put_bytes(&self, data: &[u8], remote_addr: u64, key: &RemoteKey) -> Result<()> {
-        Endpoint::put_bytes(self, data, remote_addr, key)
-    }
-    fn get(&self, local: &Region, local_offset: usize, len: usize, remote_addr: u64, key: &RemoteKey) -> Result<()> {
-        Endpoint::get(self, local, local_offset, len, remote_addr, key)
-    }
-    fn flush(&self, timeout: Duration) -> Result<()> {
-        Endpoint::flush(self, timeout)
-    }
-    fn send_doorbell(&self, bytes: &[u8]) -> Result<()> {
-        Endpoint::send_doorbell(self, bytes)
-    }
     fn describe(&self) -> String {
-        Endpoint::describe(self)
+        self.inner.worker.describe.clone()
     }
 }

@@ -6,13 +6,13 @@
 //! | trait | libfabric |
 //! |---|---|
 //! | [`Worker`] (the transport) | `fi_getinfo` (RDM endpoint, `FI_RMA \| FI_MSG`), fabric, domain, one `FI_AV_TABLE` address vector, one completion queue with an `FI_WAIT_FD` wait object, one RDM endpoint |
-//! | [`Worker::address`] / [`Worker::connect`] | `fi_getname` / `fi_av_insert` (an [`Endpoint`] is a peer's `fi_addr_t` on the one RDM endpoint) |
-//! | [`Region`] | anonymous `mmap` + `fi_mr_reg` (remote read/write); [`Region::packed_key`] is `fi_mr_key` |
+//! | [`address`](crate::Transport::address) / [`connect`](crate::Transport::connect) | `fi_getname` / `fi_av_insert` (an [`Endpoint`] is a peer's `fi_addr_t` on the one RDM endpoint) |
+//! | [`Region`] | anonymous `mmap` + `fi_mr_reg` (remote read/write); [`packed_key`](crate::transport::Region::packed_key) is `fi_mr_key` |
 //! | `put` / `get` / `put_bytes` | `fi_writemsg` / `fi_readmsg`, one local and one remote iov, each with a completion queue entry |
 //! | `flush` | progress the completion queue until every operation posted on the endpoint has its entry |
 //! | doorbells | `fi_send` of at most [`crate::MAX_DOORBELL_BYTES`] into receive buffers the worker keeps posted ([`OfiConfig::recv_slots`]) |
 //! | event fd, `arm`, `wake` | `fi_control(FI_GETWAIT)` on the completion queue, `fi_trywait`, `fi_cq_signal`; on shm (no fd wait object) an eventfd of ours and [`crate::Transport::wakes_on_receive`] `false` |
-//! | [`RemoteKey::map`] | always `None`: libfabric has no portable way to map a peer's memory |
+//! | [`map`](crate::transport::RemoteKey::map) | always `None`: libfabric has no portable way to map a peer's memory |
 //!
 //! # What a completion means, per provider (libfabric 1.17, measured)
 //!
@@ -53,7 +53,7 @@
 //! * **Wake-ups on shm.** shm's completion queue accepts only `FI_WAIT_NONE` /
 //!   `FI_WAIT_YIELD` (`fi_cq_open` answers `ENOSYS` for `FI_WAIT_FD`), so nothing
 //!   makes an fd readable when a doorbell arrives. The worker then hands out an
-//!   eventfd that only [`Worker::wake`] signals, and says so through
+//!   eventfd that only [`wake`](crate::Transport::wake) signals, and says so through
 //!   `wakes_on_receive() == false`: a loop waiting for doorbells sleeps in short
 //!   slices. `tcp;ofi_rxm` has a real fd (`FI_WAIT_FD`), also for counters.
 //! * **Keys and addresses on tcp.** `tcp;ofi_rxm` returns `mr_mode` 0: keys are
@@ -82,8 +82,10 @@
 //! completion queue with [`OfiConfig::recv_slots`]), doorbells buffered
 //! ([`OfiConfig::doorbell_queue_len`]), doorbell size ([`crate::MAX_DOORBELL_BYTES`]).
 
+mod domain;
 mod endpoint;
 mod region;
+mod shared;
 mod worker;
 
 pub use endpoint::{Endpoint, RemoteKey};
@@ -141,7 +143,7 @@ pub struct OfiConfig {
     pub max_in_flight_ops: usize,
     /// How long posting retries while the provider answers `FI_EAGAIN` (then
     /// [`Error::Again`]), and how long
-    /// [`Endpoint::unpack_key`] waits for its probe (a TCP peer must progress).
+    /// [`unpack_key`](crate::transport::Endpoint::unpack_key) waits for its probe (a TCP peer must progress).
     pub connect_timeout_ms: u64,
 }
 

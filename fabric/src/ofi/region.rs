@@ -9,7 +9,7 @@ use std::sync::Arc;
 use libfabric_sys as sys;
 
 use super::check;
-use super::worker::DomainInner;
+use super::domain::DomainInner;
 use crate::error::{Error, Result};
 use crate::memory::SharedMemory;
 
@@ -83,7 +83,7 @@ impl Drop for Mr {
 
 /// Local memory mapped anonymously and registered with the domain for local and
 /// remote read/write. Dereferences to [`SharedMemory`]; its [`SharedMemory::addr`]
-/// and [`Region::packed_key`] are what a peer needs.
+/// and packed key ([`crate::transport::Region::packed_key`]) are what a peer needs.
 ///
 /// Not `Clone`: dropping it closes the registration (once no posted operation uses
 /// it) and unmaps the memory; the peer must have stopped using it before.
@@ -158,18 +158,6 @@ impl Region {
         let mem = unsafe { SharedMemory::new(map.cast(), len) };
         Ok(Region { mem, inner })
     }
-
-    /// The packed remote key: `"ofi1"` and the 64-bit `fi_mr_key`, little-endian.
-    /// Send it with [`SharedMemory::addr`] and the length over the control plane.
-    ///
-    /// A capability for remote access: send it only over the authenticated control
-    /// plane, never log it. (On shm's CMA path the provider does not check keys at
-    /// all: same-user processes get no isolation from each other, as with UCX.)
-    pub fn packed_key(&self) -> Result<Vec<u8>> {
-        let mut out = KEY_MAGIC.to_vec();
-        out.extend_from_slice(&self.inner.mr.key().to_le_bytes());
-        Ok(out)
-    }
 }
 
 impl RegionInner {
@@ -202,7 +190,15 @@ impl fmt::Debug for Region {
 }
 
 impl crate::transport::Region for Region {
+    /// The packed remote key: `"ofi1"` and the 64-bit `fi_mr_key`, little-endian.
+    /// Send it with [`SharedMemory::addr`] and the length over the control plane.
+    ///
+    /// A capability for remote access: send it only over the authenticated control
+    /// plane, never log it. (On shm's CMA path the provider does not check keys at
+    /// all: same-user processes get no isolation from each other, as with UCX.)
     fn packed_key(&self) -> Result<Vec<u8>> {
-        Region::packed_key(self)
+        let mut out = KEY_MAGIC.to_vec();
+        out.extend_from_slice(&self.inner.mr.key().to_le_bytes());
+        Ok(out)
     }
 }

@@ -1,173 +1,31 @@
-//! The libfabric worker: fabric, domain, address vector, completion queue, one RDM
-//! endpoint; progress, doorbell receipt and the event fd.
+//! The libfabric worker, the [`crate::Transport`] of libfabric: it opens fabric,
+//! domain, address vector, completion queue and one RDM endpoint, and makes regions
+//! and endpoints; progress, doorbell receipt and the event fd. What its endpoints
+//! share with it lives in `shared`.
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use libfabric_sys as sys;
 
-use super::region::{Mr, RegionInner};
-use super::{Completion, Endpoint, OfiConfig, Region, check, ofi_error};
+use super::domain::DomainInner;
+use super::region::Mr;
+use super::shared::{CQ_BATCH, Ops, RecvPool, WorkerShared};
+use super::{Endpoint, OfiConfig, Region, check, ofi_error};
 use crate::doorbell::{Doorbell, DoorbellQueue, MAX_DOORBELL_BYTES};
 use crate::error::{Error, Result};
-
-/// Completion entries read per `fi_cq_read` call.
-const CQ_BATCH: usize = 16;
-/// Tokens (libfabric `context` values) of receive slots carry this bit.
-const RECV_TOKEN: u64 = 1 << 63;
-
-/// Fabric and domain, shared by the worker and every region; closed when the last
-/// of them goes. Holds the lock that serialises every libfabric call (module docs).
-pub(crate) struct DomainInner {
-    lock: Mutex<()>,
-    api: &'static sys::Api,
-    infos: *mut sys::fi_info,
-    fabric: *mut sys::fid_fabric,
-    pub(crate) domain: *mut sys::fid_domain,
-    mr_local: bool,
-    virt_addr: bool,
-    /// Without `FI_MR_PROV_KEY` (tcp) the application picks the keys, unique per domain.
-    prov_key: bool,
-    next_key: AtomicU64,
-}
-
-// SAFETY: the raw handles are only used under `lock` (or read-only: the fi_info list
-// after fi_getinfo), and closed once in Drop.
-unsafe impl Send for DomainInner {}
-// SAFETY: as above.
-unsafe impl Sync for DomainInner {}
-
-impl DomainInner {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
-        self.lock.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The `requested_key` for the next registration: ignored under
-    /// `FI_MR_PROV_KEY`, otherwise unique in this domain.
-    pub(crate) fn requested_key(&self) -> u64 {
-        if self.prov_key { 0 } else { self.next_key.fetch_add(1, Ordering::Relaxed) }
-    }
-}
-
-impl Drop for DomainInner {
-    fn drop(&mut self) {
-        // SAFETY: every region and the worker hold an Arc to this value, so their
-        // registrations and endpoint objects are closed; each handle is closed once,
-        // domain before fabric, and the info list freed last.
-        unsafe {
-            if !self.domain.is_null() {
-                sys::fi_close(&mut (*self.domain).fid);
-            }
-            if !self.fabric.is_null() {
-                sys::fi_close(&mut (*self.fabric).fid);
-            }
-            (self.api.fi_freeinfo)(self.infos);
-        }
-    }
-}
-
-/// Per-endpoint bookkeeping shared with posted operations.
-pub(crate) struct OpState {
-    pub(crate) in_flight: AtomicUsize,
-    /// First error number of an operation since the last flush (0 = none).
-    pub(crate) first_error: AtomicI32,
-}
-
-impl OpState {
-    pub(crate) fn new() -> Arc<OpState> {
-        Arc::new(OpState { in_flight: AtomicUsize::new(0), first_error: AtomicI32::new(0) })
-    }
-}
-
-/// What a posted operation keeps alive until its completion entry is read. The
-/// fields are never read: they are held for their `Drop`.
-pub(crate) enum Hold {
-    Region {
-        _region: Arc<RegionInner>,
-    },
-    /// Copied bytes and, under `FI_MR_LOCAL`, their registration (declared first:
-    /// closed before the bytes are freed).
-    Bytes {
-        _mr: Option<Mr>,
-        _bytes: Box<[u8]>,
-    },
-}
-
-struct Pending {
-    state: Arc<OpState>,
-    _hold: Hold,
-}
-
-/// Receive buffers for doorbells, registered when the provider wants `FI_MR_LOCAL`.
-struct RecvPool {
-    // Field order is drop order: the registration goes before the buffers.
-    mr: Option<Mr>,
-    bufs: Box<[[u8; MAX_DOORBELL_BYTES]]>,
-}
+use crate::transport::Transport;
 
 /// A libfabric worker: one RDM endpoint with its completion queue and address
 /// vector. `Send + Sync`, cheap to clone (a reference): hand a clone to a
 /// [`crate::ProgressThread`].
 #[derive(Clone)]
 pub struct Worker {
-    pub(crate) inner: Arc<WorkerInner>,
-}
-
-pub(crate) struct WorkerInner {
-    pub(crate) domain: Arc<DomainInner>,
-    pub(crate) config: OfiConfig,
-    av: *mut sys::fid_av,
-    cq: *mut sys::fid_cq,
-    pub(crate) ep: *mut sys::fid_ep,
-    wait_fd: RawFd,
-    /// Our own eventfd when the completion queue has no fd wait object (shm).
-    own_fd: Option<OwnedFd>,
-    doorbells: DoorbellQueue,
-    /// Under the domain lock in practice; a Mutex of its own keeps Rust honest.
-    ops: Mutex<Ops>,
-    recv: Mutex<RecvPool>,
-    describe: String,
-}
-
-#[derive(Default)]
-struct Ops {
-    next_token: u64,
-    table: HashMap<u64, Pending>,
-}
-
-// SAFETY: the raw handles are used only under the domain lock and closed once in
-// Drop; everything else is Mutex/atomic protected.
-unsafe impl Send for WorkerInner {}
-// SAFETY: as above.
-unsafe impl Sync for WorkerInner {}
-
-impl Drop for WorkerInner {
-    fn drop(&mut self) {
-        let _guard = self.domain.lock();
-        // SAFETY: endpoints hold an Arc to this value, so none is left; the endpoint
-        // is closed before the objects bound to it, each exactly once. Operations
-        // still posted are abandoned with the endpoint; their holds drop after this
-        // body (the registrations they hold close under the lock, taken again then).
-        unsafe {
-            if !self.ep.is_null() {
-                sys::fi_close(&mut (*self.ep).fid);
-            }
-            if !self.cq.is_null() {
-                sys::fi_close(&mut (*self.cq).fid);
-            }
-            if !self.av.is_null() {
-                sys::fi_close(&mut (*self.av).fid);
-            }
-        }
-        drop(_guard);
-        let ops = std::mem::take(&mut self.ops.lock().unwrap_or_else(|p| p.into_inner()).table);
-        drop(ops);
-    }
+    shared: Arc<WorkerShared>,
 }
 
 fn c_string(what: &str, s: &str) -> Result<*mut libc::c_char> {
@@ -348,7 +206,7 @@ impl Worker {
             config.completion
         );
 
-        let mut inner = WorkerInner {
+        let mut inner = WorkerShared {
             domain: domain.clone(),
             config: config.clone(),
             av: ptr::null_mut(),
@@ -365,7 +223,7 @@ impl Worker {
             let _guard = domain.lock();
             let mut av_attr = sys::fi_av_attr { type_: sys::FI_AV_TABLE, count: 64, ..Default::default() };
             // SAFETY: domain open; av_attr initialised; inner.av writable. From here on
-            // WorkerInner's Drop closes what was opened.
+            // WorkerShared's Drop closes what was opened.
             let ret = unsafe { sys::fi_av_open(domain.domain, &mut av_attr, &mut inner.av, ptr::null_mut()) };
             check("open address vector (fi_av_open)", ret)?;
             let mut cq_attr = sys::fi_cq_attr {
@@ -425,11 +283,11 @@ impl Worker {
             pool.mr =
                 Some(unsafe { Mr::register(domain.clone(), pool.bufs.as_ptr().cast(), len, u64::from(sys::FI_RECV)) }?);
         }
-        let worker = Worker { inner: Arc::new(inner) };
+        let worker = Worker { shared: Arc::new(inner) };
         {
             let _guard = domain.lock();
             for slot in 0..config.recv_slots {
-                worker.post_recv(slot)?;
+                worker.shared.post_recv(slot)?;
             }
         }
         Ok(worker)
@@ -437,30 +295,44 @@ impl Worker {
 
     /// The configuration this worker was opened with.
     pub fn config(&self) -> &OfiConfig {
-        &self.inner.config
+        &self.shared.config
     }
 
     /// What libfabric chose: provider, fabric, domain, memory-registration mode and
     /// the completion semantics of writes. For logs.
     pub fn describe(&self) -> String {
-        self.inner.describe.clone()
+        self.shared.describe.clone()
+    }
+
+    /// Doorbells that were not (too long, or failed), since the worker opened.
+    pub fn malformed_doorbells(&self) -> u64 {
+        self.shared.doorbells.malformed()
+    }
+}
+
+impl Transport for Worker {
+    type Region = Region;
+    type Endpoint = Endpoint;
+
+    fn name(&self) -> &'static str {
+        "ofi"
     }
 
     /// Allocates `len` bytes (anonymous memory, page-aligned) and registers them with
     /// the domain for local and remote read/write.
-    pub fn alloc_region(&self, len: usize) -> Result<Region> {
-        Region::allocate(self.inner.domain.clone(), len)
+    fn alloc_region(&self, len: usize) -> Result<Region> {
+        Region::allocate(self.shared.domain.clone(), len)
     }
 
-    /// This endpoint's address (`fi_getname`), for the peer's [`Worker::connect`].
-    pub fn address(&self) -> Result<Vec<u8>> {
+    /// This endpoint's address (`fi_getname`), for the peer's [`Transport::connect`].
+    fn address(&self) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; 256];
         loop {
             let mut len = buf.len();
             let ret = {
-                let _guard = self.inner.domain.lock();
+                let _guard = self.shared.domain.lock();
                 // SAFETY: ep open; buf is writable for len bytes; len writable.
-                unsafe { sys::fi_getname(&mut (*self.inner.ep).fid, buf.as_mut_ptr().cast(), &mut len) }
+                unsafe { sys::fi_getname(&mut (*self.shared.ep).fid, buf.as_mut_ptr().cast(), &mut len) }
             };
             if ret == -(sys::FI_ETOOSMALL as i32) && len > buf.len() && len <= 1 << 16 {
                 buf.resize(len, 0);
@@ -474,20 +346,21 @@ impl Worker {
 
     /// Inserts the peer's address into the address vector (`fi_av_insert`). Nothing
     /// travels yet: connection-oriented providers (rxm) connect on the first
-    /// operation, which [`Endpoint::unpack_key`]'s probe performs.
+    /// operation, which the probe of
+    /// [`unpack_key`](crate::transport::Endpoint::unpack_key) performs.
     ///
     /// The provider parses the address: accept addresses only from authenticated
     /// peers (the control plane's mTLS session).
-    pub fn connect(&self, peer_address: &[u8]) -> Result<Endpoint> {
+    fn connect(&self, peer_address: &[u8]) -> Result<Endpoint> {
         if peer_address.is_empty() {
             return Err(Error::Config("empty peer address".into()));
         }
         let mut addr: sys::fi_addr_t = sys::FI_ADDR_NOTAVAIL;
         let ret = {
-            let _guard = self.inner.domain.lock();
+            let _guard = self.shared.domain.lock();
             // SAFETY: av open; peer_address readable for the call (the provider copies
             // it); addr writable for one entry.
-            unsafe { sys::fi_av_insert(self.inner.av, peer_address.as_ptr().cast(), 1, &mut addr, 0, ptr::null_mut()) }
+            unsafe { sys::fi_av_insert(self.shared.av, peer_address.as_ptr().cast(), 1, &mut addr, 0, ptr::null_mut()) }
         };
         if ret != 1 {
             return Err(if ret < 0 {
@@ -496,195 +369,21 @@ impl Worker {
                 Error::Config("the provider refused the peer address (fi_av_insert inserted 0)".into())
             });
         }
-        Ok(Endpoint::new(self.clone(), addr))
+        Ok(Endpoint::new(self.shared.clone(), addr))
     }
 
     /// Reads the completion queue until it is empty; returns the entries handled.
     /// Completed operations release what they held; doorbells land in the queue read
-    /// by [`Worker::take_doorbells`]. Over `tcp;ofi_rxm` this is also what answers
+    /// by [`Transport::take_doorbells`]. Over `tcp;ofi_rxm` this is also what answers
     /// peers (manual progress).
-    pub fn progress(&self) -> usize {
-        let mut dead = Vec::new();
-        let n = {
-            let _guard = self.inner.domain.lock();
-            self.progress_locked(&mut dead)
-        };
-        drop(dead);
-        n
-    }
-
-    /// [`Worker::progress`] with the domain lock held; released holds go to `dead`.
-    pub(crate) fn progress_locked(&self, dead: &mut Vec<Hold>) -> usize {
-        let mut handled = 0;
-        loop {
-            let mut entries = [sys::fi_cq_data_entry::default(); CQ_BATCH];
-            // SAFETY: cq open (lock held); entries has room for CQ_BATCH entries of
-            // the queue's format (FI_CQ_FORMAT_DATA).
-            let n = unsafe { sys::fi_cq_read(self.inner.cq, entries.as_mut_ptr().cast(), CQ_BATCH) };
-            if n > 0 {
-                let n = n as usize;
-                for e in &entries[..n] {
-                    self.complete(e.op_context as u64, 0, e.len, dead);
-                }
-                handled += n;
-                continue;
-            }
-            if n == -(sys::FI_EAVAIL as isize) {
-                let mut err = sys::fi_cq_err_entry::default();
-                // SAFETY: cq open; err writable; err_data_size 0 lets the provider use
-                // its own buffer for error data.
-                let m = unsafe { sys::fi_cq_readerr(self.inner.cq, &mut err, 0) };
-                if m == 1 {
-                    self.complete(err.op_context as u64, err.err.max(1), err.len, dead);
-                    handled += 1;
-                    continue;
-                }
-            }
-            return handled;
-        }
-    }
-
-    fn complete(&self, token: u64, err: i32, len: usize, dead: &mut Vec<Hold>) {
-        if token & RECV_TOKEN != 0 {
-            let slot = (token & !RECV_TOKEN) as usize;
-            if err == 0 {
-                let pool = self.inner.recv.lock().unwrap_or_else(|p| p.into_inner());
-                match pool.bufs.get(slot) {
-                    Some(buf) if len <= MAX_DOORBELL_BYTES => self.inner.doorbells.push(&buf[..len]),
-                    _ => self.inner.doorbells.note_malformed(),
-                }
-            } else if err != sys::FI_ECANCELED as i32 {
-                // Too long (FI_ETRUNC) or otherwise broken: a misbehaving peer.
-                self.inner.doorbells.note_malformed();
-            }
-            // A slot that cannot be reposted is lost; later doorbells use the others.
-            let _ = self.post_recv(slot);
-            return;
-        }
-        let pending = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).table.remove(&token);
-        if let Some(p) = pending {
-            if err != 0 {
-                let _ = p.state.first_error.compare_exchange(0, err, Ordering::AcqRel, Ordering::Acquire);
-            }
-            p.state.in_flight.fetch_sub(1, Ordering::AcqRel);
-            dead.push(p._hold);
-        }
-    }
-
-    /// Posts receive slot `slot` (domain lock held by the caller).
-    fn post_recv(&self, slot: usize) -> Result<()> {
-        let pool = self.inner.recv.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(buf) = pool.bufs.get(slot) else { return Ok(()) };
-        let desc = pool.mr.as_ref().map_or(ptr::null_mut(), Mr::desc);
-        let token = RECV_TOKEN | slot as u64;
-        // SAFETY: ep open (caller holds the lock); the buffer is MAX_DOORBELL_BYTES in
-        // a boxed slice owned by the worker, which closes the endpoint (cancelling the
-        // receive) before freeing it; token is an integer context we never
-        // dereference.
-        let ret = unsafe {
-            sys::fi_recv(
-                self.inner.ep,
-                buf.as_ptr().cast_mut().cast(),
-                MAX_DOORBELL_BYTES,
-                desc,
-                sys::FI_ADDR_UNSPEC,
-                token as *mut c_void,
-            )
-        };
-        if ret < 0 { Err(ofi_error("post doorbell receive (fi_recv)", ret as i64)) } else { Ok(()) }
-    }
-
-    /// Records a posted operation under a new token and calls `post` with it,
-    /// retrying (progressing in between) while the provider says `FI_EAGAIN`, up to
-    /// `connect_timeout_ms`, then [`Error::Again`].
-    pub(crate) fn post(
-        &self,
-        op: &'static str,
-        state: &Arc<OpState>,
-        hold: Hold,
-        post: impl Fn(*mut c_void) -> isize,
-    ) -> Result<()> {
-        let max = self.inner.config.max_in_flight_ops;
-        let token = {
-            let mut ops = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner());
-            if ops.table.len() >= max {
-                return Err(Error::Busy { in_flight: ops.table.len(), max });
-            }
-            let token = ops.next_token;
-            ops.next_token = (ops.next_token + 1) & !RECV_TOKEN;
-            ops.table.insert(token, Pending { state: state.clone(), _hold: hold });
-            token
-        };
-        state.in_flight.fetch_add(1, Ordering::AcqRel);
-        let deadline = Instant::now() + Duration::from_millis(self.inner.config.connect_timeout_ms);
-        let mut dead = Vec::new();
-        let result = loop {
-            let ret = {
-                let _guard = self.inner.domain.lock();
-                let ret = post(token as *mut c_void);
-                if ret == -(sys::FI_EAGAIN as isize) {
-                    self.progress_locked(&mut dead);
-                }
-                ret
-            };
-            drop(std::mem::take(&mut dead));
-            if ret >= 0 {
-                break Ok(());
-            }
-            if ret != -(sys::FI_EAGAIN as isize) {
-                break Err(ofi_error(op, ret as i64));
-            }
-            if Instant::now() >= deadline {
-                break Err(Error::Again { op, waited_ms: self.inner.config.connect_timeout_ms });
-            }
-            std::thread::yield_now();
-        };
-        if result.is_err() {
-            // Not posted: no completion will come for the token.
-            let p = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).table.remove(&token);
-            if p.is_some() {
-                state.in_flight.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        result
-    }
-
-    /// Copies `data` for a posted operation, registered if the provider wants
-    /// `FI_MR_LOCAL`. Returns the hold and the pointer and descriptor to post.
-    pub(crate) fn hold_bytes(&self, data: &[u8]) -> Result<(Hold, *const u8, *mut c_void)> {
-        let bytes: Box<[u8]> = if data.is_empty() { Box::new([0u8]) } else { data.into() };
-        let ptr = bytes.as_ptr();
-        let mr = if self.inner.domain.mr_local {
-            // SAFETY: the bytes are boxed (stable address) and travel in the same Hold
-            // as the Mr, declared after it, so they are freed after it is closed.
-            Some(unsafe {
-                Mr::register(self.inner.domain.clone(), ptr, bytes.len(), u64::from(sys::FI_WRITE | sys::FI_SEND))
-            }?)
-        } else {
-            None
-        };
-        let desc = mr.as_ref().map_or(ptr::null_mut(), Mr::desc);
-        Ok((Hold::Bytes { _mr: mr, _bytes: bytes }, ptr, desc))
-    }
-
-    /// Remote address to post for `addr` in a region whose base the peer declared
-    /// as `base`: the address itself under `FI_MR_VIRT_ADDR`, else the offset.
-    pub(crate) fn target_addr(&self, base: u64, addr: u64) -> u64 {
-        if self.inner.domain.virt_addr { addr } else { addr - base }
-    }
-
-    pub(crate) fn mr_local(&self) -> bool {
-        self.inner.domain.mr_local
-    }
-
-    pub(crate) fn completion(&self) -> Completion {
-        self.inner.config.completion
+    fn progress(&self) -> usize {
+        self.shared.progress()
     }
 
     /// The completion queue's wait fd (`fi_control(FI_GETWAIT)`): readable when
-    /// [`Worker::progress`] has work. Owned by the queue: do not close it.
-    pub fn event_fd(&self) -> Result<RawFd> {
-        Ok(self.inner.wait_fd)
+    /// [`Transport::progress`] has work. Owned by the queue: do not close it.
+    fn event_fd(&self) -> Result<RawFd> {
+        Ok(self.shared.wait_fd)
     }
 
     /// `fi_trywait` on the completion queue: `Ok(true)` if nothing is pending and it
@@ -692,22 +391,22 @@ impl Worker {
     ///
     /// Without an fd wait object (shm) it drains the eventfd and reads the queue
     /// instead: `Ok(false)` if that found entries (their doorbells are queued for
-    /// [`Worker::take_doorbells`]).
-    pub fn arm(&self) -> Result<bool> {
-        if let Some(own) = &self.inner.own_fd {
+    /// [`Transport::take_doorbells`]).
+    fn arm(&self) -> Result<bool> {
+        if let Some(own) = &self.shared.own_fd {
             let mut counter = 0u64;
             // SAFETY: own is an open nonblocking eventfd; counter is 8 writable bytes.
             // EAGAIN (nothing to drain) is the normal case and needs no handling.
             unsafe { libc::read(own.as_raw_fd(), ptr::from_mut(&mut counter).cast(), 8) };
-            return Ok(self.progress() == 0);
+            return Ok(self.shared.progress() == 0);
         }
-        let _guard = self.inner.domain.lock();
+        let _guard = self.shared.domain.lock();
         let mut fids = [
             // SAFETY: cq open; taking the address of its fid field.
-            unsafe { &raw mut (*self.inner.cq).fid },
+            unsafe { &raw mut (*self.shared.cq).fid },
         ];
         // SAFETY: fabric open; fids holds one live fid of this fabric.
-        let ret = unsafe { sys::fi_trywait(self.inner.domain.fabric, fids.as_mut_ptr(), 1) };
+        let ret = unsafe { sys::fi_trywait(self.shared.domain.fabric, fids.as_mut_ptr(), 1) };
         match ret {
             0 => Ok(true),
             r if r == -(sys::FI_EAGAIN as i32) => Ok(false),
@@ -717,8 +416,8 @@ impl Worker {
 
     /// Wakes a thread sleeping on the event fd (`fi_cq_signal`, or a write to our
     /// eventfd when the queue has no fd).
-    pub fn wake(&self) -> Result<()> {
-        if let Some(own) = &self.inner.own_fd {
+    fn wake(&self) -> Result<()> {
+        if let Some(own) = &self.shared.own_fd {
             let one = 1u64;
             // SAFETY: own is an open eventfd; one is 8 readable bytes.
             let n = unsafe { libc::write(own.as_raw_fd(), ptr::from_ref(&one).cast(), 8) };
@@ -729,64 +428,23 @@ impl Worker {
         }
         // The lock is never held across a sleep, so taking it here cannot stall the
         // wake-up, and keeps the FI_THREAD_DOMAIN contract for this call too.
-        let _guard = self.inner.domain.lock();
+        let _guard = self.shared.domain.lock();
         // SAFETY: cq open (lock held); fi_cq_signal only signals its wait object.
-        let ret = unsafe { sys::fi_cq_signal(self.inner.cq) };
+        let ret = unsafe { sys::fi_cq_signal(self.shared.cq) };
         check("wake completion queue (fi_cq_signal)", ret)
     }
 
     /// Whether the event fd becomes readable by itself when a doorbell arrives or an
     /// operation completes: true over tcp/verbs (the completion queue's fd), false
     /// on shm, whose completion queue has no fd wait object in libfabric 1.17 (the
-    /// fd then only reports [`Worker::wake`]; sleep in short slices).
-    pub fn wakes_on_receive(&self) -> bool {
-        self.inner.own_fd.is_none()
+    /// fd then only reports [`Transport::wake`]; sleep in short slices).
+    fn wakes_on_receive(&self) -> bool {
+        self.shared.own_fd.is_none()
     }
 
     /// Moves doorbells received so far into `out`; returns how many were dropped
     /// since the last call because the queue was full.
-    pub fn take_doorbells(&self, out: &mut Vec<Doorbell>) -> u64 {
-        self.inner.doorbells.take(out)
-    }
-
-    /// Doorbells that were not (too long, or failed), since the worker opened.
-    pub fn malformed_doorbells(&self) -> u64 {
-        self.inner.doorbells.malformed()
-    }
-}
-
-impl crate::transport::Transport for Worker {
-    type Region = Region;
-    type Endpoint = Endpoint;
-
-    fn name(&self) -> &'static str {
-        "ofi"
-    }
-    fn alloc_region(&self, len: usize) -> Result<Region> {
-        Worker::alloc_region(self, len)
-    }
-    fn address(&self) -> Result<Vec<u8>> {
-        Worker::address(self)
-    }
-    fn connect(&self, peer_address: &[u8]) -> Result<Endpoint> {
-        Worker::connect(self, peer_address)
-    }
-    fn progress(&self) -> usize {
-        Worker::progress(self)
-    }
-    fn event_fd(&self) -> Result<RawFd> {
-        Worker::event_fd(self)
-    }
-    fn arm(&self) -> Result<bool> {
-        Worker::arm(self)
-    }
-    fn wake(&self) -> Result<()> {
-        Worker::wake(self)
-    }
     fn take_doorbells(&self, out: &mut Vec<Doorbell>) -> u64 {
-        Worker::take_doorbells(self, out)
-    }
-    fn wakes_on_receive(&self) -> bool {
-        Worker::wakes_on_receive(self)
+        self.shared.doorbells.take(out)
     }
 }

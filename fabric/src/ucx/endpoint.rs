@@ -11,11 +11,12 @@ use std::time::Duration;
 use ucx_sys as sys;
 
 use super::region::RegionInner;
-use super::worker::{DOORBELL_AM_ID, Graveyard};
-use super::{Region, Worker, capture_stream};
+use super::shared::{DOORBELL_AM_ID, Graveyard, WorkerShared};
+use super::{Region, capture_stream};
 use crate::doorbell::MAX_DOORBELL_BYTES;
 use crate::error::{Error, Result, check};
 use crate::memory::{MappedRemote, shared_mapping_covers};
+use crate::transport::{self, DeclaredRange, Endpoint as _, local_range};
 
 /// A connection from this worker to one peer worker (`ucp_ep_h`). `Send + Sync`; all
 /// methods take `&self`. Dropping the last reference (remote keys and posted
@@ -27,7 +28,7 @@ pub struct Endpoint {
 }
 
 pub(crate) struct EndpointInner {
-    worker: Worker,
+    worker: Arc<WorkerShared>,
     handle: sys::ucp_ep_h,
     state: Arc<OpState>,
 }
@@ -92,7 +93,7 @@ unsafe extern "C" fn op_completed(request: *mut c_void, status: sys::ucs_status_
 }
 
 impl Endpoint {
-    pub(crate) fn create(worker: Worker, peer_address: &[u8]) -> Result<Endpoint> {
+    pub(crate) fn create(worker: Arc<WorkerShared>, peer_address: &[u8]) -> Result<Endpoint> {
         if peer_address.is_empty() {
             return Err(Error::Config("empty peer worker address".into()));
         }
@@ -116,48 +117,6 @@ impl Endpoint {
         })
     }
 
-    /// The worker this endpoint belongs to.
-    pub fn worker(&self) -> &Worker {
-        &self.inner.worker
-    }
-
-    /// Unpacks a key the peer packed for its region `[remote_addr, remote_addr+len)`
-    /// (`ucp_ep_rkey_unpack`). The declared range bounds all later accesses through the
-    /// key. Where UCX maps the peer's memory directly (shared memory), the declared
-    /// range is also checked against that mapping ([`Error::RemoteRangeUnmapped`]).
-    ///
-    /// Then probes the key with a one-byte get and a flush of the endpoint (waiting
-    /// at most `FabricConfig::connect_timeout_ms`): on shared memory that needs
-    /// nothing from the peer; over TCP the peer must progress.
-    pub fn unpack_key(&self, packed: &[u8], remote_addr: u64, len: u64) -> Result<RemoteKey> {
-        if remote_addr.checked_add(len).is_none() {
-            return Err(Error::OutOfRange { what: "address space", offset: remote_addr, len, bound: u64::MAX });
-        }
-        if packed.is_empty() {
-            return Err(Error::Config("empty packed remote key".into()));
-        }
-        let mut handle: sys::ucp_rkey_h = ptr::null_mut();
-        // SAFETY: endpoint live; packed is readable for the call; handle writable.
-        // (UCX trusts the packed bytes; they come from an authenticated peer.)
-        let status = unsafe { sys::ucp_ep_rkey_unpack(self.inner.handle, packed.as_ptr().cast(), &mut handle) };
-        check("unpack remote key (ucp_ep_rkey_unpack)", status)?;
-        let key = RemoteKey { inner: Arc::new(RkeyInner { _ep: self.inner.clone(), handle, remote_addr, len }) };
-        if let Some(local) = key.inner.local_ptr(remote_addr)? {
-            let covered = usize::try_from(len).ok().map(|len| shared_mapping_covers(local as usize, len));
-            match covered {
-                Some(Ok(true)) => {}
-                Some(Err(source)) => {
-                    return Err(Error::Io { op: "read /proc/self/maps to check a mapped remote key", source });
-                }
-                _ => return Err(Error::RemoteRangeUnmapped { addr: remote_addr, len }),
-            }
-        }
-        if len > 0 {
-            self.probe(&key)?;
-        }
-        Ok(key)
-    }
-
     /// Reads the first byte of the key's range and flushes: a bad key fails here
     /// rather than at the first data transfer, and over TCP the round trip guarantees
     /// the peer has finished its side of the connection handshake before any bulk
@@ -167,7 +126,7 @@ impl Endpoint {
         let buf: Box<[u8]> = Box::new([0u8]);
         let dst = buf.as_ptr().cast_mut();
         let hold = Hold { _region: None, _key: Some(key.inner.clone()), _bytes: Some(buf) };
-        let (rkey, addr) = (key.inner.handle, key.inner.remote_addr);
+        let (rkey, addr) = (key.inner.handle, key.inner.range.addr);
         self.post("probe remote key (ucp_get_nbx)", hold, None, |param| {
             // SAFETY: endpoint and rkey live; dst is one writable byte in a heap
             // buffer the Hold owns until the operation completes.
@@ -182,131 +141,8 @@ impl Endpoint {
         })
     }
 
-    /// Posts a put of `local[local_offset..][..len]` to `remote_addr` (`ucp_put_nbx`,
-    /// passing the region's memory handle). Complete at the next successful
-    /// [`Endpoint::flush`].
-    pub fn put(
-        &self,
-        local: &Region,
-        local_offset: usize,
-        len: usize,
-        remote_addr: u64,
-        key: &RemoteKey,
-    ) -> Result<()> {
-        let src = self.local_range(local, local_offset, len)?;
-        key.inner.check(remote_addr, len)?;
-        let hold = Hold { _region: Some(local.inner().clone()), _key: Some(key.inner.clone()), _bytes: None };
-        let rkey = key.inner.handle;
-        self.post("post put (ucp_put_nbx)", hold, Some(local.inner().memh()), |param| {
-            // SAFETY: endpoint and rkey live; src..src+len lies in the local region,
-            // which the Hold keeps mapped until the callback (or until return when
-            // completed in place); param is valid for the call.
-            unsafe { sys::ucp_put_nbx(self.inner.handle, src.cast(), len, remote_addr, rkey, param) }
-        })
-    }
-
-    /// Posts a put of a copy of `data` (completion entries, ring tails). Complete at the
-    /// next successful [`Endpoint::flush`].
-    pub fn put_bytes(&self, data: &[u8], remote_addr: u64, key: &RemoteKey) -> Result<()> {
-        key.inner.check(remote_addr, data.len())?;
-        let bytes: Box<[u8]> = data.into();
-        let src = bytes.as_ptr();
-        let hold = Hold { _region: None, _key: Some(key.inner.clone()), _bytes: Some(bytes) };
-        let rkey = key.inner.handle;
-        self.post("post put of bytes (ucp_put_nbx)", hold, None, |param| {
-            // SAFETY: endpoint and rkey live; src points to data.len() bytes in a heap
-            // buffer the Hold owns until the operation completes (moving the Box does
-            // not move its contents).
-            unsafe { sys::ucp_put_nbx(self.inner.handle, src.cast(), data.len(), remote_addr, rkey, param) }
-        })
-    }
-
-    /// Posts a get of `len` bytes at `remote_addr` into `local[local_offset..]`
-    /// (`ucp_get_nbx`). The bytes are in place at the next successful
-    /// [`Endpoint::flush`].
-    pub fn get(
-        &self,
-        local: &Region,
-        local_offset: usize,
-        len: usize,
-        remote_addr: u64,
-        key: &RemoteKey,
-    ) -> Result<()> {
-        let dst = self.local_range(local, local_offset, len)?;
-        key.inner.check(remote_addr, len)?;
-        let hold = Hold { _region: Some(local.inner().clone()), _key: Some(key.inner.clone()), _bytes: None };
-        let rkey = key.inner.handle;
-        self.post("post get (ucp_get_nbx)", hold, Some(local.inner().memh()), |param| {
-            // SAFETY: as in put; UCX writes into dst..dst+len, inside the local region
-            // kept mapped by the Hold. Those bytes are plain u8 (see crate::memory).
-            unsafe { sys::ucp_get_nbx(self.inner.handle, dst.cast(), len, remote_addr, rkey, param) }
-        })
-    }
-
-    /// Waits until every operation posted on this endpoint before the call is complete
-    /// at the target (`ucp_ep_flush_nbx`, progressing the worker), or `timeout` passes.
-    /// Then reports the first failure of an operation since the previous flush.
-    ///
-    /// After `Ok`, a following put is ordered after everything flushed: "put payload,
-    /// flush, put completion" delivers the payload first. A CPU fence is issued too, so
-    /// this also holds for transports that write with CPU stores (shared memory).
-    pub fn flush(&self, timeout: Duration) -> Result<()> {
-        let param = sys::ucp_request_param_t::default();
-        // SAFETY: endpoint live; param asks for no callback (we poll the request).
-        let request = unsafe { sys::ucp_ep_flush_nbx(self.inner.handle, &param) };
-        if sys::UCS_PTR_IS_ERR(request) {
-            return Err(Error::ucx("flush endpoint (ucp_ep_flush_nbx)", sys::UCS_PTR_RAW_STATUS(request)));
-        }
-        if sys::UCS_PTR_IS_PTR(request) {
-            self.inner.worker.wait_request(request, timeout, "flush endpoint (ucp_ep_flush_nbx)")?;
-        }
-        // Flush completion runs posted operations' callbacks; release what they held.
-        self.inner.worker.progress();
-        fence(Ordering::SeqCst);
-        match self.inner.state.first_error.swap(0, Ordering::AcqRel) {
-            0 => Ok(()),
-            status => Err(Error::ucx("an operation posted before this flush failed", status as sys::ucs_status_t)),
-        }
-    }
-
-    /// Sends a doorbell of at most [`MAX_DOORBELL_BYTES`] to the peer worker
-    /// (`ucp_am_send_nbx`, eager). Posted; completes with progress or flush.
-    pub fn send_doorbell(&self, bytes: &[u8]) -> Result<()> {
-        if bytes.len() > MAX_DOORBELL_BYTES {
-            return Err(Error::DoorbellTooLong { len: bytes.len(), max: MAX_DOORBELL_BYTES });
-        }
-        let header: Box<[u8]> = bytes.into();
-        let header_ptr = header.as_ptr();
-        let hold = Hold { _region: None, _key: None, _bytes: Some(header) };
-        self.post("send doorbell (ucp_am_send_nbx)", hold, None, |param| {
-            // SAFETY: endpoint live; the header bytes live in a heap buffer owned by the
-            // Hold until completion; no data buffer (null, 0).
-            unsafe {
-                sys::ucp_am_send_nbx(
-                    self.inner.handle,
-                    DOORBELL_AM_ID,
-                    header_ptr.cast(),
-                    bytes.len(),
-                    ptr::null(),
-                    0,
-                    param,
-                )
-            }
-        })
-    }
-
-    /// The transports UCX chose for this endpoint and their roles, from
-    /// `ucp_ep_print_info`, e.g. `"sysv/memory (am am_bw#0), posix/memory, cma/memory
-    /// (rma_bw#0)"` (shm preset) or `"tcp/lo (am am_bw#0 rma_bw#0), tcp/eth0
-    /// (am_bw#1 rma_bw#1)"`. For logs. Falls back to the raw text if the format is
-    /// not recognised.
-    pub fn describe(&self) -> String {
-        let raw = self.print_info();
-        summarize_lanes(&raw).unwrap_or(raw)
-    }
-
     /// The raw `ucp_ep_print_info` text (lanes, transports, thresholds).
-    pub fn print_info(&self) -> String {
+    fn print_info(&self) -> String {
         capture_stream(|stream| {
             // SAFETY: endpoint live; stream valid for the call.
             unsafe { sys::ucp_ep_print_info(self.inner.handle, stream) }
@@ -314,7 +150,7 @@ impl Endpoint {
     }
 
     /// Posted operations not yet completed by UCX.
-    pub fn in_flight(&self) -> usize {
+    fn in_flight(&self) -> usize {
         self.inner.state.in_flight.load(Ordering::Acquire)
     }
 
@@ -322,15 +158,7 @@ impl Endpoint {
         if !Arc::ptr_eq(local.inner().context(), self.inner.worker.context().inner()) {
             return Err(Error::ForeignRegion);
         }
-        match offset.checked_add(len) {
-            Some(end) if end <= local.len() => Ok(local.as_ptr().wrapping_add(offset)),
-            _ => Err(Error::OutOfRange {
-                what: "local region",
-                offset: offset as u64,
-                len: len as u64,
-                bound: local.len() as u64,
-            }),
-        }
+        local_range(local, offset, len)
     }
 
     /// Posts one operation with a completion callback that releases `hold`.
@@ -423,8 +251,7 @@ pub struct RemoteKey {
 struct RkeyInner {
     _ep: Arc<EndpointInner>,
     handle: sys::ucp_rkey_h,
-    remote_addr: u64,
-    len: u64,
+    range: DeclaredRange,
 }
 
 // SAFETY: the rkey is only used for RMA posted under the worker lock (MULTI), for
@@ -442,20 +269,6 @@ impl Drop for RkeyInner {
 }
 
 impl RkeyInner {
-    fn check(&self, addr: u64, len: usize) -> Result<()> {
-        let len = len as u64;
-        let end = self.remote_addr + self.len; // checked at unpack
-        match addr.checked_add(len) {
-            Some(stop) if addr >= self.remote_addr && stop <= end => Ok(()),
-            _ => Err(Error::OutOfRange {
-                what: "remote key's declared range (bound is its end address)",
-                offset: addr,
-                len,
-                bound: end,
-            }),
-        }
-    }
-
     /// `ucp_rkey_ptr`: the local address of remote `addr`, or `None` when the
     /// transport cannot map remote memory.
     fn local_ptr(&self, addr: u64) -> Result<Option<*mut u8>> {
@@ -470,28 +283,32 @@ impl RkeyInner {
     }
 }
 
-impl RemoteKey {
+impl fmt::Debug for RemoteKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteKey")
+            .field("remote_addr", &format_args!("{:#x}", self.inner.range.addr))
+            .field("len", &self.inner.range.len)
+            .finish()
+    }
+}
+
+impl transport::RemoteKey for RemoteKey {
     /// First byte of the declared remote range.
-    pub fn remote_addr(&self) -> u64 {
-        self.inner.remote_addr
+    fn remote_addr(&self) -> u64 {
+        self.inner.range.addr
     }
 
     /// Length of the declared remote range.
-    pub fn len(&self) -> u64 {
-        self.inner.len
-    }
-
-    /// True if the declared range is empty.
-    pub fn is_empty(&self) -> bool {
-        self.inner.len == 0
+    fn len(&self) -> u64 {
+        self.inner.range.len
     }
 
     /// Maps `len` bytes of the peer's memory at `remote_addr` into this process
     /// (`ucp_rkey_ptr`) where the transport allows it: `Some` over shared memory
     /// (posix, sysv), `None` over TCP, CMA and RDMA. The range must lie in the key's
     /// declared range, which was checked against UCX's mapping at unpack time.
-    pub fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
-        self.inner.check(remote_addr, len)?;
+    fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
+        self.inner.range.check(remote_addr, len)?;
         let Some(local) = self.inner.local_ptr(remote_addr)? else {
             return Ok(None);
         };
@@ -505,51 +322,152 @@ impl RemoteKey {
     }
 }
 
-impl fmt::Debug for RemoteKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RemoteKey")
-            .field("remote_addr", &format_args!("{:#x}", self.inner.remote_addr))
-            .field("len", &self.inner.len)
-            .finish()
-    }
-}
-
-impl crate::transport::RemoteKey for RemoteKey {
-    fn remote_addr(&self) -> u64 {
-        RemoteKey::remote_addr(self)
-    }
-    fn len(&self) -> u64 {
-        RemoteKey::len(self)
-    }
-    fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
-        RemoteKey::map(self, remote_addr, len)
-    }
-}
-
-impl crate::transport::Endpoint for Endpoint {
+impl transport::Endpoint for Endpoint {
     type Region = Region;
     type RemoteKey = RemoteKey;
 
+    /// Unpacks a key the peer packed for its region `[remote_addr, remote_addr+len)`
+    /// (`ucp_ep_rkey_unpack`). The declared range bounds all later accesses through the
+    /// key. Where UCX maps the peer's memory directly (shared memory), the declared
+    /// range is also checked against that mapping ([`Error::RemoteRangeUnmapped`]).
+    ///
+    /// Then probes the key with a one-byte get and a flush of the endpoint (waiting
+    /// at most `FabricConfig::connect_timeout_ms`): on shared memory that needs
+    /// nothing from the peer; over TCP the peer must progress.
     fn unpack_key(&self, packed: &[u8], remote_addr: u64, len: u64) -> Result<RemoteKey> {
-        Endpoint::unpack_key(self, packed, remote_addr, len)
+        let range = DeclaredRange::new(remote_addr, len)?;
+        if packed.is_empty() {
+            return Err(Error::Config("empty packed remote key".into()));
+        }
+        let mut handle: sys::ucp_rkey_h = ptr::null_mut();
+        // SAFETY: endpoint live; packed is readable for the call; handle writable.
+        // (UCX trusts the packed bytes; they come from an authenticated peer.)
+        let status = unsafe { sys::ucp_ep_rkey_unpack(self.inner.handle, packed.as_ptr().cast(), &mut handle) };
+        check("unpack remote key (ucp_ep_rkey_unpack)", status)?;
+        let key = RemoteKey { inner: Arc::new(RkeyInner { _ep: self.inner.clone(), handle, range }) };
+        if let Some(local) = key.inner.local_ptr(remote_addr)? {
+            let covered = usize::try_from(len).ok().map(|len| shared_mapping_covers(local as usize, len));
+            match covered {
+                Some(Ok(true)) => {}
+                Some(Err(source)) => {
+                    return Err(Error::Io { op: "read /proc/self/maps to check a mapped remote key", source });
+                }
+                _ => return Err(Error::RemoteRangeUnmapped { addr: remote_addr, len }),
+            }
+        }
+        if len > 0 {
+            self.probe(&key)?;
+        }
+        Ok(key)
     }
+
+    /// Posts a put of `local[local_offset..][..len]` to `remote_addr` (`ucp_put_nbx`,
+    /// passing the region's memory handle). Complete at the next successful
+    /// [`Endpoint::flush`].
     fn put(&self, local: &Region, local_offset: usize, len: usize, remote_addr: u64, key: &RemoteKey) -> Result<()> {
-        Endpoint::put(self, local, local_offset, len, remote_addr, key)
+        let src = self.local_range(local, local_offset, len)?;
+        key.inner.range.check(remote_addr, len)?;
+        let hold = Hold { _region: Some(local.inner().clone()), _key: Some(key.inner.clone()), _bytes: None };
+        let rkey = key.inner.handle;
+        self.post("post put (ucp_put_nbx)", hold, Some(local.inner().memh()), |param| {
+            // SAFETY: endpoint and rkey live; src..src+len lies in the local region,
+            // which the Hold keeps mapped until the callback (or until return when
+            // completed in place); param is valid for the call.
+            unsafe { sys::ucp_put_nbx(self.inner.handle, src.cast(), len, remote_addr, rkey, param) }
+        })
     }
+
+    /// Posts a put of a copy of `data` (completion entries, ring tails). Complete at the
+    /// next successful [`Endpoint::flush`].
     fn put_bytes(&self, data: &[u8], remote_addr: u64, key: &RemoteKey) -> Result<()> {
-        Endpoint::put_bytes(self, data, remote_addr, key)
+        key.inner.range.check(remote_addr, data.len())?;
+        let bytes: Box<[u8]> = data.into();
+        let src = bytes.as_ptr();
+        let hold = Hold { _region: None, _key: Some(key.inner.clone()), _bytes: Some(bytes) };
+        let rkey = key.inner.handle;
+        self.post("post put of bytes (ucp_put_nbx)", hold, None, |param| {
+            // SAFETY: endpoint and rkey live; src points to data.len() bytes in a heap
+            // buffer the Hold owns until the operation completes (moving the Box does
+            // not move its contents).
+            unsafe { sys::ucp_put_nbx(self.inner.handle, src.cast(), data.len(), remote_addr, rkey, param) }
+        })
     }
+
+    /// Posts a get of `len` bytes at `remote_addr` into `local[local_offset..]`
+    /// (`ucp_get_nbx`). The bytes are in place at the next successful
+    /// [`Endpoint::flush`].
     fn get(&self, local: &Region, local_offset: usize, len: usize, remote_addr: u64, key: &RemoteKey) -> Result<()> {
-        Endpoint::get(self, local, local_offset, len, remote_addr, key)
+        let dst = self.local_range(local, local_offset, len)?;
+        key.inner.range.check(remote_addr, len)?;
+        let hold = Hold { _region: Some(local.inner().clone()), _key: Some(key.inner.clone()), _bytes: None };
+        let rkey = key.inner.handle;
+        self.post("post get (ucp_get_nbx)", hold, Some(local.inner().memh()), |param| {
+            // SAFETY: as in put; UCX writes into dst..dst+len, inside the local region
+            // kept mapped by the Hold. Those bytes are plain u8 (see crate::memory).
+            unsafe { sys::ucp_get_nbx(self.inner.handle, dst.cast(), len, remote_addr, rkey, param) }
+        })
     }
+
+    /// Waits until every operation posted on this endpoint before the call is complete
+    /// at the target (`ucp_ep_flush_nbx`, progressing the worker), or `timeout` passes.
+    /// Then reports the first failure of an operation since the previous flush.
+    ///
+    /// After `Ok`, a following put is ordered after everything flushed: "put payload,
+    /// flush, put completion" delivers the payload first. A CPU fence is issued too, so
+    /// this also holds for transports that write with CPU stores (shared memory).
     fn flush(&self, timeout: Duration) -> Result<()> {
-        Endpoint::flush(self, timeout)
+        let param = sys::ucp_request_param_t::default();
+        // SAFETY: endpoint live; param asks for no callback (we poll the request).
+        let request = unsafe { sys::ucp_ep_flush_nbx(self.inner.handle, &param) };
+        if sys::UCS_PTR_IS_ERR(request) {
+            return Err(Error::ucx("flush endpoint (ucp_ep_flush_nbx)", sys::UCS_PTR_RAW_STATUS(request)));
+        }
+        if sys::UCS_PTR_IS_PTR(request) {
+            self.inner.worker.wait_request(request, timeout, "flush endpoint (ucp_ep_flush_nbx)")?;
+        }
+        // Flush completion runs posted operations' callbacks; release what they held.
+        self.inner.worker.progress();
+        fence(Ordering::SeqCst);
+        match self.inner.state.first_error.swap(0, Ordering::AcqRel) {
+            0 => Ok(()),
+            status => Err(Error::ucx("an operation posted before this flush failed", status as sys::ucs_status_t)),
+        }
     }
+
+    /// Sends a doorbell of at most [`MAX_DOORBELL_BYTES`] to the peer worker
+    /// (`ucp_am_send_nbx`, eager). Posted; completes with progress or flush.
     fn send_doorbell(&self, bytes: &[u8]) -> Result<()> {
-        Endpoint::send_doorbell(self, bytes)
+        if bytes.len() > MAX_DOORBELL_BYTES {
+            return Err(Error::DoorbellTooLong { len: bytes.len(), max: MAX_DOORBELL_BYTES });
+        }
+        let header: Box<[u8]> = bytes.into();
+        let header_ptr = header.as_ptr();
+        let hold = Hold { _region: None, _key: None, _bytes: Some(header) };
+        self.post("send doorbell (ucp_am_send_nbx)", hold, None, |param| {
+            // SAFETY: endpoint live; the header bytes live in a heap buffer owned by the
+            // Hold until completion; no data buffer (null, 0).
+            unsafe {
+                sys::ucp_am_send_nbx(
+                    self.inner.handle,
+                    DOORBELL_AM_ID,
+                    header_ptr.cast(),
+                    bytes.len(),
+                    ptr::null(),
+                    0,
+                    param,
+                )
+            }
+        })
     }
+
+    /// The transports UCX chose for this endpoint and their roles, from
+    /// `ucp_ep_print_info`, e.g. `"sysv/memory (am am_bw#0), posix/memory, cma/memory
+    /// (rma_bw#0)"` (shm preset) or `"tcp/lo (am am_bw#0 rma_bw#0), tcp/eth0
+    /// (am_bw#1 rma_bw#1)"`. For logs. Falls back to the raw text if the format is
+    /// not recognised.
     fn describe(&self) -> String {
-        Endpoint::describe(self)
+        let raw = self.print_info();
+        summarize_lanes(&raw).unwrap_or(raw)
     }
 }
 

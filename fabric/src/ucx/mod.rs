@@ -12,11 +12,16 @@
 //! Completions are delivered by UCX inside `ucp_worker_progress`. Releasing what an
 //! operation kept alive can destroy UCX objects (unmap a region, close an endpoint),
 //! which must not happen inside UCX's own callback, so completion callbacks only move
-//! those references to a per-worker list that [`Worker::progress`] empties after UCX
-//! returns.
+//! those references to a per-worker list that progress empties after UCX returns.
+//!
+//! Rooms, top down: `worker` (the [`crate::Transport`]: it makes endpoints and
+//! regions), `endpoint` (endpoints, remote keys, posted operations), `shared` (the
+//! worker's state its endpoints hold: the handle, progress, the graveyard), `region`;
+//! the context is this module's own.
 
 mod endpoint;
 mod region;
+mod shared;
 mod worker;
 
 pub use endpoint::{Endpoint, RemoteKey};

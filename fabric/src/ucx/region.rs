@@ -13,8 +13,8 @@ use crate::memory::SharedMemory;
 
 /// Local memory allocated through UCX and registered for remote access
 /// (`ucp_mem_map` with `UCP_MEM_MAP_ALLOCATE`). Dereferences to [`SharedMemory`] for
-/// byte access; its [`SharedMemory::addr`] and [`Region::packed_key`] are what a peer
-/// needs.
+/// byte access; its [`SharedMemory::addr`] and packed key
+/// ([`crate::transport::Region::packed_key`]) are what a peer needs.
 ///
 /// Not `Clone`: one owner decides when the region goes. Dropping it unregisters and
 /// frees the memory once no posted operation uses it any more; the *peer* must have
@@ -96,25 +96,6 @@ impl Region {
         Ok(Region { mem, inner })
     }
 
-    /// The packed remote key of this region (`ucp_rkey_pack`): opaque bytes to send to
-    /// the peer along with [`SharedMemory::addr`] and [`SharedMemory::len`].
-    ///
-    /// It is a capability: over RDMA it grants remote access to the region, and over
-    /// shared memory any process of the same user holding it can attach the segment.
-    /// Send it only over the authenticated control plane; never log it.
-    pub fn packed_key(&self) -> Result<Vec<u8>> {
-        let mut buf: *mut std::ffi::c_void = ptr::null_mut();
-        let mut size: usize = 0;
-        // SAFETY: context and memh are live; buf and size are writable.
-        let status = unsafe { sys::ucp_rkey_pack(self.inner.ctx.handle(), self.inner.memh, &mut buf, &mut size) };
-        check("pack remote key (ucp_rkey_pack)", status)?;
-        // SAFETY: on success UCX returns size readable bytes at buf.
-        let key = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) }.to_vec();
-        // SAFETY: buf came from ucp_rkey_pack and is released exactly once.
-        unsafe { sys::ucp_rkey_buffer_release(buf) };
-        Ok(key)
-    }
-
     pub(crate) fn inner(&self) -> &Arc<RegionInner> {
         &self.inner
     }
@@ -150,7 +131,22 @@ impl fmt::Debug for Region {
 }
 
 impl crate::transport::Region for Region {
+    /// The packed remote key of this region (`ucp_rkey_pack`): opaque bytes to send to
+    /// the peer along with [`SharedMemory::addr`] and [`SharedMemory::len`].
+    ///
+    /// It is a capability: over RDMA it grants remote access to the region, and over
+    /// shared memory any process of the same user holding it can attach the segment.
+    /// Send it only over the authenticated control plane; never log it.
     fn packed_key(&self) -> Result<Vec<u8>> {
-        Region::packed_key(self)
+        let mut buf: *mut std::ffi::c_void = ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: context and memh are live; buf and size are writable.
+        let status = unsafe { sys::ucp_rkey_pack(self.inner.ctx.handle(), self.inner.memh, &mut buf, &mut size) };
+        check("pack remote key (ucp_rkey_pack)", status)?;
+        // SAFETY: on success UCX returns size readable bytes at buf.
+        let key = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) }.to_vec();
+        // SAFETY: buf came from ucp_rkey_pack and is released exactly once.
+        unsafe { sys::ucp_rkey_buffer_release(buf) };
+        Ok(key)
     }
 }

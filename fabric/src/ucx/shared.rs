@@ -1,38 +1,30 @@
-//! The UCX worker: progress, addresses, endpoints, doorbell receipt, event fd.
+//! What a UCX worker shares with its endpoints: the `ucp_worker_h`, its doorbell queue,
+//! progress, and the graveyard of what finished operations kept alive. Below both the
+//! worker and its endpoints, so that an endpoint holds the worker's state without
+//! naming the worker.
 
-use std::ffi::c_void;
-use std::os::fd::RawFd;
-use std::ptr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ucx_sys as sys;
 
-use super::{Context, Endpoint, Region};
-use crate::doorbell::{Doorbell, DoorbellQueue};
+use super::Context;
+use crate::doorbell::DoorbellQueue;
 use crate::error::{Error, Result, check};
 
 /// Active-message id of doorbells.
 pub(crate) const DOORBELL_AM_ID: u32 = 0xd0;
 
-/// A UCX worker (`ucp_worker_h`) created with `UCS_THREAD_MODE_MULTI`: `Send + Sync`,
-/// every method takes `&self`, and UCX serialises concurrent calls with the worker
-/// lock. Cheap to clone (a reference): hand a clone to a progress thread.
-///
-/// Receives doorbells from the moment it exists; drain them with
-/// [`Worker::take_doorbells`] after [`Worker::progress`].
-#[derive(Clone)]
-pub struct Worker {
-    pub(crate) inner: Arc<WorkerInner>,
-}
-
-pub(crate) struct WorkerInner {
-    ctx: Context,
-    handle: sys::ucp_worker_h,
+/// The state of one UCX worker created with `UCS_THREAD_MODE_MULTI`, shared by the
+/// [`super::Worker`] handles and every endpoint made from them; the worker is
+/// destroyed when the last of them goes.
+pub(crate) struct WorkerShared {
+    pub(super) ctx: Context,
+    pub(super) handle: sys::ucp_worker_h,
     /// Boxed so its address (the AM handler's argument) is stable.
-    doorbells: Box<DoorbellQueue>,
+    pub(super) doorbells: Box<DoorbellQueue>,
     /// What completed operations kept alive, to be released outside UCX callbacks.
-    graveyard: Arc<Graveyard>,
+    pub(super) graveyard: Arc<Graveyard>,
 }
 
 /// References released by completion callbacks, dropped after `ucp_worker_progress`
@@ -41,11 +33,11 @@ pub(crate) type Graveyard = Mutex<Vec<Box<dyn Send>>>;
 
 // SAFETY: the worker runs in UCS_THREAD_MODE_MULTI (checked at creation), so UCX locks
 // every call made on the handle; the Rust-side state is Mutex/atomic protected.
-unsafe impl Send for WorkerInner {}
+unsafe impl Send for WorkerShared {}
 // SAFETY: as above.
-unsafe impl Sync for WorkerInner {}
+unsafe impl Sync for WorkerShared {}
 
-impl Drop for WorkerInner {
+impl Drop for WorkerShared {
     fn drop(&mut self) {
         reap(&self.graveyard);
         // SAFETY: the handle came from ucp_worker_create; endpoints hold an Arc to this
@@ -64,151 +56,19 @@ fn reap(graveyard: &Graveyard) {
     drop(dead);
 }
 
-impl Worker {
-    /// Opens a context with `config` and creates one worker on it: the usual way to
-    /// get a transport.
-    pub fn open(config: &crate::FabricConfig) -> Result<Worker> {
-        Context::new(config)?.create_worker()
+impl WorkerShared {
+    /// The context the worker belongs to.
+    pub(crate) fn context(&self) -> &Context {
+        &self.ctx
     }
 
-    pub(crate) fn new(ctx: Context) -> Result<Worker> {
-        let params = sys::ucp_worker_params_t {
-            field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
-            thread_mode: sys::UCS_THREAD_MODE_MULTI,
-            ..Default::default()
-        };
-        let mut handle: sys::ucp_worker_h = ptr::null_mut();
-        // SAFETY: the context is live (ctx); params is initialised with a matching
-        // field mask; handle is writable.
-        let status = unsafe { sys::ucp_worker_create(ctx.inner().handle(), &params, &mut handle) };
-        check("create worker (ucp_worker_create)", status)?;
-        let doorbell_queue_len = ctx.config().doorbell_queue_len;
-        // From here on, dropping `inner` destroys the worker.
-        let inner = Arc::new(WorkerInner {
-            ctx,
-            handle,
-            doorbells: Box::new(DoorbellQueue::new(doorbell_queue_len)),
-            graveyard: Arc::new(Mutex::new(Vec::new())),
-        });
-
-        let mut attr = sys::ucp_worker_attr_t {
-            field_mask: u64::from(sys::UCP_WORKER_ATTR_FIELD_THREAD_MODE),
-            ..Default::default()
-        };
-        // SAFETY: worker live; attr writable with a matching mask.
-        let status = unsafe { sys::ucp_worker_query(inner.handle, &mut attr) };
-        check("query worker thread mode (ucp_worker_query)", status)?;
-        if attr.thread_mode != sys::UCS_THREAD_MODE_MULTI {
-            return Err(Error::ThreadMode { granted: attr.thread_mode });
-        }
-
-        let handler = sys::ucp_am_handler_param_t {
-            field_mask: u64::from(
-                sys::UCP_AM_HANDLER_PARAM_FIELD_ID
-                    | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
-                    | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG
-                    | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-            ),
-            id: DOORBELL_AM_ID,
-            flags: sys::UCP_AM_FLAG_WHOLE_MSG,
-            cb: Some(doorbell_received),
-            arg: ptr::from_ref::<DoorbellQueue>(&inner.doorbells).cast_mut().cast::<c_void>(),
-        };
-        // SAFETY: worker live; the handler argument points into a Box owned by the
-        // worker's inner value, which outlives the worker handle (destroyed first in
-        // Drop); the callback only takes a shared reference to it.
-        let status = unsafe { sys::ucp_worker_set_am_recv_handler(inner.handle, &handler) };
-        check("register doorbell handler (ucp_worker_set_am_recv_handler)", status)?;
-        Ok(Worker { inner })
-    }
-
-    /// The context this worker belongs to.
-    pub fn context(&self) -> &Context {
-        &self.inner.ctx
-    }
-
-    /// Allocates a region on this worker's context; see [`Context::alloc_region`].
-    pub fn alloc_region(&self, len: usize) -> Result<Region> {
-        self.inner.ctx.alloc_region(len)
-    }
-
-    /// This worker's address (`ucp_worker_get_address`), for the peer's
-    /// [`Worker::connect`]. Opaque bytes of a few hundred bytes.
-    pub fn address(&self) -> Result<Vec<u8>> {
-        let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
-        let mut len: usize = 0;
-        // SAFETY: worker live; out-parameters writable.
-        let status = unsafe { sys::ucp_worker_get_address(self.inner.handle, &mut addr, &mut len) };
-        check("get worker address (ucp_worker_get_address)", status)?;
-        // SAFETY: on success UCX returns len readable bytes at addr.
-        let bytes = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec();
-        // SAFETY: addr came from ucp_worker_get_address on this worker; released once.
-        unsafe { sys::ucp_worker_release_address(self.inner.handle, addr) };
-        Ok(bytes)
-    }
-
-    /// Creates an endpoint to the worker whose [`Worker::address`] is `peer_address`
-    /// and waits (progressing this worker) until it is wired up, at most
-    /// `FabricConfig::connect_timeout_ms`. On shared memory this needs nothing from the
-    /// peer (it may even be stopped); over TCP the peer must progress its worker.
-    ///
-    /// UCX parses the address; it is not hardened against malformed input, so accept
-    /// addresses only from authenticated peers (the control plane's mTLS session).
-    pub fn connect(&self, peer_address: &[u8]) -> Result<Endpoint> {
-        Endpoint::create(self.clone(), peer_address)
-    }
-
-    /// Progresses communication once; returns the number of events handled (0 when
-    /// idle). Doorbells received land in the queue read by [`Worker::take_doorbells`].
-    pub fn progress(&self) -> usize {
+    /// Progresses communication once (`ucp_worker_progress`), then releases what the
+    /// operations completed meanwhile kept alive; the number of events handled.
+    pub(crate) fn progress(&self) -> usize {
         // SAFETY: worker live; MULTI mode makes concurrent calls safe.
-        let n = unsafe { sys::ucp_worker_progress(self.inner.handle) };
-        reap(&self.inner.graveyard);
+        let n = unsafe { sys::ucp_worker_progress(self.handle) };
+        reap(&self.graveyard);
         n as usize
-    }
-
-    /// The worker's event fd (`ucp_worker_get_efd`): readable when there is work for
-    /// [`Worker::progress`]. Register it with epoll / tokio `AsyncFd`, and call
-    /// [`Worker::arm`] before each sleep. Owned by the worker: do not close it.
-    pub fn event_fd(&self) -> Result<RawFd> {
-        let mut fd: i32 = -1;
-        // SAFETY: worker live (created with UCP_FEATURE_WAKEUP); fd writable.
-        let status = unsafe { sys::ucp_worker_get_efd(self.inner.handle, &mut fd) };
-        check("get worker event fd (ucp_worker_get_efd)", status)?;
-        Ok(fd)
-    }
-
-    /// `ucp_worker_arm`: `Ok(true)` if nothing is pending and it is safe to sleep on
-    /// the event fd, `Ok(false)` if events are pending (progress, then arm again).
-    pub fn arm(&self) -> Result<bool> {
-        // SAFETY: worker live.
-        let status = unsafe { sys::ucp_worker_arm(self.inner.handle) };
-        match status {
-            sys::UCS_OK => Ok(true),
-            sys::UCS_ERR_BUSY => Ok(false),
-            other => Err(Error::ucx("arm worker event fd (ucp_worker_arm)", other)),
-        }
-    }
-
-    /// Wakes a thread sleeping on the event fd (`ucp_worker_signal`).
-    pub fn wake(&self) -> Result<()> {
-        // SAFETY: worker live; ucp_worker_signal is callable from any thread.
-        let status = unsafe { sys::ucp_worker_signal(self.inner.handle) };
-        check("wake worker (ucp_worker_signal)", status)
-    }
-
-    /// Moves the doorbells received so far into `out`; returns how many were dropped
-    /// since the last call because the queue (`FabricConfig::doorbell_queue_len`) was
-    /// full. If non-zero, scan every ring.
-    pub fn take_doorbells(&self, out: &mut Vec<Doorbell>) -> u64 {
-        self.inner.doorbells.take(out)
-    }
-
-    /// Active messages on the doorbell id that were not doorbells (too long, or
-    /// carrying data), dropped since the worker was created. A count above zero means
-    /// a misbehaving peer.
-    pub fn malformed_doorbells(&self) -> u64 {
-        self.inner.doorbells.malformed()
     }
 
     /// Progresses until `request` completes or `timeout` passes, then frees it.
@@ -249,72 +109,10 @@ impl Worker {
     }
 
     pub(crate) fn handle(&self) -> sys::ucp_worker_h {
-        self.inner.handle
+        self.handle
     }
 
     pub(crate) fn graveyard(&self) -> &Arc<Graveyard> {
-        &self.inner.graveyard
-    }
-}
-
-/// `ucp_am_recv_callback_t` for doorbells: copy the header into the queue.
-unsafe extern "C" fn doorbell_received(
-    arg: *mut c_void,
-    header: *const c_void,
-    header_length: usize,
-    _data: *mut c_void,
-    length: usize,
-    _param: *const sys::ucp_am_recv_param_t,
-) -> sys::ucs_status_t {
-    // SAFETY: arg is the DoorbellQueue registered with the handler; the worker (and so
-    // this callback) is destroyed before the queue is dropped.
-    let queue = unsafe { &*arg.cast::<DoorbellQueue>() };
-    if length != 0 || (header.is_null() && header_length != 0) {
-        // Doorbells carry no data. Returning UCS_OK drops the data (including a
-        // rendezvous descriptor, whose sender then completes).
-        queue.note_malformed();
-        return sys::UCS_OK;
-    }
-    let bytes = if header_length == 0 {
-        &[][..]
-    } else {
-        // SAFETY: UCX passes header_length readable bytes at header, valid for the
-        // duration of the callback; we copy them out before returning.
-        unsafe { std::slice::from_raw_parts(header.cast::<u8>(), header_length) }
-    };
-    queue.push(bytes);
-    sys::UCS_OK
-}
-
-impl crate::transport::Transport for Worker {
-    type Region = Region;
-    type Endpoint = Endpoint;
-
-    fn name(&self) -> &'static str {
-        "ucx"
-    }
-    fn alloc_region(&self, len: usize) -> Result<Region> {
-        Worker::alloc_region(self, len)
-    }
-    fn address(&self) -> Result<Vec<u8>> {
-        Worker::address(self)
-    }
-    fn connect(&self, peer_address: &[u8]) -> Result<Endpoint> {
-        Worker::connect(self, peer_address)
-    }
-    fn progress(&self) -> usize {
-        Worker::progress(self)
-    }
-    fn event_fd(&self) -> Result<RawFd> {
-        Worker::event_fd(self)
-    }
-    fn arm(&self) -> Result<bool> {
-        Worker::arm(self)
-    }
-    fn wake(&self) -> Result<()> {
-        Worker::wake(self)
-    }
-    fn take_doorbells(&self, out: &mut Vec<Doorbell>) -> u64 {
-        Worker::take_doorbells(self, out)
+        &self.graveyard
     }
 }
