@@ -452,10 +452,7 @@ impl transport::RemoteKey for LoopbackRemoteKey {
 
 impl fmt::Debug for LoopbackRemoteKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoopbackRemoteKey")
-            .field("remote_addr", &format_args!("{:#x}", self.inner.range.addr))
-            .field("len", &self.inner.range.len)
-            .finish()
+        self.inner.range.debug_key("LoopbackRemoteKey", f)
     }
 }
 

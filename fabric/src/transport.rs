@@ -161,6 +161,11 @@ impl DeclaredRange {
         Ok(DeclaredRange { addr, len })
     }
 
+    /// `Name { remote_addr: 0x…, len: … }`: how every provider's remote key prints.
+    pub(crate) fn debug_key(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name).field("remote_addr", &format_args!("{:#x}", self.addr)).field("len", &self.len).finish()
+    }
+
     /// Whether `[addr, addr + len)` lies inside the declared range.
     pub(crate) fn check(&self, addr: u64, len: usize) -> Result<()> {
         let len = len as u64;

@@ -131,30 +131,25 @@ struct RkeyInner {
 
 impl fmt::Debug for RemoteKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RemoteKey")
-            .field("remote_addr", &format_args!("{:#x}", self.inner.range.addr))
-            .field("len", &self.inner.range.len)
-            .finish()
+        self.inner.range.debug_key("RemoteKey", f)
     }
 }
 
 impl transport::RemoteKey for RemoteKey {
-    /// First byte of the declared remote range.
-    fn remote_addr(&self) -> u64 {
-        self.inner.range.addr
-    }
-
-    /// Length of the declared remote range.
-    fn len(&self) -> u64 {
-        self.inner.range.len
-    }
-
     /// Always `Ok(None)` after checking the range: libfabric offers no portable
     /// mapping of a peer's memory (shm's CMA path copies with `process_vm_writev`);
     /// use put/get.
     fn map(&self, remote_addr: u64, len: usize) -> Result<Option<MappedRemote>> {
         self.inner.range.check(remote_addr, len)?;
         Ok(None)
+    }
+
+    fn remote_addr(&self) -> u64 {
+        self.inner.range.addr
+    }
+
+    fn len(&self) -> u64 {
+        self.inner.range.len
     }
 }
 

@@ -285,24 +285,11 @@ impl RkeyInner {
 
 impl fmt::Debug for RemoteKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RemoteKey")
-            .field("remote_addr", &format_args!("{:#x}", self.inner.range.addr))
-            .field("len", &self.inner.range.len)
-            .finish()
+        self.inner.range.debug_key("RemoteKey", f)
     }
 }
 
 impl transport::RemoteKey for RemoteKey {
-    /// First byte of the declared remote range.
-    fn remote_addr(&self) -> u64 {
-        self.inner.range.addr
-    }
-
-    /// Length of the declared remote range.
-    fn len(&self) -> u64 {
-        self.inner.range.len
-    }
-
     /// Maps `len` bytes of the peer's memory at `remote_addr` into this process
     /// (`ucp_rkey_ptr`) where the transport allows it: `Some` over shared memory
     /// (posix, sysv), `None` over TCP, CMA and RDMA. The range must lie in the key's
@@ -319,6 +306,14 @@ impl transport::RemoteKey for RemoteKey {
         // that remote_addr..+len lies inside the declared range; the offset within
         // the segment is the same on both sides.
         Ok(Some(unsafe { MappedRemote::new(local, len, remote_addr, keep) }))
+    }
+
+    fn remote_addr(&self) -> u64 {
+        self.inner.range.addr
+    }
+
+    fn len(&self) -> u64 {
+        self.inner.range.len
     }
 }
 
