@@ -32,9 +32,11 @@
 
 pub mod local;
 mod path;
+mod rename;
 
 pub use host_bytes::{HostBytes, HostBytesMut};
 pub use path::{MAX_NAME_BYTES, MAX_PATH_BYTES, NsPath, validate_name};
+pub use rename::{INTO_OWN_SUBTREE, check_rename, check_replace, invalid_rename};
 
 use std::any::Any;
 use std::sync::Arc;
@@ -321,17 +323,28 @@ pub trait Object: Send + Sync {
     /// Whether it was opened for writing.
     fn writable(&self) -> bool;
     /// Read at `offset` into `buf`; returns the bytes read (short only at end of file).
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize>;
-    /// Write all of `buf` at `offset`.
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    ///
+    /// An object implements `read_at` or [`Object::read_into`] (and `write_at` or
+    /// [`Object::write_from`]): each has a default in terms of the other, so one that
+    /// implements neither of a pair calls itself forever. The default here reads
+    /// through the view of `buf`, which is what a backend that reads straight into a
+    /// view (`pread`, a DAOS iov) does for its own buffers too.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_into(buf.into(), offset)
+    }
+    /// Write all of `buf` at `offset`. The default writes from the view of `buf`
+    /// ([`Object::write_from`]); see [`Object::read_at`] for the pairs.
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_from(buf.into(), offset)
+    }
     /// [`Object::read_at`] into memory the host may read and write meanwhile (its
     /// mapped region). Same result; the backend must write the memory only through the
     /// view and never rely on reading back what it wrote.
     ///
-    /// The default reads into a buffer of its own and copies that out: correct for
-    /// any object, at the price of a copy. Backends that can read straight into the
-    /// view (`pread`, a DAOS iov) override it; the data plane's mapped reads depend on
-    /// that for their one copy.
+    /// The default reads into a buffer of its own with [`Object::read_at`] and copies
+    /// that out: correct for any object that implements `read_at`, at the price of a
+    /// copy. Backends that can read straight into the view (`pread`, a DAOS iov)
+    /// override it; the data plane's mapped reads depend on that for their one copy.
     fn read_into(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
         let mut own = vec![0; buf.len()];
         let n = self.read_at(&mut own, offset)?;
@@ -343,9 +356,9 @@ pub trait Object: Send + Sync {
     /// encrypt and then tag them, say) copies them once into memory of its own and
     /// uses only that copy.
     ///
-    /// The default does exactly that copy and calls [`Object::write_at`]; backends
-    /// that hand the memory straight to the storage (`pwrite`, a DAOS iov), which
-    /// reads each byte once, override it.
+    /// The default does exactly that copy and calls [`Object::write_at`] (for objects
+    /// that implement it); backends that hand the memory straight to the storage
+    /// (`pwrite`, a DAOS iov), which reads each byte once, override it.
     fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         self.write_at(&buf.to_vec(), offset)
     }

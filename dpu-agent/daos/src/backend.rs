@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dpuio_backend::{
-    Attr, Backend, Container, DirEntry, EntryKind, Error, HostBytes, HostBytesMut, IoOp, IoQueue, IoRequest, NsPath,
-    Object, OpenOptions, Result,
+    Attr, Backend, Container, DirEntry, EntryKind, Error, HostBytes, HostBytesMut, INTO_OWN_SUBTREE, IoOp, IoQueue,
+    IoRequest, NsPath, Object, OpenOptions, Result, check_rename, check_replace, invalid_rename,
 };
 
 use crate::anchor::AnchorKey;
@@ -410,16 +410,9 @@ impl Container for DaosContainer {
     }
 
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
-        let invalid = |reason: &str| Error::InvalidRename {
-            from: from.to_string(),
-            to: to.to_string(),
-            reason: reason.to_owned(),
-        };
-        if from.is_root() || to.is_root() {
-            return Err(invalid("the container root cannot be renamed or replaced"));
-        }
+        check_rename(from, to)?;
         if to.starts_with(from) && to != from {
-            return Err(invalid("a directory cannot move into its own subtree"));
+            return Err(invalid_rename(from, to, INTO_OWN_SUBTREE));
         }
         let (src_parent, src_name) = self.parent(from)?;
         let (dst_parent, dst_name) = self.parent(to)?;
@@ -433,17 +426,7 @@ impl Container for DaosContainer {
     }
 
     fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
-        let invalid = |reason: &str| Error::InvalidRename {
-            from: from.to_string(),
-            to: to.to_string(),
-            reason: reason.to_owned(),
-        };
-        if from.is_root() || to.is_root() {
-            return Err(invalid("the container root cannot be renamed or replaced"));
-        }
-        if from == to {
-            return Err(invalid("a file cannot replace itself"));
-        }
+        check_replace(from, to)?;
         let (src_parent, src_name) = self.parent(from)?;
         let (dst_parent, dst_name) = self.parent(to)?;
         match self.probe(src_parent.as_ref(), src_name, from)? {
@@ -589,14 +572,6 @@ impl Object for DaosObject {
 
     fn writable(&self) -> bool {
         self.writable
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        self.read_into(buf.into(), offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.write_from(buf.into(), offset)
     }
 
     /// `dfs_read` straight into the view (the host's mapped region on the data plane).

@@ -19,7 +19,10 @@ use super::fsops::{self, MAX_FILE_BYTES, file_type, io_error, open_dir, stat_at}
 use super::listing::{DirVersion, Key, Listing, ListingCache, Smallest};
 use super::object::LocalObject;
 use super::{LocalOptions, MAX_READDIR_BATCH};
-use crate::{Attr, Container, DirEntry, Error, NsPath, Object, OpenOptions, Result};
+use crate::{
+    Attr, Container, DirEntry, Error, INTO_OWN_SUBTREE, NsPath, Object, OpenOptions, Result, check_rename,
+    check_replace, invalid_rename,
+};
 
 /// How often `open` retries when the entry changes between its probe and its open
 /// (removed, or created by someone else); only a concurrent client can cause that.
@@ -385,17 +388,7 @@ impl Container for LocalContainer {
     }
 
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
-        let invalid = |reason: &str| Error::InvalidRename {
-            from: from.to_string(),
-            to: to.to_string(),
-            reason: reason.to_owned(),
-        };
-        if from.is_root() {
-            return Err(invalid("the container root cannot be renamed"));
-        }
-        if to.is_root() {
-            return Err(invalid("the container root cannot be replaced"));
-        }
+        check_rename(from, to)?;
         let (from_dir, from_parent, from_name) = self.parent_of(from)?;
         let is_dir = file_type(&stat_at(&from_dir, from_name, from.as_str())?) == FileType::Directory;
         if to == from {
@@ -403,7 +396,7 @@ impl Container for LocalContainer {
         }
         if to.starts_with(from) {
             return Err(if is_dir {
-                invalid("a directory cannot move into its own subtree")
+                invalid_rename(from, to, INTO_OWN_SUBTREE)
             } else {
                 Error::NotADirectory { path: from.to_string() }
             });
@@ -424,7 +417,7 @@ impl Container for LocalContainer {
             Errno::EXIST | Errno::NOTEMPTY => Error::AlreadyExists { path: to.to_string() },
             Errno::NOENT => Error::NotFound { path: from.to_string() },
             // Only left for a directory moved into its own subtree by a concurrent rename.
-            Errno::INVAL => invalid("a directory cannot move into its own subtree"),
+            Errno::INVAL => invalid_rename(from, to, INTO_OWN_SUBTREE),
             e => io_error(&format!("{from} -> {to}"), "rename", e),
         })?;
         self.changed(&from_parent);
@@ -440,17 +433,7 @@ impl Container for LocalContainer {
     }
 
     fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
-        let invalid = |reason: &str| Error::InvalidRename {
-            from: from.to_string(),
-            to: to.to_string(),
-            reason: reason.to_owned(),
-        };
-        if from.is_root() || to.is_root() {
-            return Err(invalid("the container root cannot be renamed or replaced"));
-        }
-        if from == to {
-            return Err(invalid("a file cannot replace itself"));
-        }
+        check_replace(from, to)?;
         let (from_dir, from_parent, from_name) = self.parent_of(from)?;
         if file_type(&stat_at(&from_dir, from_name, from.as_str())?) != FileType::RegularFile {
             return Err(Error::IsADirectory { path: from.to_string() });

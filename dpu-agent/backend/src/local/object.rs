@@ -87,14 +87,6 @@ impl Object for LocalObject {
         self.writable
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        self.read_into(buf.into(), offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.write_from(buf.into(), offset)
-    }
-
     /// `pread` straight into the view: on the data plane, from the page cache into the
     /// host's mapped region, the one copy of a mapped read.
     fn read_into(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
