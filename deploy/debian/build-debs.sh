@@ -4,7 +4,7 @@
 #   deploy/debian/build-debs.sh ARCH BIN_DIR VERSION OUT_DIR [COMPRESSION] [WHICH]
 #
 #   ARCH         amd64 or arm64 (the Debian name)
-#   BIN_DIR      where cargo put dpu-agent, dpuctl, dpuio, dpuio-bench, libdpuio.so and libdpuio.a
+#   BIN_DIR      where cargo put dpu-agent, dpuctl, dpuio, dpuio-bench, dpuio-bench-agent, libdpuio.so and libdpuio.a
 #   VERSION      the workspace version (Cargo.toml)
 #   OUT_DIR      the packages are written here
 #   COMPRESSION  dpkg-deb -Z (default xz; ./x test passes gzip: the same package, sooner)
@@ -12,7 +12,7 @@
 #                (what the OCI image needs; ./x test builds it from the debug build)
 #
 # Writes dpuio-agent_VERSION_ARCH.deb (dpu-agent, dpuctl, the systemd unit, the config as a
-# conffile, a system user) and dpuio-host_VERSION_ARCH.deb (dpuio, dpuio-bench, which
+# conffile, a system user) and dpuio-host_VERSION_ARCH.deb (dpuio, dpuio-bench and dpuio-bench-agent, which
 # `dpuio bench` runs, libdpuio.so/.a, dpuio.h, dpuio.pc). Binaries are stripped (with the
 # cross binutils for arm64). Depends: comes from dpkg-shlibdeps over the binaries, so it
 # names the UCX and libc packages the binaries really link. libfabric is loaded at run time
@@ -34,7 +34,7 @@ case "$ARCH" in
     *) echo "build-debs: unknown architecture $ARCH (amd64 or arm64)" >&2; exit 2 ;;
 esac
 case "$WHICH" in
-    all) NEEDED=(dpu-agent dpuctl dpuio dpuio-bench libdpuio.so libdpuio.a) ;;
+    all) NEEDED=(dpu-agent dpuctl dpuio dpuio-bench dpuio-bench-agent libdpuio.so libdpuio.a) ;;
     agent) NEEDED=(dpu-agent dpuctl) ;;
     *) echo "build-debs: WHICH is all or agent, not $WHICH" >&2; exit 2 ;;
 esac
@@ -118,12 +118,14 @@ build dpuio-agent
 [ "$WHICH" = all ] || exit 0
 
 # dpuio-host: the host CLI and its benchmarks (dpuio bench runs dpuio-bench from beside
-# dpuio), the C library, its header and pkg-config file.
+# dpuio, and dpuio-bench runs dpuio-bench-agent from beside itself for the libdfs
+# baseline and the crypto benchmark), the C library, its header and pkg-config file.
 H="$WORK/dpuio-host"
 install -d "$H/DEBIAN" "$H/usr/bin" "$H/usr/lib/$TRIPLET/pkgconfig" "$H/usr/include" "$H/usr/share/doc/dpuio-host"
-install -m 0755 "$BIN_DIR/dpuio" "$BIN_DIR/dpuio-bench" "$H/usr/bin/"
+install -m 0755 "$BIN_DIR/dpuio" "$BIN_DIR/dpuio-bench" "$BIN_DIR/dpuio-bench-agent" "$H/usr/bin/"
 install -m 0644 "$BIN_DIR/libdpuio.so" "$BIN_DIR/libdpuio.a" "$H/usr/lib/$TRIPLET/"
-"$STRIP" --strip-unneeded "$H/usr/bin/dpuio" "$H/usr/bin/dpuio-bench" "$H/usr/lib/$TRIPLET/libdpuio.so"
+"$STRIP" --strip-unneeded "$H/usr/bin/dpuio" "$H/usr/bin/dpuio-bench" "$H/usr/bin/dpuio-bench-agent" \
+    "$H/usr/lib/$TRIPLET/libdpuio.so"
 "$STRIP" --strip-debug "$H/usr/lib/$TRIPLET/libdpuio.a"
 install -m 0644 "$ROOT/host-shim/capi/include/dpuio.h" "$H/usr/include/"
 install -m 0644 "$ROOT/README.md" "$H/usr/share/doc/dpuio-host/README.md"
@@ -140,12 +142,12 @@ Libs: -L\${libdir} -ldpuio
 Libs.private: -lucp -luct -lucs -lucm -lgcc_s -lutil -lrt -lpthread -lm -ldl
 Cflags: -I\${includedir}
 EOF
-depends=$(shlibdeps "$H/usr/bin/dpuio" "$H/usr/bin/dpuio-bench" "$H/usr/lib/$TRIPLET/libdpuio.so")
+depends=$(shlibdeps "$H/usr/bin/dpuio" "$H/usr/bin/dpuio-bench" "$H/usr/bin/dpuio-bench-agent" "$H/usr/lib/$TRIPLET/libdpuio.so")
 # The ofi transports (dlopen of libfabric.so.1); UCX alone without it.
 control dpuio-host "$depends" "libfabric1" \
     "dpuio host side: CLI, benchmarks, C library and header" \
     "dpuio attaches a host process to a dpuio agent on a DPU; the agent moves file data" \
     "into the process's registered memory. This package holds the dpuio command (and" \
-    "dpuio-bench, its bench subcommand), the C library libdpuio (shared and static)," \
+    "dpuio-bench and dpuio-bench-agent, its bench subcommand), the C library libdpuio (shared and static)," \
     "dpuio.h and its pkg-config file." >"$H/DEBIAN/control"
 build dpuio-host

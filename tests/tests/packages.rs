@@ -49,7 +49,15 @@ fn arm64_packages_hold_aarch64_binaries_and_valid_control_data() {
     let tmp = tempfile::tempdir().unwrap();
     for (deb, files) in [
         (&agent, &["usr/bin/dpu-agent", "usr/bin/dpuctl"][..]),
-        (&host, &["usr/bin/dpuio", "usr/bin/dpuio-bench", "usr/lib/aarch64-linux-gnu/libdpuio.so"][..]),
+        (
+            &host,
+            &[
+                "usr/bin/dpuio",
+                "usr/bin/dpuio-bench",
+                "usr/bin/dpuio-bench-agent",
+                "usr/lib/aarch64-linux-gnu/libdpuio.so",
+            ][..],
+        ),
     ] {
         let info = ok_stdout(&run("dpkg-deb", &["--info", deb.to_str().unwrap()]));
         assert!(info.contains("Architecture: arm64"), "{info}");

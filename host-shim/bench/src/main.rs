@@ -1,24 +1,26 @@
 //! `dpuio-bench`, run as `dpuio bench`: dpuio's benchmarks.
 //!
 //! The workloads (`workloads`, `dlio`) run the same I/O through the shim and through a
-//! baseline without dpuio (POSIX on the container's directory, or libdfs in this process
-//! over DAOS), interleaved, and report throughput, latency and CPU per GiB (`plot` draws
-//! them); `qos` measures tenant isolation on one agent, starting its own with
-//! `--agent-bin` through `dpuio-harness`, as the end-to-end tests do; `crypto` measures
-//! the agent's ciphers against `openssl speed`; `soak` runs a mixed workload of three
+//! baseline without dpuio (POSIX on the container's directory, or libdfs over DAOS in
+//! a child `dpuio-bench-agent`, see `libdfs`), interleaved, and report throughput,
+//! latency and CPU per GiB (`plot` draws them); `qos` measures tenant isolation on one
+//! agent, starting its own with `--agent-bin` through `dpuio-harness`, as the
+//! end-to-end tests do; `crypto` runs `dpuio-bench-agent crypto`, which measures the
+//! agent's ciphers against `openssl speed`; `soak` runs a mixed workload of three
 //! tenants on an agent of its own for minutes and watches its memory, fds and regions.
 //!
 //! A program of its own rather than part of the `dpuio` command, so that the host
-//! library and the CLI do not carry plotting, progress bars, libdfs and the agent's
-//! crypto; `dpuio bench ARGS` runs this program with `ARGS` and dpuio's connection
+//! library and the CLI do not carry plotting and progress bars; and it links no crate
+//! of the agent (libdfs, the agent's crypto): what needs them is `dpuio-bench-agent`'s.
+//! `dpuio bench ARGS` runs this program with `ARGS` and dpuio's connection
 //! options in their `DPUIO_*` variables. What it deliberately does not do: judge a
 //! machine (the targets it prints are the issues', for comparing runs) or tune
 //! anything it measures.
 #![forbid(unsafe_code)]
 
-mod crypto;
 mod dlio;
 mod fuse_path;
+mod libdfs;
 mod plot;
 mod preload_path;
 mod qos;
@@ -47,8 +49,32 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Which {
-    /// AES-256-GCM seal/open throughput per crypto provider, against `openssl speed`.
-    Crypto(crypto::CryptoBenchArgs),
+    /// AES-256-GCM seal/open throughput per crypto provider, against `openssl speed`
+    /// (`dpuio-bench-agent crypto`, found beside this program or at $DPUIO_BENCH_AGENT;
+    /// `crypto --help` lists its options).
+    #[command(disable_help_flag = true)]
+    Crypto {
+        /// The options of `dpuio-bench-agent crypto`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+}
+
+/// `crypto`: the agent-side program with `args`, under this program's name; its status.
+fn crypto(me: &str, args: &[std::ffi::OsString]) -> Result<ExitCode, String> {
+    use std::os::unix::process::CommandExt;
+    let program = libdfs::program("crypto")?;
+    let status = std::process::Command::new(&program)
+        .arg0(format!("{me} crypto"))
+        .arg("crypto")
+        .args(args)
+        .status()
+        .map_err(|e| format!("crypto: cannot start {}: {e}", program.display()))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(code.clamp(1, 255) as u8),
+        None => ExitCode::FAILURE,
+    })
 }
 
 fn main() -> ExitCode {
@@ -59,7 +85,11 @@ fn main() -> ExitCode {
         .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "dpuio-bench".to_owned());
     let result = match cli.which {
-        Some(Which::Crypto(args)) => crypto::run(args),
+        // Its errors are its own to say.
+        Some(Which::Crypto { args }) => match crypto(&me, &args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         None => match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
             Ok(runtime) => runtime.block_on(workloads::run(&cli.connect, cli.workloads)).map_err(|e| e.to_string()),
             Err(e) => Err(format!("cannot start the async runtime: {e}")),
@@ -92,6 +122,6 @@ mod tests {
         assert_eq!(cli.connect.interface.as_deref(), Some("veth1"));
         assert!(cli.which.is_none());
         let crypto = Cli::try_parse_from(["dpuio-bench", "crypto", "--rounds", "1"]).expect("parses");
-        assert!(matches!(crypto.which, Some(Which::Crypto(_))));
+        assert!(matches!(crypto.which, Some(Which::Crypto { args }) if args == ["--rounds", "1"]));
     }
 }

@@ -14,10 +14,10 @@ use std::process::{Command, Stdio};
 
 use dpuio_shim::cli::ConnectArgs;
 
+use dpuio_bench_core::child;
+
 use crate::workloads::{BenchArgs, Figures, Workload};
 
-/// Marks the child's figure lines on stdout (anything else it prints is passed on).
-const LINE_PREFIX: &str = "dpuio-bench-figures ";
 /// The library's file name, as `cargo build` and the dpuio-host package put it.
 const LIBRARY: &str = "libdpuio_preload.so";
 
@@ -81,10 +81,8 @@ impl PreloadPath {
         let mut figures = Vec::new();
         for line in std::io::BufReader::new(stdout).lines() {
             let line = line.map_err(|e| format!("preload path: reading the child's output: {e}"))?;
-            match line.strip_prefix(LINE_PREFIX) {
-                Some(json) => figures.push(
-                    serde_json::from_str(json).map_err(|e| format!("preload path: a malformed figure line: {e}"))?,
-                ),
+            match child::receive(&line) {
+                Some(figure) => figures.push(figure.map_err(|e| format!("preload path: {e}"))?),
                 None => println!("{line}"),
             }
         }
@@ -93,15 +91,5 @@ impl PreloadPath {
             return Err(format!("preload path: the child exited with {status} (its error is above)"));
         }
         Ok(figures)
-    }
-}
-
-/// In the child: hand `figures` to the parent.
-pub fn send(figures: &[Figures]) {
-    for f in figures {
-        match serde_json::to_string(f) {
-            Ok(json) => println!("{LINE_PREFIX}{json}"),
-            Err(e) => eprintln!("dpuio-bench: cannot encode a figure: {e}"),
-        }
     }
 }

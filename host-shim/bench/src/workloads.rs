@@ -7,9 +7,10 @@
 //! utilisation and the most simulated accelerators kept at AU >= 90%) and `checkpoint`
 //! (write with fsync, then read back).
 //!
-//! With `--backend daos` the baseline of the block workloads, metadata and checkpoint is
-//! libdfs in this process, on the same DAOS container the agent serves (the way pydaos
-//! reads); unet3d then runs through the shim only, without a baseline.
+//! With `--backend daos` the baseline of the block workloads, metadata, unet3d and
+//! checkpoint is libdfs, on the same DAOS container the agent serves (the way pydaos
+//! reads), in a child `dpuio-bench-agent` that runs each baseline step when asked
+//! (`crate::libdfs`), so the rounds still interleave.
 //!
 //! POSIX queue depth is emulated the way fio's psync engine does it: `queue_depth`
 //! threads each doing blocking `pread`s. Host CPU is this process's CPU time
@@ -19,101 +20,24 @@
 use std::os::unix::fs::FileExt;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use dpuio_bench_core::child::Request;
+use dpuio_bench_core::unet3d::Unet3dArgs;
+pub use dpuio_bench_core::{BENCH_DIR, Figures, LIBDFS, Workload, parse_bytes};
+use dpuio_bench_core::{BENCH_FILE, BaselineFile, Context, Meter, Spinner, baseline_cell, offset, process_cpu};
 use dpuio_shim::cli::ConnectArgs;
 use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, RegionAccess, process_cpu_time};
 use rand::{Rng, SeedableRng};
 
-const GIB: f64 = (1u64 << 30) as f64;
-
-/// A byte count with an optional binary suffix: `4096`, `4KiB`, `1MiB`, `2GiB` (`K`, `M`,
-/// `G` mean the same).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a byte count such as 4096, 64KiB or 1GiB"))?;
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "K" | "KiB" | "k" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        "T" | "TiB" => 40,
-        other => return Err(format!("unknown unit {other:?} in {s:?}; use KiB, MiB, GiB or TiB")),
-    };
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
-}
+use crate::libdfs::Libdfs;
 
 /// Which backend the agent under test runs, hence which baseline is fair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchBackend {
     Local,
     Daos,
-}
-
-/// The baseline of a block workload: the same file, read and written without dpuio.
-trait BaselineFile: Send + Sync {
-    fn read_block(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
-    fn write_block(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
-}
-
-impl BaselineFile for std::fs::File {
-    fn read_block(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        FileExt::read_exact_at(self, buf, offset)
-    }
-    fn write_block(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        FileExt::write_all_at(self, buf, offset)
-    }
-}
-
-/// A DFS object opened by libdfs in this process.
-struct DfsFile(Arc<dyn dpuio_backend::Object>);
-
-impl BaselineFile for DfsFile {
-    fn read_block(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        match self.0.read_at(buf, offset) {
-            Ok(n) if n == buf.len() => Ok(()),
-            Ok(n) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("short read of {n}"))),
-            Err(e) => Err(std::io::Error::other(e.to_string())),
-        }
-    }
-    fn write_block(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.0.write_at(buf, offset).map_err(|e| std::io::Error::other(e.to_string()))
-    }
-}
-
-/// Which way the bytes go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Workload {
-    SeqRead,
-    SeqWrite,
-    RandRead,
-    Metadata,
-    Unet3d,
-    Checkpoint,
-    /// Two tenants: a rate-limited one loading the agent, an unlimited one measuring
-    /// latency (run on its own; see `qos.rs`).
-    Qos,
-    /// Three tenants (one encrypted) in a mixed loop for `--minutes`, sampling the
-    /// agent's RSS, fds and regions (run on its own with `--agent-bin`; see `soak.rs`).
-    Soak,
-}
-
-impl Workload {
-    fn name(self) -> &'static str {
-        match self {
-            Workload::SeqRead => "seq-read",
-            Workload::SeqWrite => "seq-write",
-            Workload::RandRead => "rand-read",
-            Workload::Metadata => "metadata",
-            Workload::Unet3d => "unet3d",
-            Workload::Checkpoint => "checkpoint",
-            Workload::Qos => "qos",
-            Workload::Soak => "soak",
-        }
-    }
 }
 
 /// Options of `dpuio bench`.
@@ -152,8 +76,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub posix_root: Option<PathBuf>,
     /// The agent's backend: `local` (the baseline is POSIX on --posix-root) or `daos`
-    /// (the baseline reads and writes the same DAOS file with libdfs in this process, the
-    /// way pydaos does; needs --daos-pool and --daos-container).
+    /// (the baseline reads and writes the same DAOS file with libdfs, the way pydaos
+    /// does, in a dpuio-bench-agent found beside dpuio-bench or at $DPUIO_BENCH_AGENT;
+    /// needs --daos-pool and --daos-container).
     #[arg(long, value_enum, default_value_t = BenchBackend::Local)]
     pub backend: BenchBackend,
     /// daos: the pool (label or UUID) of the agent's `[backend]`.
@@ -187,7 +112,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2000)]
     pub metadata_files: usize,
     #[command(flatten)]
-    pub unet3d: crate::dlio::Unet3dArgs,
+    pub unet3d: Unet3dArgs,
     /// checkpoint: size of the checkpoint written and read back.
     #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
     pub checkpoint_bytes: u64,
@@ -225,78 +150,6 @@ impl BenchArgs {
     }
 }
 
-/// One measured cell.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct Figures {
-    pub workload: String,
-    pub path: String,
-    pub block_bytes: u64,
-    pub queue_depth: usize,
-    pub threads: usize,
-    pub bytes: u64,
-    pub ops: u64,
-    pub wall: Duration,
-    pub host_cpu: Duration,
-    pub agent_cpu: Option<Duration>,
-    pub latencies_us: Vec<u32>,
-    /// unet3d: accelerator utilisation at the largest passing accelerator count.
-    pub au: Option<f64>,
-    /// unet3d: the most simulated accelerators kept at AU >= 90%.
-    pub accelerators: Option<u32>,
-}
-
-impl Figures {
-    pub fn gib_per_s(&self) -> f64 {
-        self.bytes as f64 / GIB / self.wall.as_secs_f64()
-    }
-    pub fn iops(&self) -> f64 {
-        self.ops as f64 / self.wall.as_secs_f64()
-    }
-    pub fn host_cpu_s_per_gib(&self) -> f64 {
-        self.host_cpu.as_secs_f64() / (self.bytes as f64 / GIB)
-    }
-    fn agent_cpu_s_per_gib(&self) -> Option<f64> {
-        self.agent_cpu.map(|c| c.as_secs_f64() / (self.bytes as f64 / GIB))
-    }
-    fn percentile_us(&self, p: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return 0.0;
-        }
-        let mut v = self.latencies_us.clone();
-        v.sort_unstable();
-        let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-        f64::from(v[i])
-    }
-    fn merge(&mut self, other: Figures) {
-        self.bytes += other.bytes;
-        self.ops += other.ops;
-        self.wall += other.wall;
-        self.host_cpu += other.host_cpu;
-        self.agent_cpu = match (self.agent_cpu, other.agent_cpu) {
-            (Some(a), Some(b)) => Some(a + b),
-            _ => None,
-        };
-        self.latencies_us.extend(other.latencies_us);
-        if other.au.is_some() {
-            self.au = other.au;
-            self.accelerators = other.accelerators;
-        }
-    }
-}
-
-/// CPU time of another process from /proc (user + system, clock ticks of 10 ms).
-pub fn process_cpu(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may contain spaces) start after ')'.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
-}
-
-const BENCH_FILE: &str = "/.dpuio-bench/data";
-/// Where the benchmarks keep their files in the container.
-pub const BENCH_DIR: &str = "/.dpuio-bench";
 /// The path name of `dpuio mount` in the figures.
 pub const FUSE: &str = "fuse";
 /// The path name of `libdpuio_preload.so` in the figures.
@@ -310,8 +163,8 @@ fn bench_error(reason: impl std::fmt::Display) -> dpuio_shim::Error {
 pub struct Setup {
     pub clients: Vec<(String, Client)>,
     pub posix_root: Option<PathBuf>,
-    /// `--backend daos`: the tenant's container mounted by libdfs in this process.
-    pub dfs: Option<Arc<dyn dpuio_backend::Container>>,
+    /// `--backend daos`: the tenant's container mounted by libdfs in a child.
+    pub libdfs: Option<Mutex<Libdfs>>,
     pub agent_pid: Option<u32>,
     /// The `fuse` path's mount, when asked for.
     pub fuse: Option<crate::fuse_path::FuseMount>,
@@ -343,6 +196,42 @@ impl Setup {
         bar.set_message(message);
         bar.enable_steady_tick(Duration::from_millis(120));
         bar
+    }
+}
+
+impl Setup {
+    /// The libdfs baseline's figures of `request` (`--backend daos`), its step shown
+    /// as `message` while the child runs it.
+    pub fn ask_libdfs(&self, message: String, request: &Request) -> dpuio_shim::Result<Vec<Figures>> {
+        let Some(libdfs) = &self.libdfs else { return Ok(Vec::new()) };
+        let bar = self.spinner(message);
+        let answer = tokio::task::block_in_place(|| {
+            libdfs.lock().map_err(|_| "libdfs baseline: a step panicked".to_owned())?.ask(request)
+        });
+        bar.finish_and_clear();
+        answer.map_err(bench_error)
+    }
+}
+
+/// The clocks and spinners of the measuring loops the benchmarks share.
+impl Context for Setup {
+    fn host_cpu(&self, path: &str) -> Duration {
+        Setup::host_cpu(self, path)
+    }
+    fn agent_cpu(&self) -> Option<Duration> {
+        Setup::agent_cpu(self)
+    }
+    fn spinner(&self, message: String) -> Box<dyn Spinner + '_> {
+        Box::new(Bar(Setup::spinner(self, message)))
+    }
+}
+
+/// A spinner of [`Setup::spinner`], cleared when finished.
+struct Bar(indicatif::ProgressBar);
+
+impl Spinner for Bar {
+    fn finish(self: Box<Self>) {
+        self.0.finish_and_clear();
     }
 }
 
@@ -408,11 +297,11 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         }
         _ => None,
     };
-    let dfs = match args.backend {
+    let libdfs = match args.backend {
         BenchBackend::Local => None,
-        BenchBackend::Daos => Some(mount_dfs(&args)?),
+        BenchBackend::Daos => Some(Mutex::new(Libdfs::start(&args).map_err(bench_error)?)),
     };
-    let posix_root = if dfs.is_some() {
+    let posix_root = if libdfs.is_some() {
         if posix_root.is_some() {
             return Err(bench_error("--posix-root is for --backend local; over DAOS the baseline is libdfs"));
         }
@@ -425,7 +314,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let posix_label = if args.preload_child { PRELOAD } else { "posix" };
-    let setup = Setup { clients, posix_root, dfs, agent_pid: args.agent_pid, fuse, posix_label, progress };
+    let setup = Setup { clients, posix_root, libdfs, agent_pid: args.agent_pid, fuse, posix_label, progress };
     let mut all: Vec<Figures> = Vec::new();
     for &workload in &args.workloads {
         let figures = match workload {
@@ -445,7 +334,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             bar.finish_and_clear();
         }
         if args.preload_child {
-            crate::preload_path::send(&figures);
+            dpuio_bench_core::child::send(&figures);
             continue;
         }
         report(&figures, &args);
@@ -461,26 +350,6 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         c.detach().await?;
     }
     Ok(())
-}
-
-/// `--backend daos`: mount the tenant's container with libdfs in this process.
-fn mount_dfs(args: &BenchArgs) -> dpuio_shim::Result<Arc<dyn dpuio_backend::Container>> {
-    use dpuio_backend::Backend;
-    let (Some(pool), Some(container)) = (&args.daos_pool, &args.daos_container) else {
-        return Err(bench_error(
-            "--backend daos needs --daos-pool and --daos-container (the agent's pool and the tenant's container label)",
-        ));
-    };
-    let backend = dpuio_daos::DaosBackend::open(dpuio_daos::DaosOptions {
-        pool: pool.clone(),
-        system: "daos_server".into(),
-        agent_socket_dir: args.daos_agent_socket_dir.clone().unwrap_or_else(dpuio_daos::default_agent_socket_dir),
-        create_containers: false,
-        chunk_bytes: dpuio_daos::DEFAULT_CHUNK_BYTES,
-        object_class: String::new(),
-    })
-    .map_err(|e| bench_error(format!("libdfs baseline: {e}")))?;
-    backend.mount(container, false).map_err(|e| bench_error(format!("libdfs baseline: {e}")))
 }
 
 /// seq-read, seq-write, rand-read: rounds of one cell per path, interleaved.
@@ -503,8 +372,8 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
     if let Some((_, first)) = setup.clients.first() {
         prepare_file(first, file_bytes).await?;
     }
-    let baseline_file: Option<(&str, Arc<dyn BaselineFile>)> = match (&setup.posix_root, &setup.dfs) {
-        (Some(root), _) => {
+    let baseline_file: Option<(&str, Arc<dyn BaselineFile>)> = match &setup.posix_root {
+        Some(root) => {
             let path = root.join(BENCH_FILE.trim_start_matches('/'));
             let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| {
                 bench_error(format!(
@@ -520,13 +389,7 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
             }
             Some((setup.posix_label, Arc::new(file)))
         }
-        (None, Some(dfs)) => {
-            let path = dpuio_backend::NsPath::parse(BENCH_FILE).map_err(bench_error)?;
-            let options = dpuio_backend::OpenOptions { write: true, ..Default::default() };
-            let object = dfs.open(&path, options, 0).map_err(|e| bench_error(format!("libdfs baseline: {e}")))?;
-            Some((LIBDFS, Arc::new(DfsFile(object))))
-        }
-        (None, None) => None,
+        None => None,
     };
     let duration = Duration::from_secs_f64(args.seconds);
     let mut totals: Vec<Figures> = Vec::new();
@@ -537,7 +400,7 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
             let f = f.clone();
             let pid = setup.agent_pid;
             let mut fig = tokio::task::spawn_blocking(move || {
-                posix_cell(&*f, workload, block, qd * threads, file_bytes, duration, round as u64, pid)
+                baseline_cell(&*f, workload, block, qd * threads, file_bytes, duration, round as u64, pid)
             })
             .await
             .map_err(bench_error)?;
@@ -545,6 +408,15 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
             fig.path = (*name).into();
             cells.push(fig);
         }
+        let request = Request::Block {
+            workload,
+            block_bytes: block,
+            queue_depth: qd * threads,
+            file_bytes,
+            seconds: args.seconds,
+            seed: round as u64,
+        };
+        cells.extend(setup.ask_libdfs(format!("{} {LIBDFS}, round {}", workload.name(), round + 1), &request)?);
         for (name, client) in &setup.clients {
             let bar = setup.spinner(format!("{} {name}, round {}", workload.name(), round + 1));
             let mut fig =
@@ -630,11 +502,7 @@ async fn metadata(setup: &Setup, files: usize, seconds: f64, sample_batch: usize
     if let Some(mount) = &setup.fuse {
         out.extend(fs_metadata(setup, &mount.dir, FUSE, files, seconds, sample_batch)?);
     }
-    if let Some(dfs) = &setup.dfs {
-        let bar = setup.spinner(format!("metadata {LIBDFS}"));
-        out.extend(dfs_metadata(setup, &**dfs, files).map_err(|e| bench_error(format!("libdfs metadata: {e}")))?);
-        bar.finish_and_clear();
-    }
+    out.extend(setup.ask_libdfs(format!("metadata {LIBDFS}"), &Request::Metadata { files })?);
     for (name, client) in &setup.clients {
         let bar = setup.spinner(format!("metadata {name}"));
         let dir = format!("{BENCH_DIR}/meta-{name}");
@@ -747,85 +615,6 @@ fn sample_bytes() -> Vec<u8> {
     (0..SAMPLE_BYTES).map(|i| (i * 7 + 3) as u8).collect()
 }
 
-/// BENCH_DIR in the container, through libdfs.
-fn ensure_bench_dir(dfs: &dyn dpuio_backend::Container) -> dpuio_backend::Result<()> {
-    let dir = dpuio_backend::NsPath::parse(BENCH_DIR)?;
-    match dfs.mkdir(&dir, 0o755) {
-        Ok(_) | Err(dpuio_backend::Error::AlreadyExists { .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// The metadata steps with libdfs in this process (`--backend daos`): the same names and
-/// calls as the shim's, one blocking DFS call each.
-fn dfs_metadata(
-    setup: &Setup,
-    dfs: &dyn dpuio_backend::Container,
-    files: usize,
-) -> dpuio_backend::Result<Vec<Figures>> {
-    use dpuio_backend::{NsPath, OpenOptions};
-    let dir = NsPath::parse(&format!("{BENCH_DIR}/meta-{LIBDFS}"))?;
-    let _ = dfs.remove(&dir, true);
-    ensure_bench_dir(dfs)?;
-    dfs.mkdir(&dir, 0o755)?;
-    let names: Vec<NsPath> = (0..files).map(|i| dir.join(&format!("f{i:07}"))).collect::<Result<_, _>>()?;
-    let create = OpenOptions { write: true, create: true, exclusive: true, ..OpenOptions::default() };
-    let mut out = Vec::new();
-    for op in ["create", "stat", "readdir", "remove"] {
-        let meter = Meter::start(setup, LIBDFS);
-        match op {
-            "create" => names.iter().try_for_each(|n| dfs.open(n, create, 0o644).map(drop))?,
-            "stat" => names.iter().try_for_each(|n| dfs.stat(n).map(drop))?,
-            "readdir" => {
-                let (mut listed, mut anchor) = (0, None::<String>);
-                loop {
-                    let (entries, next) = dfs.readdir(&dir, anchor.as_deref(), 4096)?;
-                    listed += entries.len();
-                    match next {
-                        Some(next) => anchor = Some(next),
-                        None => break,
-                    }
-                }
-                if listed != files {
-                    return Err(dpuio_backend::Error::InvalidArgument(format!("listed {listed} of {files} files")));
-                }
-            }
-            _ => names.iter().try_for_each(|n| dfs.remove(n, false))?,
-        }
-        out.push(meter.finish(&format!("metadata-{op}"), files as u64, 0));
-    }
-    Ok(out)
-}
-
-/// Wall clock, host CPU and agent CPU started together, for one measured step.
-struct Meter<'a> {
-    setup: &'a Setup,
-    path: &'a str,
-    cpu0: Duration,
-    agent0: Option<Duration>,
-    t0: Instant,
-}
-
-impl<'a> Meter<'a> {
-    /// Figures of `path` from now (its host CPU as [`Setup::host_cpu`] counts it).
-    fn start(setup: &'a Setup, path: &'a str) -> Self {
-        Meter { setup, path, cpu0: setup.host_cpu(path), agent0: setup.agent_cpu(), t0: Instant::now() }
-    }
-
-    fn finish(self, workload: &str, ops: u64, bytes: u64) -> Figures {
-        Figures {
-            workload: workload.to_owned(),
-            path: self.path.to_owned(),
-            ops,
-            bytes,
-            wall: self.t0.elapsed(),
-            host_cpu: self.setup.host_cpu(self.path).saturating_sub(self.cpu0),
-            agent_cpu: self.agent0.and_then(|a0| self.setup.agent_cpu().map(|a1| a1.saturating_sub(a0))),
-            ..Figures::default()
-        }
-    }
-}
-
 /// Write a checkpoint in chunks and make it durable (fsync / Close), then read it back.
 async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures>> {
     const CHUNK: u64 = 8 << 20;
@@ -863,34 +652,9 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
         let _ = std::fs::remove_file(&path);
         bar.finish_and_clear();
     }
-    if let Some(dfs) = &setup.dfs {
-        // libdfs in this process: the same chunks, dfs_write then dfs_read, one at a time
-        // (a DFS write is durable when it returns; the sync is DFS's no-op).
-        use dpuio_backend::{NsPath, OpenOptions};
-        let bar = setup.spinner(format!("checkpoint {LIBDFS}"));
-        let fail = |e: dpuio_backend::Error| bench_error(format!("libdfs checkpoint: {e}"));
-        let path = NsPath::parse(&format!("{BENCH_DIR}/checkpoint-{LIBDFS}.pt")).map_err(fail)?;
-        ensure_bench_dir(&**dfs).map_err(fail)?;
-        let meter = Meter::start(setup, LIBDFS);
-        let create = OpenOptions { write: true, create: true, truncate: true, ..OpenOptions::default() };
-        let f = dfs.open(&path, create, 0o644).map_err(fail)?;
-        for i in 0..bytes / CHUNK {
-            f.write_at(&data, i * CHUNK).map_err(fail)?;
-        }
-        f.sync().map_err(fail)?;
-        out.push(meter.finish("checkpoint-write", bytes / CHUNK, bytes));
-        let meter = Meter::start(setup, LIBDFS);
-        let mut buf = vec![0u8; CHUNK as usize];
-        for i in 0..bytes / CHUNK {
-            if f.read_at(&mut buf, i * CHUNK).map_err(fail)? != CHUNK as usize {
-                return Err(bench_error("libdfs checkpoint: short read"));
-            }
-        }
-        out.push(meter.finish("checkpoint-read", bytes / CHUNK, bytes));
-        drop(f);
-        let _ = dfs.remove(&path, false);
-        bar.finish_and_clear();
-    }
+    // libdfs: the same chunks, dfs_write then dfs_read, one at a time (a DFS write is
+    // durable when it returns; the sync is DFS's no-op).
+    out.extend(setup.ask_libdfs(format!("checkpoint {LIBDFS}"), &Request::Checkpoint { bytes })?);
     for (name, client) in &setup.clients {
         let bar = setup.spinner(format!("checkpoint {name}"));
         rustix::fs::sync();
@@ -964,67 +728,6 @@ async fn prepare_file(client: &Client, file_bytes: u64) -> dpuio_shim::Result<()
     }
     file.close().await?;
     client.deregister_region(region).await
-}
-
-fn offset(workload: Workload, i: u64, block: u64, file_bytes: u64, rng: &mut impl Rng) -> u64 {
-    let blocks = file_bytes / block;
-    if workload == Workload::RandRead { rng.random_range(0..blocks) * block } else { (i % blocks) * block }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn posix_cell(
-    file: &dyn BaselineFile,
-    workload: Workload,
-    block: u64,
-    qd: usize,
-    file_bytes: u64,
-    duration: Duration,
-    seed: u64,
-    agent_pid: Option<u32>,
-) -> Figures {
-    let cpu0 = process_cpu_time();
-    let agent0 = agent_pid.and_then(process_cpu);
-    let start = Instant::now();
-    let per_thread: Vec<(u64, Vec<u32>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..qd)
-            .map(|t| {
-                s.spawn(move || {
-                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 1000 + t as u64);
-                    let mut buf = vec![0u8; block as usize];
-                    let mut lat = Vec::new();
-                    let mut i = t as u64;
-                    while start.elapsed() < duration {
-                        let at = offset(workload, i, block, file_bytes, &mut rng);
-                        let t0 = Instant::now();
-                        let _ = if workload == Workload::SeqWrite {
-                            file.write_block(&buf, at)
-                        } else {
-                            file.read_block(&mut buf, at)
-                        };
-                        lat.push(t0.elapsed().as_micros() as u32);
-                        i += qd as u64;
-                    }
-                    (lat.len() as u64, lat)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("posix thread")).collect()
-    });
-    let wall = start.elapsed();
-    let ops: u64 = per_thread.iter().map(|p| p.0).sum();
-    Figures {
-        workload: workload.name().into(),
-        block_bytes: block,
-        queue_depth: qd,
-        threads: 1,
-        bytes: ops * block,
-        ops,
-        wall,
-        host_cpu: process_cpu_time() - cpu0,
-        agent_cpu: agent0.and_then(|a0| agent_pid.and_then(process_cpu).map(|a1| a1.saturating_sub(a0))),
-        latencies_us: per_thread.into_iter().flat_map(|p| p.1).collect(),
-        ..Figures::default()
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1167,9 +870,6 @@ fn ring_loop(
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.filter(|v| v.is_finite()).map_or("null".into(), |v| format!("{v:.digits$}"))
 }
-
-/// The path name of the libdfs baseline (`--backend daos`).
-pub const LIBDFS: &str = "libdfs";
 
 /// The baseline figures of the same workload (POSIX, or libdfs over DAOS), the
 /// denominator of every ratio.
