@@ -39,7 +39,7 @@ enum Which {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // As invoked: `dpuio bench crypto` when dpuio-bench runs it for dpuio, else ours.
+    // As invoked: `dpuio bench` (or `dpuio-bench`) when dpuio-bench runs it, else ours.
     let me = std::env::args_os()
         .next()
         .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()))

@@ -60,12 +60,13 @@ enum Which {
     },
 }
 
-/// `crypto`: the agent-side program with `args`, under this program's name; its status.
+/// `crypto`: the agent-side program with `args`, under this program's name (its usage and
+/// errors then read as ours did); its exit status.
 fn crypto(me: &str, args: &[std::ffi::OsString]) -> Result<ExitCode, String> {
     use std::os::unix::process::CommandExt;
     let program = libdfs::program("crypto")?;
     let status = std::process::Command::new(&program)
-        .arg0(format!("{me} crypto"))
+        .arg0(me)
         .arg("crypto")
         .args(args)
         .status()
