@@ -13,10 +13,11 @@ use std::sync::Arc;
 
 use dpuio_bench_core::child::Request;
 use dpuio_bench_core::unet3d::{DATASET, Loader, READ_CHUNK, Unet3dArgs, sample_path, sample_sizes, search};
+use dpuio_bench_core::{BENCH_DIR, Figures, LIBDFS};
 use dpuio_shim::{Access, Client, RegionAccess};
 use rand::{Rng, SeedableRng};
 
-use crate::workloads::{BENCH_DIR, Figures, LIBDFS, Setup};
+use crate::setup::{FUSE, Setup};
 
 /// Write the dataset through the shim unless it is there with the right sizes.
 async fn prepare(client: &Client, sizes: &[u64]) -> dpuio_shim::Result<()> {
@@ -106,7 +107,7 @@ pub async fn unet3d(setup: &Setup, args: &Unet3dArgs) -> dpuio_shim::Result<Vec<
     }
     if let Some(mount) = &setup.fuse {
         let load = posix_loader(mount.dir.clone());
-        out.push(search_on(crate::workloads::FUSE, &load, args, setup)?);
+        out.push(search_on(FUSE, &load, args, setup)?);
     }
     Ok(out)
 }

@@ -14,7 +14,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use dpuio_bench_core::Figures;
 use dpuio_bench_core::child::{self, DONE, ERROR, READY, Request};
 
-use crate::workloads::BenchArgs;
+use crate::args::BenchArgs;
 
 /// The program's file name, as `cargo build` and the dpuio-host package put it.
 pub const PROGRAM: &str = "dpuio-bench-agent";

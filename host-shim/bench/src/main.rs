@@ -18,12 +18,14 @@
 //! anything it measures.
 #![forbid(unsafe_code)]
 
+mod args;
 mod dlio;
 mod fuse_path;
 mod libdfs;
 mod plot;
 mod preload_path;
 mod qos;
+mod setup;
 mod soak;
 mod workloads;
 
@@ -44,7 +46,7 @@ struct Cli {
     #[command(subcommand)]
     which: Option<Which>,
     #[command(flatten)]
-    workloads: workloads::BenchArgs,
+    workloads: args::BenchArgs,
 }
 
 #[derive(Subcommand)]

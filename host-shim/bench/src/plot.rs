@@ -6,7 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::workloads::Figures;
+use dpuio_bench_core::Figures;
 
 /// Fonts looked for, in order (Debian's fonts-dejavu-core ships the first).
 const FONTS: &[&str] = &[

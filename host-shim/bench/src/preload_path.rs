@@ -14,9 +14,9 @@ use std::process::{Command, Stdio};
 
 use dpuio_shim::cli::ConnectArgs;
 
-use dpuio_bench_core::child;
+use dpuio_bench_core::{Figures, Workload, child};
 
-use crate::workloads::{BenchArgs, Figures, Workload};
+use crate::args::BenchArgs;
 
 /// The library's file name, as `cargo build` and the dpuio-host package put it.
 const LIBRARY: &str = "libdpuio_preload.so";

@@ -11,7 +11,7 @@
 //! which must already serve the two tenants, and `--qos-limit` must state A's
 //! configured bytes/s.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,38 +20,9 @@ use dpuio_shim::cli::ConnectArgs;
 use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, RegionAccess};
 use rand::{Rng, SeedableRng};
 
-use crate::workloads::{BenchArgs, parse_bytes};
+use dpuio_bench_core::BENCH_DIR;
 
-/// Options of `dpuio bench qos`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct QosArgs {
-    /// qos, soak: start this dpu-agent binary with a generated config (qos: two tenants,
-    /// instead of using --agent; soak: three, one encrypted; soak needs it).
-    #[arg(long)]
-    pub agent_bin: Option<PathBuf>,
-    /// qos: tenant A's bytes per second (the limit written into the generated config,
-    /// or the one the --agent is configured with).
-    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
-    pub qos_limit: u64,
-    /// qos: tenant A's burst (generated config only).
-    #[arg(long, default_value = "4MiB", value_parser = parse_bytes)]
-    pub qos_burst: u64,
-    /// qos: the rate-limited tenant.
-    #[arg(long, default_value = "a")]
-    pub qos_tenant_a: String,
-    /// qos: the unlimited tenant that measures latency.
-    #[arg(long, default_value = "b")]
-    pub qos_tenant_b: String,
-    /// qos: A's request size.
-    #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
-    pub qos_a_block: u64,
-    /// qos: A's requests in flight.
-    #[arg(long, default_value_t = 8)]
-    pub qos_a_depth: usize,
-    /// qos: B's requests per second (one at a time, 4 KiB each).
-    #[arg(long, default_value_t = 500)]
-    pub qos_b_rate: u32,
-}
+use crate::args::{BenchArgs, QosArgs};
 
 const A_FILE: &str = "/.dpuio-bench/qos-a";
 const B_FILE: &str = "/.dpuio-bench/qos-b";
@@ -139,7 +110,7 @@ async fn prepare(client: &Client, path: &str, bytes: u64) -> dpuio_shim::Result<
     if client.stat(path).await.is_ok_and(|a| a.size == bytes) {
         return Ok(());
     }
-    client.mkdir(crate::workloads::BENCH_DIR, true).await?;
+    client.mkdir(BENCH_DIR, true).await?;
     let file = client.create(path, false).await?;
     const CHUNK: u64 = 1 << 20;
     let mut region = client.register_region(CHUNK as usize, RegionAccess::ReadByAgent).await?;

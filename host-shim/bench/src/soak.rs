@@ -28,16 +28,7 @@ use dpuio_shim::cli::ConnectArgs;
 use dpuio_shim::{Client, ConnectOptions, DataPlaneOptions, RegionAccess};
 use rand::{Rng, SeedableRng};
 
-/// Options of `dpuio bench soak`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct SoakArgs {
-    /// soak: minutes to run.
-    #[arg(long, default_value_t = 1.0)]
-    pub minutes: f64,
-    /// soak: seconds between samples of the agent.
-    #[arg(long, default_value_t = 10.0)]
-    pub sample_s: f64,
-}
+use crate::args::SoakArgs;
 
 const TENANTS: [(&str, bool); 3] = [("soak-a", false), ("soak-b", false), ("soak-enc", true)];
 const DATA_FILE_BYTES: usize = 4 << 20;

@@ -1,0 +1,166 @@
+//! The options of `dpuio bench`: the workloads', and those of `qos` and `soak`, which
+//! run on their own. The bottom room of this program: every other one may read them.
+
+use std::path::PathBuf;
+
+use dpuio_bench_core::unet3d::Unet3dArgs;
+use dpuio_bench_core::{Workload, parse_bytes};
+
+/// Which backend the agent under test runs, hence which baseline is fair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchBackend {
+    Local,
+    Daos,
+}
+
+/// Options of `dpuio bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Workloads to run, in order.
+    #[arg(value_enum, required = true)]
+    pub workloads: Vec<Workload>,
+    /// Block size in bytes (default: 1 MiB for seq-read, 4 KiB for rand-read).
+    #[arg(long, value_parser = parse_bytes)]
+    pub block_bytes: Option<u64>,
+    /// Requests in flight (POSIX: this many threads).
+    #[arg(long)]
+    pub queue_depth: Option<usize>,
+    /// Threads, each with its own ring and `--queue-depth` requests in flight (POSIX:
+    /// threads x queue depth threads doing pread/pwrite).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Size of the benchmark file in the container.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    pub file_bytes: u64,
+    /// Seconds per measurement; each path is measured `--rounds` times, interleaved.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Paths to compare: any of posix, shm (UCX shared memory), tcp (UCX TCP), ofi-shm,
+    /// ofi-tcp (libfabric's shm and tcp providers), fuse (`dpuio mount` on a directory of
+    /// its own, read by path: metadata and unet3d; its mount process's CPU counts as host
+    /// CPU), preload (the POSIX code in a child process under libdpuio_preload.so, found
+    /// beside dpuio-bench or at $DPUIO_PRELOAD_LIBRARY; its whole CPU counts as host CPU).
+    #[arg(long, value_delimiter = ',', default_value = "posix,shm,tcp")]
+    pub paths: Vec<String>,
+    /// The container's directory on this machine (for the POSIX baseline on the same
+    /// file), e.g. ./dpuio-data/containers/default. Without it the POSIX path is skipped.
+    #[arg(long)]
+    pub posix_root: Option<PathBuf>,
+    /// The agent's backend: `local` (the baseline is POSIX on --posix-root) or `daos`
+    /// (the baseline reads and writes the same DAOS file with libdfs, the way pydaos
+    /// does, in a dpuio-bench-agent found beside dpuio-bench or at $DPUIO_BENCH_AGENT;
+    /// needs --daos-pool and --daos-container).
+    #[arg(long, value_enum, default_value_t = BenchBackend::Local)]
+    pub backend: BenchBackend,
+    /// daos: the pool (label or UUID) of the agent's `[backend]`.
+    #[arg(long)]
+    pub daos_pool: Option<String>,
+    /// daos: the tenant's container label.
+    #[arg(long)]
+    pub daos_container: Option<String>,
+    /// daos: the daos_agent's socket directory [default: $DAOS_AGENT_DRPC_DIR, else /var/run/daos_agent].
+    #[arg(long)]
+    pub daos_agent_socket_dir: Option<PathBuf>,
+    /// The agent's process id, to report its CPU per GiB.
+    #[arg(long)]
+    pub agent_pid: Option<u32>,
+    /// One JSON object per result on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a PNG of throughput and host CPU per GiB, shim against POSIX.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Run as the preload path's child (set by `--paths preload`, not by hand): the
+    /// POSIX code on --posix-root, which is DPUIO_MOUNT, its figures on stdout for the
+    /// parent.
+    #[arg(long, hide = true)]
+    pub preload_child: bool,
+    /// metadata: samples per batch in the batched 128 KiB sample row (a DataLoader batch:
+    /// one submission and one wait per batch through the shim).
+    #[arg(long, default_value_t = 16)]
+    pub sample_batch: usize,
+    /// metadata: files created, stated, listed and removed per path.
+    #[arg(long, default_value_t = 2000)]
+    pub metadata_files: usize,
+    #[command(flatten)]
+    pub unet3d: Unet3dArgs,
+    /// checkpoint: size of the checkpoint written and read back.
+    #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
+    pub checkpoint_bytes: u64,
+    #[command(flatten)]
+    pub qos: QosArgs,
+    #[command(flatten)]
+    pub soak: SoakArgs,
+}
+
+impl BenchArgs {
+    /// The arguments of the preload path's child for `workload`: the POSIX code on
+    /// `prefix` (its DPUIO_MOUNT), with this run's sizes and times.
+    pub fn child_args(&self, workload: Workload, prefix: &str) -> Vec<String> {
+        let mut a: Vec<String> = vec![workload.name().into(), "--paths".into(), "posix".into()];
+        a.extend(["--posix-root".into(), prefix.into(), "--preload-child".into()]);
+        let mut opt = |name: &str, value: String| a.extend([format!("--{name}"), value]);
+        opt("file-bytes", self.file_bytes.to_string());
+        opt("seconds", self.seconds.to_string());
+        opt("rounds", self.rounds.to_string());
+        opt("threads", self.threads.to_string());
+        opt("metadata-files", self.metadata_files.to_string());
+        opt("sample-batch", self.sample_batch.to_string());
+        opt("checkpoint-bytes", self.checkpoint_bytes.to_string());
+        if let Some(b) = self.block_bytes {
+            opt("block-bytes", b.to_string());
+        }
+        if let Some(q) = self.queue_depth {
+            opt("queue-depth", q.to_string());
+        }
+        if let Some(pid) = self.agent_pid {
+            opt("agent-pid", pid.to_string());
+        }
+        a.extend(self.unet3d.to_args());
+        a
+    }
+}
+
+/// Options of `dpuio bench qos`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct QosArgs {
+    /// qos, soak: start this dpu-agent binary with a generated config (qos: two tenants,
+    /// instead of using --agent; soak: three, one encrypted; soak needs it).
+    #[arg(long)]
+    pub agent_bin: Option<PathBuf>,
+    /// qos: tenant A's bytes per second (the limit written into the generated config,
+    /// or the one the --agent is configured with).
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    pub qos_limit: u64,
+    /// qos: tenant A's burst (generated config only).
+    #[arg(long, default_value = "4MiB", value_parser = parse_bytes)]
+    pub qos_burst: u64,
+    /// qos: the rate-limited tenant.
+    #[arg(long, default_value = "a")]
+    pub qos_tenant_a: String,
+    /// qos: the unlimited tenant that measures latency.
+    #[arg(long, default_value = "b")]
+    pub qos_tenant_b: String,
+    /// qos: A's request size.
+    #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
+    pub qos_a_block: u64,
+    /// qos: A's requests in flight.
+    #[arg(long, default_value_t = 8)]
+    pub qos_a_depth: usize,
+    /// qos: B's requests per second (one at a time, 4 KiB each).
+    #[arg(long, default_value_t = 500)]
+    pub qos_b_rate: u32,
+}
+
+/// Options of `dpuio bench soak`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SoakArgs {
+    /// soak: minutes to run.
+    #[arg(long, default_value_t = 1.0)]
+    pub minutes: f64,
+    /// soak: seconds between samples of the agent.
+    #[arg(long, default_value_t = 10.0)]
+    pub sample_s: f64,
+}
