@@ -1,16 +1,77 @@
-//! The agent's rooms import downwards only: no cycle among the `crate::`
-//! paths of `dpu-agent/src`.
+//! Every crate's modules import downwards only: each crate declares its floors, top to
+//! bottom, and no module may name one on its own floor or above.
 //!
-//! A room is a top-level module of the library: `state` is `state.rs`, `dataplane` is
-//! `dataplane.rs` with the files under `dataplane/`. Every path in a room's code that
-//! names another room is an edge: `use crate::x::…`, `use crate::{x, y::…}`, an inline
-//! `crate::x::y(…)`, and `super::`/`self::` paths that lead out of the room. Comments and
-//! string literals are not code and do not count; test modules are code and do.
+//! A floor is the set of child modules of one module (the crate root's children are the
+//! crate's rooms; `ofi/`'s children are the rooms of `ofi`). A file's code names another
+//! module through `crate::…`, `super::…` and `self::…` paths, in `use` declarations or
+//! inline, through a name a module re-exports (`super::Worker` where `ofi` says
+//! `pub use worker::Worker` names `ofi::worker`), and through glob imports (`use
+//! super::*` names whatever it brings in that the file then uses). Each such path is an
+//! arrow between the two modules of the floor where their paths part: a file of
+//! `ofi/endpoint.rs` naming `crate::ofi::worker::Hold` is the arrow `endpoint ->
+//! worker` on the floor of `ofi`, and a file of `ofi` naming `crate::error::Error` is
+//! `ofi -> error` on the crate's floor. Comments and literals are not code and do not
+//! count; test modules are code and do.
 //!
-//! `cargo test -p dpu-agent --test rooms -- --nocapture` prints the graph.
+//! What a parent's own file says about its children (`mod`, re-exports, calls) is not
+//! an arrow: a module stands above its children. What a child takes from its parent's
+//! own items (not re-exported from a sibling) is not one either: those items are the
+//! ground the floor stands on.
+//!
+//! [`FLOORS`] declares the order of every crate's root floor (every library and binary
+//! of the workspace with two modules or more), and of nested floors where it helps to
+//! say it; an undeclared nested floor must still be free of loops. A failure names each
+//! arrow that goes up or sideways, with the file and line that makes it.
+//!
+//! `cargo test -p dpuio-tests --test rooms -- --nocapture` prints every floor's arrows.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+/// Declared floors, top to bottom: a module may name only modules on floors below its
+/// own. Modules on one floor (separated by spaces) know nothing of each other. The key
+/// is a crate root file, or the folder of a module's children.
+const FLOORS: &[(&str, &[&str])] = &[
+    ("proto/src/lib.rs", &["put wire", "reason"]),
+    ("fabric/src/lib.rs", &["any", "testing", "ucx ofi", "progress", "transport", "config doorbell memory", "error"]),
+    ("fabric/src/ofi", &["worker", "endpoint", "shared", "region", "domain"]),
+    ("fabric/src/ucx", &["worker", "endpoint", "shared", "region"]),
+    (
+        "dpu-agent/src/lib.rs",
+        &[
+            "server",
+            "admin service",
+            "namespace keys tls",
+            "serve_error state",
+            "dataplane",
+            "metrics persist",
+            "runtime qos deploy",
+            "caller config connection engine error",
+        ],
+    ),
+    ("dpu-agent/auth/src/lib.rs", &["pki token qos", "files names"]),
+    ("dpu-agent/backend/src/lib.rs", &["local", "rename", "path"]),
+    ("dpu-agent/backend/src/local", &["container", "object", "fsops", "listing dirty"]),
+    ("dpu-agent/bench/src/main.rs", &["crypto libdfs"]),
+    (
+        "dpu-agent/crypto/src/lib.rs",
+        &["bench cipher_tests", "cipher", "header", "keys layout", "provider", "vectors error"],
+    ),
+    ("dpu-agent/daos/src/lib.rs", &["backend", "anchor", "dfs", "sys", "error"]),
+    ("dpu-agent/encryption/src/lib.rs", &["tests", "rotation", "container", "object", "settings", "error"]),
+    ("bench-core/src/lib.rs", &["child", "block unet3d", "figures"]),
+    ("host-shim/src/lib.rs", &["posix", "blocking cli put", "client", "dataplane", "error resume"]),
+    ("host-shim/src/bin/dpuio/main.rs", &["fuse forward", "inodes"]),
+    (
+        "host-shim/bench/src/main.rs",
+        &["workloads", "dlio preload_path qos soak plot", "setup", "libdfs fuse_path", "args"],
+    ),
+    ("host-shim/capi/src/lib.rs", &["handles"]),
+    ("host-shim/preload/src/lib.rs", &["interpose", "state"]),
+    ("host-shim/python/src/lib.rs", &["session", "file", "region", "attr errors"]),
+    ("tests/src/lib.rs", &["arm64 daos_server", "daos netns hostile programs"]),
+];
 
 /// One code token (comments and literals dropped) and the line it is on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,18 +196,95 @@ fn skip_raw_string(c: &[char], mut i: usize, hashes: usize, line: &mut usize) ->
     i
 }
 
-/// The rooms a file's code names, with the first line naming each. `module` is the
-/// file's module path (`["dataplane", "sessions"]` for `dataplane/sessions.rs`).
-fn rooms_named(src: &str, module: &[String]) -> BTreeMap<String, usize> {
-    let t = tokens(src);
+fn is_ident(s: &str) -> bool {
+    s.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+}
+
+/// One name a `use` declaration brings in: the path it names (`["super", "worker",
+/// "Hold"]`), the name it goes by in the importing module, or a glob (`name` empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Import {
+    path: Vec<String>,
+    name: String,
+    line: usize,
+}
+
+/// Parses the use tree starting at `t[i]` (after `use`) under `prefix`; returns the index
+/// after it.
+fn use_tree(t: &[Token], mut i: usize, prefix: &[String], out: &mut Vec<Import>) -> usize {
     let text = |i: usize| t.get(i).map_or("", |t| t.text.as_str());
-    let mut named = BTreeMap::new();
+    let mut path = prefix.to_vec();
+    while i < t.len() {
+        match text(i) {
+            "::" => i += 1,
+            "{" => {
+                i += 1;
+                while i < t.len() && text(i) != "}" {
+                    i = use_tree(t, i, &path, out);
+                    if text(i) == "," {
+                        i += 1;
+                    }
+                }
+                return i + 1;
+            }
+            "*" => {
+                out.push(Import { path, name: String::new(), line: t[i].line });
+                return i + 1;
+            }
+            word if is_ident(word) => {
+                let line = t[i].line;
+                if word != "self" || path.is_empty() || text(i + 1) == "::" {
+                    path.push(word.to_owned());
+                }
+                i += 1;
+                if text(i) == "::" {
+                    continue;
+                }
+                let mut name = path.last().cloned().unwrap_or_default();
+                if text(i) == "as" {
+                    name = text(i + 1).to_owned();
+                    i += 2;
+                }
+                out.push(Import { path, name, line });
+                return i;
+            }
+            _ => return i,
+        }
+    }
+    i
+}
+
+/// What one file says: the modules it declares (`mod x;`), the items and imports of its
+/// module (outside any inline module or body), and every path in its code with the
+/// inline modules it sits in.
+#[derive(Debug, Default)]
+struct FileScan {
+    mods: Vec<String>,
+    items: BTreeSet<String>,
+    imports: Vec<Import>,
+    /// (inline modules around it, the path, its line): uses and inline paths alike.
+    paths: Vec<(Vec<String>, Vec<String>, usize)>,
+    /// Glob imports anywhere in the file, with the inline modules around them.
+    globs: Vec<(Vec<String>, Vec<String>, usize)>,
+    /// Every identifier of the file's code, with whether `::` follows it, and its line.
+    idents: Vec<(String, bool, usize)>,
+}
+
+fn scan(src: &str) -> FileScan {
+    let t = tokens(src);
+    let text = |i: usize| t.get(i).map_or("", |t: &Token| t.text.as_str());
+    let mut s = FileScan::default();
     // Inline modules (`mod tests { … }`) open at a brace depth; `super` counts from them.
     let mut inline: Vec<(String, usize)> = Vec::new();
     let mut depth = 0usize;
     let mut i = 0;
     while i < t.len() {
-        match text(i) {
+        let word = text(i);
+        if is_ident(word) {
+            s.idents.push((word.to_owned(), text(i + 1) == "::", t[i].line));
+        }
+        let top = inline.is_empty() && depth == 0;
+        match word {
             "{" => depth += 1,
             "}" => {
                 depth = depth.saturating_sub(1);
@@ -154,118 +292,226 @@ fn rooms_named(src: &str, module: &[String]) -> BTreeMap<String, usize> {
                     inline.pop();
                 }
             }
-            "mod" if text(i + 2) == "{" => inline.push((text(i + 1).to_owned(), depth)),
+            "mod" if is_ident(text(i + 1)) && text(i + 2) == "{" => inline.push((text(i + 1).to_owned(), depth)),
+            "mod" if top && is_ident(text(i + 1)) && text(i + 2) == ";" => s.mods.push(text(i + 1).to_owned()),
+            "fn" | "struct" | "enum" | "trait" | "type" | "const" | "static" | "union"
+                if top && is_ident(text(i + 1)) && text(i.wrapping_sub(1)) != "::" =>
+            {
+                s.items.insert(text(i + 1).to_owned());
+            }
+            "macro_rules" if top && text(i + 1) == "!" => {
+                s.items.insert(text(i + 2).to_owned());
+            }
+            "use" => {
+                let mut found = Vec::new();
+                let end = use_tree(&t, i + 1, &[], &mut found);
+                let around: Vec<String> = inline.iter().map(|(m, _)| m.clone()).collect();
+                for import in found {
+                    if import.name.is_empty() {
+                        s.globs.push((around.clone(), import.path.clone(), import.line));
+                    } else {
+                        s.paths.push((around.clone(), import.path.clone(), import.line));
+                    }
+                    if top {
+                        s.imports.push(import);
+                    }
+                }
+                while i < end {
+                    let w = text(i);
+                    if is_ident(w) {
+                        s.idents.push((w.to_owned(), text(i + 1) == "::", t[i].line));
+                    }
+                    i += 1;
+                }
+                continue;
+            }
+            "crate" | "self" | "super" if text(i + 1) == "::" && text(i.wrapping_sub(1)) != "::" => {
+                let line = t[i].line;
+                let mut path = vec![word.to_owned()];
+                let mut j = i + 2;
+                while is_ident(text(j)) {
+                    path.push(text(j).to_owned());
+                    if text(j + 1) != "::" {
+                        break;
+                    }
+                    j += 2;
+                }
+                let around: Vec<String> = inline.iter().map(|(m, _)| m.clone()).collect();
+                s.paths.push((around, path, line));
+            }
             _ => {}
         }
-        let start =
-            matches!(text(i), "crate" | "self" | "super") && text(i + 1) == "::" && text(i.wrapping_sub(1)) != "::";
-        if !start {
-            i += 1;
-            continue;
+        i += 1;
+    }
+    s
+}
+
+/// A module path from the crate root (`["ofi", "worker"]`); the root is empty.
+type ModPath = Vec<String>;
+
+/// One library or binary: its module tree and what each module's file says.
+struct Crate {
+    /// The root file, relative to the workspace (`fabric/src/lib.rs`).
+    root: PathBuf,
+    files: BTreeMap<ModPath, (PathBuf, FileScan)>,
+}
+
+impl Crate {
+    fn read(workspace: &Path, root: &Path) -> Crate {
+        let mut files = BTreeMap::new();
+        let mut todo = vec![(ModPath::new(), root.to_owned())];
+        while let Some((module, file)) = todo.pop() {
+            let source = std::fs::read_to_string(workspace.join(&file))
+                .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+            let s = scan(&source);
+            let is_root = module.is_empty() || file.file_name().is_some_and(|n| n == "mod.rs");
+            let dir = if is_root { file.parent().unwrap().to_owned() } else { file.with_extension("") };
+            for child in &s.mods {
+                let flat = dir.join(format!("{child}.rs"));
+                let nested = dir.join(child).join("mod.rs");
+                let path = if workspace.join(&flat).is_file() { flat } else { nested };
+                let mut m = module.clone();
+                m.push(child.clone());
+                todo.push((m, path));
+            }
+            files.insert(module, (file, s));
         }
-        let mut path: Vec<String> = match text(i) {
-            "crate" => Vec::new(),
-            _ => module.iter().cloned().chain(inline.iter().map(|(m, _)| m.clone())).collect(),
-        };
-        let line = t[i].line;
-        let mut j = i;
-        while text(j) == "super" && text(j + 1) == "::" {
-            path.pop();
-            j += 2;
+        Crate { root: root.to_owned(), files }
+    }
+
+    fn children(&self, module: &[String]) -> Vec<String> {
+        self.files.get(module).map(|(_, s)| s.mods.clone()).unwrap_or_default()
+    }
+
+    /// The longest prefix of `module` that is a module of the tree (inline modules are
+    /// not).
+    fn existing<'a>(&self, module: &'a [String]) -> &'a [String] {
+        let mut n = module.len();
+        while n > 0 && !self.files.contains_key(&module[..n]) {
+            n -= 1;
         }
-        if text(j) == "crate" || text(j) == "self" {
-            j += 2;
+        &module[..n]
+    }
+
+    /// Where `name` leads from module `at`: a child module, or the module an import or
+    /// glob of `at` takes it from (`at` itself for its own items); `None` if nothing in
+    /// this crate.
+    fn lookup(&self, at: &[String], name: &str, hops: usize) -> Option<ModPath> {
+        let (_, s) = self.files.get(at)?;
+        if s.mods.iter().any(|m| m == name) {
+            return Some([at, &[name.to_owned()]].concat());
         }
-        let mut found: Vec<String> = Vec::new();
-        match (path.first(), text(j)) {
-            (Some(room), _) => found.push(room.clone()),
-            (None, "{") => {
-                // `crate::{a, b::c, d::{e, f}}`: the first name of each element.
-                let mut level = 0;
-                let mut k = j;
-                loop {
-                    match text(k) {
-                        "{" => level += 1,
-                        "}" => {
-                            level -= 1;
-                            if level == 0 {
-                                break;
-                            }
-                        }
-                        "" => break,
-                        name if level == 1 && matches!(text(k - 1), "{" | ",") && name != "self" => {
-                            found.push(name.to_owned());
-                        }
-                        _ => {}
-                    }
+        if s.items.contains(name) {
+            return Some(at.to_vec());
+        }
+        if hops > 16 {
+            return None;
+        }
+        if let Some(import) = s.imports.iter().find(|i| i.name == name) {
+            return self.resolve(at, &import.path, hops + 1);
+        }
+        s.imports
+            .iter()
+            .filter(|i| i.name.is_empty())
+            .filter_map(|glob| self.resolve(at, &glob.path, hops + 1))
+            .find_map(|from| self.lookup(&from, name, hops + 1))
+    }
+
+    /// The module `path` (as written in module `from`, inline modules included) leads
+    /// to, or `None` for anything outside this crate.
+    fn resolve(&self, from: &[String], path: &[String], hops: usize) -> Option<ModPath> {
+        let (mut at, mut k): (ModPath, usize) = match path.first().map(String::as_str) {
+            Some("crate") => (Vec::new(), 1),
+            Some("self") => (from.to_vec(), 1),
+            Some("super") => {
+                let mut at = from.to_vec();
+                let mut k = 0;
+                while path.get(k).is_some_and(|p| p == "super") {
+                    at.pop();
                     k += 1;
                 }
+                (at, k)
             }
-            (None, "*") => panic!("line {line}: a glob import of the crate root hides which rooms a file uses"),
-            (None, name) => found.push(name.to_owned()),
+            Some(_) => (from.to_vec(), 0),
+            None => return None,
+        };
+        at = self.existing(&at).to_vec();
+        if k == 0 {
+            // A bare first name: this module's own child or import, else another crate.
+            at = self.lookup(&at, &path[0], hops)?;
+            k = 1;
         }
-        for room in found {
-            named.entry(room).or_insert(line);
+        while let Some(name) = path.get(k) {
+            match self.lookup(&at, name, hops) {
+                Some(next) if next != at => at = next,
+                _ => break,
+            }
+            k += 1;
         }
-        i = j + 1;
+        Some(at)
     }
-    named
-}
 
-/// Every library file under `src` with its module path; the binaries (`main.rs`,
-/// `bin/`) are crates of their own.
-fn library_files(src: &Path) -> Vec<(PathBuf, Vec<String>)> {
-    let mut files = Vec::new();
-    let mut dirs = vec![src.to_owned()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let rel = path.strip_prefix(src).unwrap().to_owned();
-            if path.is_dir() {
-                if rel != Path::new("bin") {
-                    dirs.push(path);
+    /// Every arrow of the crate: (from module, to module, "file:line").
+    fn arrows(&self) -> Vec<(ModPath, ModPath, String)> {
+        let mut out = Vec::new();
+        for (module, (file, s)) in &self.files {
+            let place = |line: usize| format!("{}:{line}", file.display());
+            let inside = |around: &[String]| [module.as_slice(), around].concat();
+            for (around, path, line) in &s.paths {
+                if let Some(to) = self.resolve(&inside(around), path, 0) {
+                    out.push((module.clone(), to, place(*line)));
                 }
-                continue;
             }
-            if path.extension().is_none_or(|e| e != "rs") || rel == Path::new("main.rs") {
-                continue;
-            }
-            let mut module: Vec<String> =
-                rel.with_extension("").iter().map(|part| part.to_string_lossy().into_owned()).collect();
-            if module.last().is_some_and(|m| m == "mod" || m == "lib") {
-                module.pop();
-            }
-            files.push((path, module));
-        }
-    }
-    files.sort();
-    files
-}
-
-/// Room -> rooms it names -> where (file:line) it first does.
-type Graph = BTreeMap<String, BTreeMap<String, String>>;
-
-fn graph(src: &Path) -> Graph {
-    let files = library_files(src);
-    let rooms: BTreeSet<String> = files.iter().filter_map(|(_, m)| m.first().cloned()).collect();
-    let mut g = Graph::new();
-    for (path, module) in &files {
-        let Some(room) = module.first() else { continue };
-        let edges = g.entry(room.clone()).or_default();
-        let source = std::fs::read_to_string(path).unwrap();
-        for (named, line) in rooms_named(&source, module) {
-            if named != *room && rooms.contains(&named) {
-                let place = format!("{}:{line}", path.strip_prefix(src).unwrap().display());
-                edges.entry(named).or_insert(place);
+            // A glob brings in names; the file names a module when it uses one of them.
+            for (around, path, _) in &s.globs {
+                let Some(from) = self.resolve(&inside(around), path, 0) else { continue };
+                let children = self.children(&from);
+                for (ident, path_follows, line) in &s.idents {
+                    if children.contains(ident) && !*path_follows {
+                        continue;
+                    }
+                    if let Some(to) = self.lookup(&from, ident, 0) {
+                        out.push((module.clone(), to, place(*line)));
+                    }
+                }
             }
         }
+        out
     }
-    g
 }
 
-/// A cycle of `g` as rooms, first room repeated at the end, if there is one.
-fn find_cycle(g: &Graph) -> Option<Vec<String>> {
-    fn visit(g: &Graph, room: &str, done: &mut BTreeSet<String>, stack: &mut Vec<String>) -> Option<Vec<String>> {
+/// Floor (the parent module) -> from -> to -> the first place that makes the arrow.
+type Floors = BTreeMap<ModPath, BTreeMap<String, BTreeMap<String, String>>>;
+
+fn floors(krate: &Crate) -> Floors {
+    let mut floors = Floors::new();
+    for (module, _) in krate.files.iter().filter(|(m, _)| !krate.children(m).is_empty()) {
+        let f = floors.entry(module.clone()).or_default();
+        for child in krate.children(module) {
+            f.entry(child).or_default();
+        }
+    }
+    for (from, to, place) in krate.arrows() {
+        let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+        // A parent naming its children, or a child its parent's own items: no arrow.
+        if common == from.len() || common == to.len() {
+            continue;
+        }
+        let floor = from[..common].to_vec();
+        let edges = floors.entry(floor).or_default().entry(from[common].clone()).or_default();
+        edges.entry(to[common].clone()).or_insert(place);
+    }
+    floors
+}
+
+/// A loop among one floor's modules, first module repeated at the end, if there is one.
+fn find_cycle(g: &BTreeMap<String, BTreeMap<String, String>>) -> Option<Vec<String>> {
+    fn visit(
+        g: &BTreeMap<String, BTreeMap<String, String>>,
+        room: &str,
+        done: &mut BTreeSet<String>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
         if let Some(at) = stack.iter().position(|r| r == room) {
             let mut cycle = stack[at..].to_vec();
             cycle.push(room.to_owned());
@@ -288,30 +534,126 @@ fn find_cycle(g: &Graph) -> Option<Vec<String>> {
     g.keys().find_map(|room| visit(g, room, &mut done, &mut Vec::new()))
 }
 
+/// The key of a floor in [`FLOORS`]: the crate root file for the root floor, else the
+/// folder of the module's children.
+fn floor_key(krate: &Crate, module: &[String]) -> String {
+    if module.is_empty() {
+        return krate.root.display().to_string();
+    }
+    let (file, _) = &krate.files[module];
+    let dir = if file.file_name().is_some_and(|n| n == "mod.rs") {
+        file.parent().unwrap().to_owned()
+    } else {
+        file.with_extension("")
+    };
+    dir.display().to_string()
+}
+
+/// What is wrong with one floor, given its arrows and its declared order, if declared.
+fn check_floor(key: &str, g: &BTreeMap<String, BTreeMap<String, String>>, declared: Option<&[&str]>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(order) = declared else {
+        if let Some(cycle) = find_cycle(g) {
+            let steps: Vec<String> =
+                cycle.windows(2).map(|w| format!("    {} -> {} ({})", w[0], w[1], g[&w[0]][&w[1]])).collect();
+            problems.push(format!("{key}: the modules import in a loop: {}\n{}", cycle.join(" -> "), steps.join("\n")));
+        }
+        return problems;
+    };
+    let mut level = BTreeMap::new();
+    for (n, floor) in order.iter().enumerate() {
+        for module in floor.split_whitespace() {
+            if level.insert(module.to_owned(), n).is_some() {
+                problems.push(format!("{key}: {module} is declared on two floors"));
+            }
+        }
+    }
+    for module in g.keys().filter(|m| !level.contains_key(*m)) {
+        problems.push(format!("{key}: module {module} is on no floor: declare it in FLOORS (tests/tests/rooms.rs)"));
+    }
+    for module in level.keys().filter(|m| !g.contains_key(*m)) {
+        problems.push(format!("{key}: FLOORS names {module}, which is no module here any more: drop it"));
+    }
+    for (from, edges) in g {
+        for (to, place) in edges {
+            let (Some(a), Some(b)) = (level.get(from), level.get(to)) else { continue };
+            if a >= b {
+                let way = if a == b { "sideways, on its own floor" } else { "up" };
+                problems.push(format!(
+                    "{key}: {from} -> {to} goes {way} ({place}): move what {from} needs from {to} below both, or \
+                     move {from} up"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// The workspace's members, from its Cargo.toml.
+fn members(workspace: &Path) -> Vec<PathBuf> {
+    let manifest = std::fs::read_to_string(workspace.join("Cargo.toml")).unwrap();
+    let list = manifest.split_once("members = [").expect("a members list").1.split_once(']').unwrap().0;
+    list.split(',').map(|m| m.trim().trim_matches('"')).filter(|m| !m.is_empty()).map(PathBuf::from).collect()
+}
+
+/// The crate roots of a member: its library, its binary and every `src/bin` binary.
+fn roots(workspace: &Path, member: &Path) -> Vec<PathBuf> {
+    let src = member.join("src");
+    let mut roots: Vec<PathBuf> =
+        ["lib.rs", "main.rs"].iter().map(|f| src.join(f)).filter(|p| workspace.join(p).is_file()).collect();
+    if let Ok(bins) = std::fs::read_dir(workspace.join(src.join("bin"))) {
+        for entry in bins.flatten() {
+            let path = entry.path();
+            let main = path.join("main.rs");
+            let root = if main.is_file() { main } else { path };
+            if root.extension().is_some_and(|e| e == "rs") {
+                roots.push(root.strip_prefix(workspace).unwrap().to_owned());
+            }
+        }
+    }
+    roots.sort();
+    roots
+}
+
 #[test]
-fn rooms_import_downwards_only() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let g = graph(&src);
-    for must in ["state", "dataplane", "service", "server", "error"] {
-        assert!(
-            g.contains_key(must),
-            "no room {must} found under {}: is the scan looking in the right place?",
-            src.display()
-        );
+fn every_crate_imports_downwards_only() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let declared: BTreeMap<&str, &[&str]> = FLOORS.iter().copied().collect();
+    let mut seen = BTreeSet::new();
+    let mut problems = Vec::new();
+    let mut report = String::new();
+    let crates: Vec<PathBuf> = members(workspace).iter().flat_map(|m| roots(workspace, m)).collect();
+    assert!(
+        crates.iter().any(|r| r.ends_with("dpu-agent/src/lib.rs")),
+        "no crates found under {}",
+        workspace.display()
+    );
+    for root in crates {
+        let krate = Crate::read(workspace, &root);
+        let floors = floors(&krate);
+        if !floors.contains_key(&ModPath::new()) || floors[&ModPath::new()].len() < 2 {
+            seen.insert(root.display().to_string());
+        }
+        for (module, g) in &floors {
+            let key = floor_key(&krate, module);
+            let _ = writeln!(report, "{key}");
+            for (from, edges) in g {
+                let _ = writeln!(report, "  {from} -> {}", edges.keys().cloned().collect::<Vec<_>>().join(" "));
+            }
+            let order = declared.get(key.as_str()).copied();
+            if module.is_empty() && order.is_none() && g.len() >= 2 {
+                problems
+                    .push(format!("{key}: a crate with {} modules and no declared floors: add it to FLOORS", g.len()));
+            }
+            seen.insert(key.clone());
+            problems.extend(check_floor(&key, g, order));
+        }
     }
-    for (room, edges) in &g {
-        println!("{room}: {}", edges.keys().cloned().collect::<Vec<_>>().join(" "));
+    for key in declared.keys().filter(|k| !seen.contains(**k)) {
+        problems.push(format!("FLOORS declares {key}, which is no crate root or module folder of the workspace"));
     }
-    if let Some(cycle) = find_cycle(&g) {
-        let steps: Vec<String> =
-            cycle.windows(2).map(|w| format!("  {} -> {} ({})", w[0], w[1], g[&w[0]][&w[1]])).collect();
-        panic!(
-            "the rooms of dpu-agent/src import in a loop: {}\n{}\nmove what the lower room needs into it (or below it) \
-             so that imports only go downwards",
-            cycle.join(" -> "),
-            steps.join("\n")
-        );
-    }
+    println!("{report}");
+    assert!(problems.is_empty(), "imports that do not go downwards:\n{}", problems.join("\n"));
 }
 
 #[test]
@@ -319,7 +661,8 @@ fn the_scan_sees_paths_in_code_only() {
     let src = r##"
         //! [`crate::doc_link`] in a doc comment
         use crate::{alpha::A, beta, gamma::{self, G}};
-        use super::sibling::X;
+        use super::sibling::X as Y;
+        mod child;
         /* crate::in_block /* nested crate::deeper */ */
         fn f() -> &'static str {
             let _ = crate::inline::call();
@@ -330,19 +673,73 @@ fn the_scan_sees_paths_in_code_only() {
         }
         mod tests {
             use super::*;
-            use super::super::super::outer::Y;
+            use super::super::super::outer::Z;
         }
     "##;
-    let named = rooms_named(src, &["room".to_owned(), "child".to_owned()]);
-    let names: Vec<&str> = named.keys().map(String::as_str).collect();
-    assert_eq!(names, ["alpha", "beta", "gamma", "inline", "outer", "room"]);
-    assert_eq!(named["inline"], 7);
+    let s = scan(src);
+    assert_eq!(s.mods, ["child"]);
+    assert!(s.items.contains("f") && !s.items.contains("tests"));
+    let paths: Vec<String> =
+        s.paths.iter().map(|(around, p, _)| format!("{}|{}", around.join("/"), p.join("::"))).collect();
+    assert_eq!(
+        paths,
+        [
+            "|crate::alpha::A",
+            "|crate::beta",
+            "|crate::gamma",
+            "|crate::gamma::G",
+            "|super::sibling::X",
+            "|crate::inline::call",
+            "tests|super::super::super::outer::Z",
+        ]
+    );
+    let imported: Vec<&str> = s.imports.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(imported, ["A", "beta", "gamma", "G", "Y"]);
+    assert_eq!(s.globs.len(), 1);
+    assert_eq!(s.paths[5].2, 8);
+}
+
+/// A crate made of the given files (module path, source), to test the arrows.
+fn crate_of(files: &[(&str, &str)]) -> Crate {
+    let mut map = BTreeMap::new();
+    for (module, source) in files {
+        let path: ModPath = module.split('/').filter(|p| !p.is_empty()).map(str::to_owned).collect();
+        let file =
+            if path.is_empty() { PathBuf::from("src/lib.rs") } else { PathBuf::from(format!("src/{module}.rs")) };
+        map.insert(path, (file, scan(source)));
+    }
+    Crate { root: PathBuf::from("src/lib.rs"), files: map }
+}
+
+#[test]
+fn arrows_follow_re_exports_and_globs_and_part_where_paths_part() {
+    let krate = crate_of(&[
+        ("", "mod error; mod net; pub use error::Error;"),
+        ("error", "pub struct Error;"),
+        ("net", "mod worker; mod endpoint; mod domain; pub use worker::Worker; fn helper() {}"),
+        ("net/worker", "use super::domain::Domain; use crate::Error; pub struct Worker; fn f() { super::helper(); }"),
+        ("net/endpoint", "use super::*; fn g(w: &Worker) {} mod tests { use super::*; }"),
+        ("net/domain", "pub struct Domain;"),
+    ]);
+    let floors = floors(&krate);
+    let arrows = |floor: &[&str]| -> Vec<String> {
+        let key: ModPath = floor.iter().map(|s| s.to_string()).collect();
+        floors[&key].iter().flat_map(|(from, to)| to.keys().map(move |t| format!("{from}->{t}"))).collect()
+    };
+    assert_eq!(arrows(&[]), ["net->error"]);
+    assert_eq!(arrows(&["net"]), ["endpoint->worker", "worker->domain"]);
+    let g = &floors[&vec!["net".to_owned()]];
+    assert!(check_floor("net", g, Some(&["endpoint", "worker", "domain"])).is_empty());
+    let wrong = check_floor("net", g, Some(&["worker domain", "endpoint"]));
+    assert_eq!(wrong.len(), 2, "{wrong:?}");
+    assert!(wrong[0].contains("endpoint -> worker goes up (src/net/endpoint.rs:1)"), "{wrong:?}");
+    assert!(wrong[1].contains("worker -> domain goes sideways"), "{wrong:?}");
 }
 
 #[test]
 fn a_loop_is_found_and_a_ladder_is_not() {
     let edges = |pairs: &[(&str, &str)]| {
-        let mut g = Graph::new();
+        let mut g: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for (a, b) in pairs {
             g.entry(a.to_string()).or_default().insert(b.to_string(), String::new());
             g.entry(b.to_string()).or_default();
@@ -353,4 +750,5 @@ fn a_loop_is_found_and_a_ladder_is_not() {
     let cycle = find_cycle(&edges(&[("a", "b"), ("b", "c"), ("c", "a")])).expect("a loop");
     assert_eq!(cycle.first(), cycle.last());
     assert_eq!(cycle.len(), 4);
+    assert_eq!(check_floor("x", &edges(&[("a", "b"), ("b", "a")]), None).len(), 1);
 }
