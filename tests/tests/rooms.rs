@@ -656,6 +656,77 @@ fn every_crate_imports_downwards_only() {
     assert!(problems.is_empty(), "imports that do not go downwards:\n{}", problems.join("\n"));
 }
 
+/// The workspace's own crates each member's Cargo.toml depends on (any dependency
+/// section), as member folders: a dependency `x.workspace = true` is the member
+/// `[workspace.dependencies]` gives a path for.
+fn member_dependencies(workspace: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let root = std::fs::read_to_string(workspace.join("Cargo.toml")).unwrap();
+    let declared = root.split_once("[workspace.dependencies]").expect("[workspace.dependencies]").1;
+    let mut paths = BTreeMap::new();
+    for line in declared.lines().take_while(|l| !l.starts_with('[')) {
+        if let (Some((name, _)), Some((_, rest))) = (line.split_once(" = "), line.split_once("path = \"")) {
+            paths.insert(name.trim().to_owned(), rest.split('"').next().unwrap().to_owned());
+        }
+    }
+    let mut deps = BTreeMap::new();
+    for member in members(workspace) {
+        let manifest = std::fs::read_to_string(workspace.join(&member).join("Cargo.toml")).unwrap();
+        let mut section = String::new();
+        let mut mine = BTreeSet::new();
+        for line in manifest.lines().map(str::trim) {
+            if line.starts_with('[') {
+                section = line.to_owned();
+            } else if section.ends_with("dependencies]") {
+                let name = line.split(['.', ' ', '=']).next().unwrap_or("");
+                if let Some(path) = paths.get(name) {
+                    mine.insert(path.clone());
+                }
+            }
+        }
+        deps.insert(member.display().to_string(), mine);
+    }
+    deps
+}
+
+/// The host side (`host-shim/...`) depends on no crate of the agent (`dpu-agent/...`),
+/// directly or through another crate, and `bench-core`, which both benchmark programs
+/// share, on neither side: what needs the agent's crates lives on the agent's side.
+#[test]
+fn the_host_side_depends_on_no_agent_crate() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let deps = member_dependencies(workspace);
+    assert!(
+        deps.get("host-shim/bench").is_some_and(|d| d.contains("bench-core")),
+        "the scan finds no dependencies: {deps:?}"
+    );
+    let mut problems = Vec::new();
+    for (member, direct) in &deps {
+        let forbidden = |dep: &str| match member.as_str() {
+            "bench-core" => dep.starts_with("dpu-agent") || dep.starts_with("host-shim"),
+            m if m.starts_with("host-shim") => dep.starts_with("dpu-agent"),
+            _ => false,
+        };
+        // Every crate it reaches, with the crate it reaches it through.
+        let mut reached: BTreeMap<String, String> = direct.iter().map(|d| (d.clone(), member.clone())).collect();
+        let mut todo: Vec<String> = direct.iter().cloned().collect();
+        while let Some(dep) = todo.pop() {
+            for next in deps.get(&dep).into_iter().flatten() {
+                if !reached.contains_key(next) {
+                    reached.insert(next.clone(), dep.clone());
+                    todo.push(next.clone());
+                }
+            }
+        }
+        for (dep, through) in reached.iter().filter(|(d, _)| forbidden(d)) {
+            problems.push(format!(
+                "{member} depends on {dep} (through {through}/Cargo.toml): move what needs it to the agent's side \
+                 (as dpu-agent/bench does for the benchmarks)"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "crates that cross from the host side into the agent's:\n{}", problems.join("\n"));
+}
+
 #[test]
 fn the_scan_sees_paths_in_code_only() {
     let src = r##"
