@@ -4,7 +4,7 @@
 //! The host writes submission entries into a ring in its own registered memory and
 //! rings a doorbell (a small active message naming its session and ring). The engine
 //! thread then, for each new entry: fetches it, decodes it strictly
-//! ([`dpuio_proto::wire`]), validates it against the session ([`crate::engine`]), runs
+//! ([`dpuio_proto::wire`]), validates it against the session ([`crate::validate`]), runs
 //! the backend read or write chunk by chunk, moves the payload, and posts the
 //! completion entry. The host's CPU takes no part after the doorbell.
 //!
@@ -57,7 +57,7 @@ use fabric::transport::{Endpoint as _, RemoteKey as _};
 use fabric::{MappedRemote, Transport};
 
 use crate::config::{Lane, QosConfig};
-use crate::engine::{self, RegionAccess};
+use crate::validate::{self, RegionAccess};
 use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics, TransportGauges, timed};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
@@ -176,8 +176,8 @@ impl Worker {
 }
 
 impl HostRegion {
-    pub fn info(&self) -> engine::RegionInfo {
-        engine::RegionInfo { length: self.length, access: self.access }
+    pub fn info(&self) -> validate::RegionInfo {
+        validate::RegionInfo { length: self.length, access: self.access }
     }
     pub fn is_mapped(&self) -> bool {
         self.mapped.is_some()
@@ -663,7 +663,7 @@ enum Job {
 
 struct Piece {
     request: Arc<InFlight>,
-    piece: engine::Chunk,
+    piece: validate::Chunk,
 }
 
 /// An open-read entry taken off a mapped ring, run on an I/O thread: the namespace call,
@@ -734,7 +734,7 @@ fn read_object_mapped(
     chunk_bytes: usize,
 ) -> Result<u64, dpuio_backend::Error> {
     let mut done = 0u64;
-    for c in engine::chunks(0, at, length, chunk_bytes as u64) {
+    for c in validate::chunks(0, at, length, chunk_bytes as u64) {
         let n = object.read_into(mapped.bytes_mut(c.region_offset as usize, c.length as usize), c.file_offset)?;
         done += n as u64;
         if (n as u64) < c.length {
@@ -1333,8 +1333,8 @@ impl Engine {
             true => self.chunk_bytes as u64,
             false => split_bytes(sub.length, self.cores, self.chunk_bytes as u64),
         };
-        let pieces: Vec<engine::Chunk> =
-            engine::chunks(sub.file_offset, sub.region_offset, sub.length, split).collect();
+        let pieces: Vec<validate::Chunk> =
+            validate::chunks(sub.file_offset, sub.region_offset, sub.length, split).collect();
         // With blocking backend calls one piece is cheaper inline than a hand-off to a
         // worker; with overlapping queues every piece goes to them, so the engine never
         // waits on storage and the workers keep many pieces in flight.
@@ -1391,7 +1391,7 @@ impl Engine {
         let mut done = 0u64;
         match (&region.mapped, sub.opcode) {
             (Some(mapped), Opcode::Read) => {
-                for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
+                for c in validate::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
                     let dst = mapped.bytes_mut(c.region_offset as usize, c.length as usize);
                     match timed(&self.backend_times.read, || object.read_into(dst, c.file_offset)) {
                         Ok(n) => {
@@ -1405,7 +1405,7 @@ impl Engine {
                 }
             }
             (Some(mapped), Opcode::Write) => {
-                for c in engine::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
+                for c in validate::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes) {
                     let src = mapped.bytes(c.region_offset as usize, c.length as usize);
                     if let Err(e) = timed(&self.backend_times.write, || object.write_from(src, c.file_offset)) {
                         return Ok(io_failed(session, sub, &e));
@@ -1616,7 +1616,7 @@ impl Engine {
             return Ok(read_object_mapped(&**object, m, at, length, self.chunk_bytes));
         }
         let mut done = 0u64;
-        for c in engine::chunks(0, at, length, self.chunk_bytes as u64) {
+        for c in validate::chunks(0, at, length, self.chunk_bytes as u64) {
             let staging = &mut self.lanes[peer.lane].staging;
             let dst = &mut staging.as_mut_slice()[SCRATCH_BYTES..][..c.length as usize];
             let read = object.read_at(dst, c.file_offset);

@@ -5,7 +5,7 @@
 //! downwards only (`tests/rooms.rs` fails on a loop), from the bottom up:
 //!
 //! - leaves: configuration ([`config`]), errors and their one mapping to statuses
-//!   ([`error`]), the request engine's checks ([`engine`]), who is calling
+//!   ([`error`]), the checks of every ring entry ([`validate`]), who is calling
 //!   ([`caller`]), connections that report their closing ([`connection`]), and how the code waits (`runtime`: the lock helper, blocking calls
 //!   off the async runtime); what the agent counts, and its `GET /metrics` endpoint
 //!   ([`metrics`]: the rooms above count into it, and the agent hands it its figures
@@ -40,7 +40,7 @@ pub mod config;
 pub mod connection;
 pub mod dataplane;
 pub mod deploy;
-pub mod engine;
+pub mod validate;
 pub mod error;
 pub mod keys;
 pub mod metrics;

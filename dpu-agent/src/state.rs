@@ -49,7 +49,7 @@ pub struct Agent {
 
 /// What a session may do: all of its tenant's container, or what its capability
 /// token grants. Checked on every namespace call; compiled into each handle's
-/// [`HandleInfo`](crate::engine::HandleInfo) for the data plane.
+/// [`HandleInfo`](crate::validate::HandleInfo) for the data plane.
 #[derive(Clone, Debug)]
 pub struct SessionRights {
     pub ops: OpMask,

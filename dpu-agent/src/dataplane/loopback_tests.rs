@@ -29,7 +29,7 @@ use super::readiness::IDLE_SCAN;
 use super::sessions::{AgentView, Handle, Session};
 use super::{DataPlane, Peer, SPLIT_BYTES};
 use crate::config::{Limits, QosConfig, TenantConfig};
-use crate::engine::RegionAccess;
+use crate::validate::RegionAccess;
 use crate::metrics::Metrics;
 use crate::runtime::lock;
 

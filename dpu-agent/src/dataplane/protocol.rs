@@ -9,7 +9,7 @@
 //! ([`dpuio_proto::wire`]). None of the host's values is trusted: indices that claim
 //! more submissions than the ring holds, or more unreaped completions than it holds,
 //! break the ring ([`Serve::Broken`]); every entry is decoded strictly and validated
-//! against the session ([`crate::engine::validate`]) before anything runs.
+//! against the session ([`crate::validate::validate`]) before anything runs.
 //!
 //! Serving a ring once is a [`Batch`]. The driver (the engine thread in `dataplane.rs`)
 //! reads the host's indices and hands them to [`Cursor::serve`] with the tenant's room;
@@ -35,7 +35,7 @@
 
 use dpuio_proto::wire::{self, Completion, Entry, MetaSubmission, Status, Submission};
 
-use crate::engine::{self, SessionView};
+use crate::validate::{self, SessionView};
 
 /// Submissions taken from one ring before the engine turns to the next, so one busy
 /// ring cannot starve the others.
@@ -208,8 +208,8 @@ impl Batch {
         self.left -= 1;
         let checked = match Entry::decode(entry) {
             Err(_) => Err(Status::Malformed),
-            Ok(Entry::Io(sub)) => engine::validate(&sub, session, max_io_bytes).map(|v| Entry::Io(v.submission)),
-            Ok(Entry::Meta(m)) => engine::validate_meta(&m, session, max_io_bytes).map(|()| Entry::Meta(m)),
+            Ok(Entry::Io(sub)) => validate::validate(&sub, session, max_io_bytes).map(|v| Entry::Io(v.submission)),
+            Ok(Entry::Meta(m)) => validate::validate_meta(&m, session, max_io_bytes).map(|()| Entry::Meta(m)),
         };
         let refused = |status| Action::Complete {
             index: cq_index,
@@ -250,16 +250,16 @@ impl Batch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Backend read of `chunk` into staging half `half`; report with [`Staged::read`].
-    Read { chunk: engine::Chunk, half: usize },
+    Read { chunk: validate::Chunk, half: usize },
     /// Put the first `len` bytes of staging half `half` to the request's region at
     /// `region_offset`.
     Put { half: usize, len: usize, region_offset: u64 },
     /// Get `chunk` from the request's region into staging half 0.
-    Get { chunk: engine::Chunk },
+    Get { chunk: validate::Chunk },
     /// Wait until every put and get issued so far is done (a flush).
     Flush,
     /// Backend write of `chunk` from staging half 0; report with [`Staged::wrote`].
-    Write { chunk: engine::Chunk },
+    Write { chunk: validate::Chunk },
     /// Make the file durable ([`wire::FLAG_SYNC`]); report with [`Staged::synced`].
     Sync,
     /// The request is done: its completion has this status and result (payload puts
@@ -299,11 +299,11 @@ enum StagedNext {
     /// Hand out this step, then go on as `then`.
     Step(Step, StagedThen),
     AwaitRead {
-        chunk: engine::Chunk,
+        chunk: validate::Chunk,
         half: usize,
     },
     AwaitWrite {
-        chunk: engine::Chunk,
+        chunk: validate::Chunk,
     },
     AwaitSync,
     Done,
@@ -314,11 +314,11 @@ enum StagedNext {
 enum StagedThen {
     Chunk,
     End,
-    Read { chunk: engine::Chunk, half: usize },
-    AwaitRead { chunk: engine::Chunk, half: usize },
-    Flush(engine::Chunk),
-    Write(engine::Chunk),
-    AwaitWrite(engine::Chunk),
+    Read { chunk: validate::Chunk, half: usize },
+    AwaitRead { chunk: validate::Chunk, half: usize },
+    Flush(validate::Chunk),
+    Write(validate::Chunk),
+    AwaitWrite(validate::Chunk),
     AwaitSync,
     Done,
 }
@@ -361,7 +361,7 @@ impl Staged {
     fn next_chunk(&mut self) -> StagedNext {
         let end = self.sub.file_offset + self.sub.length;
         let region_offset = self.sub.region_offset + (self.at - self.sub.file_offset);
-        let Some(chunk) = engine::chunks(self.at, region_offset, end - self.at, self.chunk_bytes).next() else {
+        let Some(chunk) = validate::chunks(self.at, region_offset, end - self.at, self.chunk_bytes).next() else {
             return self.end();
         };
         let k = self.started;

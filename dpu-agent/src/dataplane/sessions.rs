@@ -21,7 +21,7 @@ use dpuio_backend::{Backend, Object};
 
 use super::{HostRegion, HostRing, Peer};
 use crate::config::{Limits, TenantConfig};
-use crate::engine::{HandleInfo, RegionInfo, SessionView};
+use crate::validate::{HandleInfo, RegionInfo, SessionView};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, TenantMetrics};
 use crate::runtime::lock;

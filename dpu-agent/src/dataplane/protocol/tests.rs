@@ -4,7 +4,7 @@
 use dpuio_proto::wire::{self, Completion, Opcode, SQE_BYTES, Status, Submission};
 
 use super::*;
-use crate::engine::{HandleInfo, RegionAccess, RegionInfo, SessionView};
+use crate::validate::{HandleInfo, RegionAccess, RegionInfo, SessionView};
 
 /// Handle 7 (read and write) and region 1 (1 MiB, both directions).
 struct FakeSession;

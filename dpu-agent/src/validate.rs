@@ -1,4 +1,4 @@
-//! The request engine's decisions, with no I/O: is a ring entry allowed, and how is it
+//! Validation of ring entries, with no I/O: is a ring entry allowed, and how is it
 //! split into backend operations.
 //!
 //! Everything a host writes into its rings is untrusted. [`validate`] checks one decoded
