@@ -24,14 +24,15 @@ use fabric::any;
 use fabric::testing::{self, LoopbackWorker, PeerAccess};
 use fabric::transport::{Endpoint as _, Region as _};
 
+use super::policy::SPLIT_BYTES;
 use super::protocol::RING_BATCH;
 use super::readiness::IDLE_SCAN;
 use super::sessions::{AgentView, Handle, Session};
-use super::{DataPlane, Peer, SPLIT_BYTES};
+use super::{DataPlane, Peer};
 use crate::config::{Limits, QosConfig, TenantConfig};
-use crate::validate::RegionAccess;
 use crate::metrics::Metrics;
 use crate::runtime::lock;
+use crate::validate::RegionAccess;
 
 /// How long a test waits for something the engine should do in microseconds.
 const PATIENCE: Duration = Duration::from_secs(20);

@@ -11,11 +11,13 @@
 //! straight into the answer range).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use dpuio_backend::{Attr, DirEntry, EntryKind, Object};
 use dpuio_proto::wire::{self, AttrRecord, MetaHeader, MetaOpcode, MetaSubmission};
 
 use crate::error::{Error, Result};
+use crate::metrics::{Op, TenantMetrics};
 
 /// A metadata entry's operation, with its strings decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +180,23 @@ pub fn answer(reply: &Reply, room: usize) -> std::result::Result<Vec<u8>, usize>
         }
     }
     if out.len() > room { Err(out.len()) } else { Ok(out) }
+}
+
+/// How a metadata entry went, counted as the same call over gRPC is: by operation,
+/// refusals by their code; an open-read also as a read of the file bytes it wrote after
+/// its header (`answered`: the bytes written into the answer range).
+pub fn count(metrics: &TenantMetrics, opcode: MetaOpcode, answered: &Result<u64>, started: Instant) {
+    let op = Op::of_meta(opcode);
+    match (answered, op) {
+        (Ok(written), Op::Read) => metrics.request(
+            op,
+            wire::Status::Ok,
+            written.saturating_sub(u64::from(wire::META_ANSWER_HEADER_BYTES)),
+            started.elapsed(),
+        ),
+        (Ok(_), _) => metrics.call(op, Ok(())),
+        (Err(refused), _) => metrics.call(op, Err(refused.code())),
+    }
 }
 
 #[cfg(test)]
