@@ -10,11 +10,12 @@
 //!   off the async runtime); what the agent counts, and its `GET /metrics` endpoint
 //!   ([`metrics`]: the rooms above count into it, and the agent hands it its figures
 //!   through [`metrics::Gauges`]);
-//! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]): its ring
-//!   protocol without I/O ([`dataplane::protocol`], [`dataplane::readiness`]) and the
-//!   engine thread that drives it, which owns what it serves each session from
-//!   (handles, peer, regions, rings: [`dataplane::sessions`]) and sees the agent only
-//!   through [`dataplane::sessions::AgentView`];
+//! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]): its
+//!   decisions without I/O ([`dataplane::protocol`], its `policy`,
+//!   [`dataplane::readiness`]), host memory, the I/O threads, and the engine thread
+//!   that drives them, which owns what it serves each session from (handles, peer,
+//!   regions, rings: [`dataplane::sessions`]) and sees the agent only through
+//!   [`dataplane::sessions::AgentView`];
 //! - the changes made with `dpuctl` that persist, and how they merge with the config
 //!   at start ([`persist`]: the rules without I/O, and the state file's adapter);
 //! - state and policy: tenants, sessions and their rights ([`state`]); what starting

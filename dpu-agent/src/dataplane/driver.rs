@@ -13,23 +13,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dpuio_backend::OneAtATime;
 use dpuio_proto::wire::{self, MetaSubmission, Submission};
 use fabric::Transport;
 use fabric::any;
 
 use super::execute::Exec;
 use super::host_memory::{self, HostAccess, HostRing, Peer};
-use super::io::{self, InFlight, Job, OpenRead, Piece};
-use super::protocol::{self, Action, Ran};
+use super::io::{self, Job, Mapped, OpenRead};
+use super::meta;
+use super::policy::{self, Placement};
+use super::protocol::{self, Action, Count, Ran, RingMemory};
 use super::readiness::{Idle, Readiness, RingKey};
 use super::registry::DataPlaneError;
 use super::sessions::{Agent, Session};
-use super::{meta, policy};
 use crate::metrics::{BackendTimes, Metrics, Op};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
-use crate::validate;
 
 /// How long the engine sleeps at a time while a transport whose event fd does not
 /// report doorbells (libfabric shm) has peers: their doorbells are seen by polling.
@@ -157,16 +156,8 @@ impl Engine {
                 }
             }
             let serving = self.resolve(ready.take_pending());
-            // One unlimited tenant with work and nothing queued: run entries as they
-            // are taken, as fast as without QoS. Otherwise the scheduler decides.
-            let direct = queued_wait.is_none()
-                && serving.first().is_some_and(|first| {
-                    first.tenant.as_ref().is_some_and(|t| t.is_unlimited())
-                        && serving.iter().all(|s| match (&s.tenant, &first.tenant) {
-                            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                            _ => false,
-                        })
-                });
+            let tenants = serving.iter().map(|s| s.tenant.as_ref().map(|t| (Arc::as_ptr(t), t.is_unlimited())));
+            let direct = policy::runs_direct(queued_wait.is_none(), tenants);
             for s in serving {
                 let key = s.key;
                 if let Some(tenant) = &s.tenant
@@ -270,9 +261,9 @@ impl Engine {
             if let Some(tenant) = &s.tenant {
                 let _ = tenant.finish(1); // the tenant is gone: nobody waits for its room
             }
-            match self.host(&s.peer).post_completion(&s.ring, cq_index, &completion).map_err(DataPlaneError::from) {
+            match self.host(&s.peer).post_completion(&s.ring, cq_index, &completion) {
                 Ok(()) => host_memory::wake_waiters(&s.ring),
-                Err(e) => fail_peer(&self.metrics, s, &e),
+                Err(e) => fail_peer(&self.metrics, s, &e.into()),
             }
         }
     }
@@ -300,7 +291,8 @@ impl Engine {
             let ran = self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.taken).and_then(|ran| {
                 let Ran::Done { status, result } = ran else { return Ok(false) };
                 let completion = protocol::completion(sub.user_data, cq_index, status, result);
-                Ok(self.host(&s.peer).post_completion(&s.ring, cq_index, &completion).map(|()| true)?)
+                self.host(&s.peer).post_completion(&s.ring, cq_index, &completion)?;
+                Ok(true)
             });
             match ran {
                 Ok(false) => {}
@@ -328,7 +320,7 @@ impl Engine {
         tenant: &Arc<TenantSlot>,
         taken: &Taken,
     ) -> Result<Ran, DataPlaneError> {
-        if self.dispatch(session, ring, taken, tenant).is_some() {
+        if self.hand_off(session, ring, taken, tenant) {
             return Ok(Ran::OnWorkers);
         }
         let outcome = self.exec(peer).execute(session, &taken.sub);
@@ -352,12 +344,9 @@ impl Engine {
             sq_head: ring.sq_head.load(Ordering::Relaxed),
             cq_tail: ring.cq_tail.load(Ordering::Relaxed),
         };
-        let tenant = match &s.tenant {
-            None => protocol::Tenant::Removed,
-            Some(t) if direct => protocol::Tenant::Direct { room: t.room() },
-            Some(t) => protocol::Tenant::Queued { room: t.room() },
-        };
-        let mut batch = match cursor.serve(ring.entries, protocol::HostIndices { sq_tail, cq_head }, tenant) {
+        let tenant = protocol::Tenant::of(s.tenant.as_ref().map(|t| t.room()), direct);
+        let memory = if ring.region.is_mapped() { RingMemory::Mapped } else { RingMemory::Remote };
+        let mut batch = match cursor.serve(ring.entries, memory, protocol::HostIndices { sq_tail, cq_head }, tenant) {
             protocol::Serve::Batch(batch) => batch,
             protocol::Serve::Idle => return Ok(false),
             protocol::Serve::Broken => {
@@ -374,24 +363,17 @@ impl Engine {
             }
         };
         let mut entry = [0u8; wire::SQE_BYTES];
-        // Submissions waiting behind the one fetched last (the host's count: used only to
-        // choose where an open-read runs).
-        let mut behind = sq_tail.wrapping_sub(cursor.sq_head);
         // This batch's open-reads on the I/O threads (see OpenRead::group).
         let mut group: Option<Arc<AtomicUsize>> = None;
         // Counted when pushed to the scheduler at the end: a transfer failure before
         // then must not leave them counted.
         let mut queued = Vec::new();
-        // Whether the next completion is that of an entry that ran here (counted when it
-        // ran); any other is a refusal, counted when posted.
-        let mut ran_here = false;
         // The batch's entries were all waiting when it began: their latency counts from
         // here (one clock read a batch, not one an entry).
         let taken_at = Instant::now();
         while let Some(action) = batch.poll() {
             let performed = match (action, &s.tenant) {
                 (Action::Fetch { index }, _) => {
-                    behind = behind.saturating_sub(1);
                     let at = base + wire::sqe_offset(ring.entries, index) as u64;
                     self.host(peer).read(&ring.region, at, &mut entry).map_err(DataPlaneError::from).map(|()| {
                         batch.fetched(&entry, session, self.agent.limits().max_io_bytes);
@@ -400,10 +382,7 @@ impl Engine {
                 (Action::Run { sub, cq_index }, Some(tenant)) => {
                     tenant.start(1);
                     let taken = Taken { sub, cq_index, at: taken_at };
-                    self.run_entry(session, peer, ring, tenant, &taken).map(|ran| {
-                        ran_here = matches!(ran, Ran::Done { .. });
-                        batch.ran(ran)
-                    })
+                    self.run_entry(session, peer, ring, tenant, &taken).map(|ran| batch.ran(ran))
                 }
                 (Action::Queue { sub, cq_index }, Some(_)) => {
                     queued.push(Queued { serving: s.clone(), taken: Taken { sub, cq_index, at: taken_at } });
@@ -411,7 +390,8 @@ impl Engine {
                 }
                 // Not given (a removed tenant is Tenant::Removed: its entries are
                 // cancelled), but if it were, the host still gets its completion.
-                (Action::Run { .. }, None) => {
+                (Action::Run { sub, .. }, None) => {
+                    session.metrics.completed(Op::of(sub.opcode), wire::Status::Cancelled);
                     batch.ran(Ran::Done { status: wire::Status::Cancelled, result: 0 });
                     Ok(())
                 }
@@ -420,23 +400,18 @@ impl Engine {
                     let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
                     self.host(peer).post_completion(ring, cq_index, &completion).map_err(DataPlaneError::from)
                 }
-                // An open-read with more entries behind it goes to the I/O threads, so a
-                // batch of samples is read in parallel; the last one runs here.
-                (Action::Meta { meta, cq_index }, _)
-                    if behind > 0 && self.dispatch_open_read(s, &meta, cq_index, &mut group) =>
-                {
-                    batch.ran(Ran::OnWorkers);
+                (Action::OpenRead { meta, cq_index }, _) => {
+                    batch.offloaded(self.hand_off_open_read(s, &meta, cq_index, &mut group));
                     Ok(())
                 }
-                (Action::Meta { meta, .. }, _) => self.exec(peer).run_meta(session, &meta).map(|(status, result)| {
-                    ran_here = true; // counted as it ran (run_meta)
-                    batch.ran(Ran::Done { status, result });
-                }),
-                (Action::Complete { index, completion }, _) => {
-                    if !std::mem::take(&mut ran_here) {
-                        let op = Submission::decode(&entry).map_or(Op::Unknown, |sub| Op::of(sub.opcode));
-                        let status = wire::Status::from_i32(completion.status).unwrap_or(wire::Status::Io);
-                        session.metrics.completed(op, status);
+                // Counted as it runs (run_meta).
+                (Action::Meta { meta, .. }, _) => self
+                    .exec(peer)
+                    .run_meta(session, &meta)
+                    .map(|(status, result)| batch.ran(Ran::Done { status, result })),
+                (Action::Complete { index, completion, count }, _) => {
+                    if let Count::Refused { opcode, status } = count {
+                        session.metrics.completed(opcode.map_or(Op::Unknown, Op::of), status);
                     }
                     self.host(peer).post_completion(ring, index, &completion).map_err(DataPlaneError::from)
                 }
@@ -505,86 +480,53 @@ impl Engine {
         Ok(more)
     }
 
-    /// Queue a request whose region and ring are mapped on the I/O workers, split in
-    /// pieces. `None` when it must run inline (an unmapped region: put/get).
-    fn dispatch(
-        &mut self,
-        session: &Session,
-        ring: &Arc<HostRing>,
-        taken: &Taken,
-        tenant: &Arc<TenantSlot>,
-    ) -> Option<()> {
+    /// Hand a request to the I/O threads where [`policy::place`] puts it (its region and
+    /// ring are mapped): they run its pieces and post its completion. False when it
+    /// runs here.
+    fn hand_off(&mut self, session: &Session, ring: &Arc<HostRing>, taken: &Taken, tenant: &Arc<TenantSlot>) -> bool {
         let Taken { sub, cq_index, at: taken_at } = *taken;
-        let region = session.host_region(sub.region_id)?;
-        region.mapped.as_ref()?;
-        ring.region.mapped.as_ref()?;
-        let handle = session.handle(sub.handle).ok()?;
-        let split = match self.io_overlaps {
-            true => self.chunk_bytes as u64,
-            false => policy::split_bytes(sub.length, self.cores, self.chunk_bytes as u64),
-        };
-        let pieces: Vec<validate::Chunk> =
-            validate::chunks(sub.file_offset, sub.region_offset, sub.length, split).collect();
-        // With blocking backend calls one piece is cheaper inline than a hand-off to a
-        // worker; with overlapping queues every piece goes to them, so the engine never
-        // waits on storage and the workers keep many pieces in flight.
-        if pieces.is_empty() || (pieces.len() == 1 && !self.io_overlaps) {
-            return None;
-        }
-        let request = Arc::new(InFlight {
+        let Some(region) = session.host_region(sub.region_id) else { return false };
+        let mapped = region.is_mapped() && ring.region.is_mapped();
+        let placement = policy::place(&sub, mapped, self.io_overlaps, self.cores, self.chunk_bytes as u64);
+        let Placement::Workers { pieces, engine_first } = placement else { return false };
+        let Ok(handle) = session.handle(sub.handle) else { return false };
+        let request = Mapped {
             session_id: session.id,
             ring: ring.clone(),
             region,
             handle,
             sub,
             cq_index,
-            pieces_left: AtomicUsize::new(pieces.len()),
-            short_end: AtomicU64::new(u64::MAX),
-            failed: AtomicBool::new(false),
-            integrity: AtomicBool::new(false),
             tenant: tenant.clone(),
             engine: self.lanes[0].worker.clone(),
             metrics: session.metrics.clone(),
             taken_at,
-        });
-        // Blocking backend calls: the engine takes the first piece itself rather than
-        // idling while workers wake.
-        let inline = (!self.io_overlaps).then(|| pieces[0]);
-        for &piece in &pieces[usize::from(inline.is_some())..] {
-            if self.jobs.send(Job::Piece(Piece { request: request.clone(), piece })).is_err() {
-                // The workers are gone (shutdown): fail this piece.
-                request.failed.store(true, Ordering::Relaxed);
-                if request.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    io::finish_mapped(&request, &self.backend_times);
-                }
-            }
-        }
-        if let Some(piece) = inline {
-            io::run_pieces(&mut OneAtATime, &[Piece { request, piece }], &self.backend_times);
-        }
-        Some(())
+        };
+        io::hand_off(&self.jobs, request, &pieces, engine_first, &self.backend_times);
+        true
     }
 
-    /// Run one validated request. Backend failures become error completions; only a
-    /// transport failure (the host is gone) is an `Err`.
-    fn dispatch_open_read(
+    /// Hand the open-read `m` to the I/O threads, as the ring protocol asked: its
+    /// request is copied out of host memory and decoded here. False when they cannot
+    /// take it (a range deregistered since, a request that does not decode): it then
+    /// runs here, and is refused with its reason.
+    fn hand_off_open_read(
         &mut self,
         s: &Serving,
         m: &MetaSubmission,
         cq_index: u64,
         group: &mut Option<Arc<AtomicUsize>>,
     ) -> bool {
-        if m.opcode != wire::MetaOpcode::OpenRead || s.ring.region.mapped.is_none() {
-            return false;
-        }
         let (Some(answer), Some(request)) =
             (s.session.host_region(m.answer_region), s.session.host_region(m.request_region))
         else {
             return false;
         };
-        let Some(mapped) = request.mapped.as_ref().filter(|_| answer.mapped.is_some()) else { return false };
+        let Some(mapped) = request.mapped.as_ref().filter(|_| answer.is_mapped() && s.ring.region.is_mapped()) else {
+            return false;
+        };
         let bytes = mapped.bytes(m.request_offset as usize, m.request_length as usize).to_vec();
-        let Ok(asked) = meta::request(m, &bytes) else { return false }; // refused here, with its reason
+        let Ok(asked) = meta::request(m, &bytes) else { return false };
         let group = group.get_or_insert_with(Default::default).clone();
         group.fetch_add(1, Ordering::AcqRel);
         let job = OpenRead {
@@ -599,9 +541,7 @@ impl Engine {
             chunk_bytes: self.chunk_bytes,
             group,
         };
-        if let Err(crossbeam_channel::SendError(Job::OpenRead(job))) = self.jobs.send(Job::OpenRead(Box::new(job))) {
-            job.run(); // the workers are gone (shutdown): run it here
-        }
+        io::hand_off_open_read(&self.jobs, job);
         true
     }
 }

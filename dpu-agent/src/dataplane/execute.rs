@@ -15,10 +15,10 @@ use dpuio_proto::wire::{self, MetaSubmission, Opcode, Submission};
 use fabric::transport::Endpoint as _;
 
 use super::host_memory::{FLUSH_TIMEOUT, HostAccess, HostRegion, SCRATCH_BYTES};
-use super::meta;
 use super::protocol::{self, BackendFailure, Step};
 use super::registry::DataPlaneError;
 use super::sessions::{self, Agent, Session};
+use super::{meta, policy};
 use crate::metrics::{BackendTimes, timed};
 use crate::validate;
 
@@ -67,8 +67,7 @@ impl Exec<'_> {
             }
             (None, _) => return self.execute_staged(session, sub, &region, object),
         }
-        if sub.opcode == Opcode::Write
-            && sub.flags & wire::FLAG_SYNC != 0
+        if policy::syncs(sub)
             && let Err(e) = timed(&self.times.sync, || object.sync())
         {
             return Ok(io_failed(session, sub, &e));
@@ -187,32 +186,24 @@ impl Exec<'_> {
                 }
                 Err(need) => need,
             };
-            // A batch of a listing that does not fit: ask again for as many entries
-            // as fit on average (fewer each time, so this ends).
-            match (&reply, &mut asked) {
-                (meta::Reply::Dir { entries, .. }, meta::Request::Readdir { max, .. }) if entries.len() > 1 => {
-                    *max = ((entries.len() * room / need) as u32).clamp(1, entries.len() as u32 - 1);
-                    reply = match sessions::namespace_call(self.agent, session_id, asked.clone()) {
-                        Ok(r) => r,
-                        Err(e) => return Ok(Err(e)),
-                    };
-                }
-                _ => {
-                    return Ok(Err(crate::error::Error::invalid(
-                        "answer_length",
-                        format!("the answer needs {need} bytes; the entry gives {room}"),
-                    )));
-                }
-            }
+            let Some(again) = meta::fewer(&reply, &asked, room, need) else {
+                return Ok(Err(crate::error::Error::invalid(
+                    "answer_length",
+                    format!("the answer needs {need} bytes; the entry gives {room}"),
+                )));
+            };
+            asked = again;
+            reply = match sessions::namespace_call(self.agent, session_id, asked.clone()) {
+                Ok(r) => r,
+                Err(e) => return Ok(Err(e)),
+            };
         }
     }
 }
 
+/// A backend call of `sub` failed: log it; its completion's status and result.
 fn io_failed(session: &Session, sub: &Submission, e: &dpuio_backend::Error) -> (wire::Status, u64) {
     tracing::warn!(session = format!("{:#018x}", session.id), handle = format!("{:#018x}", sub.handle), error = %e,
         "backend I/O failed");
-    match e {
-        dpuio_backend::Error::Integrity { .. } => (wire::Status::Integrity, 0),
-        _ => (wire::Status::Io, 0),
-    }
+    (policy::failure_status(e), 0)
 }

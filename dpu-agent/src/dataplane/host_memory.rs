@@ -75,7 +75,7 @@ pub struct HostRing {
 
 impl HostRegion {
     pub fn info(&self) -> validate::RegionInfo {
-        validate::RegionInfo { length: self.length, access: self.access }
+        validate::RegionInfo { length: self.length, access: self.access, mapped: self.mapped.is_some() }
     }
     pub fn is_mapped(&self) -> bool {
         self.mapped.is_some()

@@ -16,14 +16,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use dpuio_backend::{IoOp, IoQueue, IoRequest};
+use dpuio_backend::{IoOp, IoQueue, IoRequest, OneAtATime};
 use dpuio_proto::wire::{self, MetaSubmission, Opcode, Submission};
 use fabric::Transport;
 use fabric::any;
 
 use super::host_memory::{self, HostRegion, HostRing};
 use super::sessions::{self, Agent, Handle};
-use super::{meta, protocol};
+use super::{meta, policy, protocol};
 use crate::metrics::{BackendTimes, Op, TenantMetrics, timed};
 use crate::qos::TenantSlot;
 use crate::validate;
@@ -31,20 +31,14 @@ use crate::validate;
 /// Jobs queued for the I/O threads at most; the engine waits when it is full.
 pub(super) const IO_QUEUE: usize = 1024;
 
-/// A mapped request in flight on the I/O threads.
-pub(super) struct InFlight {
+/// A validated request whose ring and region are mapped, as the engine hands it over.
+pub(super) struct Mapped {
     pub session_id: u64,
     pub ring: Arc<HostRing>,
     pub region: Arc<HostRegion>,
     pub handle: Arc<Handle>,
     pub sub: Submission,
     pub cq_index: u64,
-    pub pieces_left: AtomicUsize,
-    /// Lowest file offset where a read came up short (end of file); u64::MAX if none.
-    pub short_end: AtomicU64,
-    pub failed: AtomicBool,
-    /// A piece failed an integrity check (inline encryption): the completion says so.
-    pub integrity: AtomicBool,
     /// Counts this request in flight until its completion is posted.
     pub tenant: Arc<TenantSlot>,
     /// Woken when finishing this request makes room for a parked tenant.
@@ -52,6 +46,17 @@ pub(super) struct InFlight {
     /// The session's tenant counters, and when the request was taken off its ring.
     pub metrics: Arc<TenantMetrics>,
     pub taken_at: Instant,
+}
+
+/// A mapped request in flight on the I/O threads: how its pieces went so far.
+pub(super) struct InFlight {
+    request: Mapped,
+    pieces_left: AtomicUsize,
+    /// Lowest file offset where a read came up short (end of file); u64::MAX if none.
+    short_end: AtomicU64,
+    failed: AtomicBool,
+    /// A piece failed an integrity check (inline encryption): the completion says so.
+    integrity: AtomicBool,
 }
 
 /// Work for the I/O threads.
@@ -65,13 +70,13 @@ pub(super) enum Job {
 }
 
 pub(super) struct Piece {
-    pub request: Arc<InFlight>,
-    pub piece: validate::Chunk,
+    request: Arc<InFlight>,
+    piece: validate::Chunk,
 }
 
 /// An open-read entry taken off a mapped ring, run on an I/O thread: the namespace call,
 /// the file's bytes and header written into the mapped answer range, its completion
-/// posted as [`finish_mapped`] posts a request's.
+/// posted as the last piece of a request posts its.
 pub(super) struct OpenRead {
     pub agent: Arc<Agent>,
     pub session_id: u64,
@@ -137,14 +142,14 @@ pub(super) fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn
                 continue;
             }
         };
-        let overlaps = io.overlaps(&*first.request.handle.object);
+        let overlaps = io.overlaps(&*first.request.request.handle.object);
         batch.push(first);
         // A piece the queue would run on this thread ends the batch: it must not hold
         // back the pieces gathered before it longer than it takes itself.
         while overlaps && batch.len() < io.depth() {
             match queue.try_recv() {
                 Ok(Job::Piece(p)) => {
-                    let stop = !io.overlaps(&*p.request.handle.object);
+                    let stop = !io.overlaps(&*p.request.request.handle.object);
                     batch.push(p);
                     if stop {
                         break;
@@ -170,11 +175,12 @@ pub(super) fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn
 /// Each piece's backend time goes to `times`: on a queue that overlaps its pieces, from
 /// the batch's start to the piece's outcome (they were all submitted together); on one
 /// that runs them one after another, from the previous outcome.
-pub(super) fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
+fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
     let overlapped = io.depth() > 1;
     let mut requests: Vec<IoRequest<'_>> = batch
         .iter()
-        .map(|Piece { request: r, piece }| {
+        .map(|Piece { request, piece }| {
+            let r = &request.request;
             let mapped = r.region.mapped.as_ref().expect("only mapped requests are queued");
             let (at, len) = (piece.region_offset as usize, piece.length as usize);
             IoRequest {
@@ -191,52 +197,94 @@ pub(super) fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendT
     let mut last = started;
     io.run(&mut requests, &mut |i, outcome| {
         let Piece { request: r, piece } = &batch[i];
+        let opcode = r.request.sub.opcode;
         let now = Instant::now();
-        let h = if r.sub.opcode == Opcode::Read { &times.read } else { &times.write };
+        let h = if opcode == Opcode::Read { &times.read } else { &times.write };
         h.observe(now.duration_since(if overlapped { started } else { last }).as_secs_f64());
         last = now;
         match outcome {
-            Ok(n) if r.sub.opcode == Opcode::Read && (n as u64) < piece.length => {
+            Ok(n) if opcode == Opcode::Read && (n as u64) < piece.length => {
                 r.short_end.fetch_min(piece.file_offset + n as u64, Ordering::Relaxed);
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "backend I/O failed");
-                if matches!(e, dpuio_backend::Error::Integrity { .. }) {
+                tracing::warn!(session = format!("{:#018x}", r.request.session_id), error = %e, "backend I/O failed");
+                if policy::failure_status(&e) == wire::Status::Integrity {
                     r.integrity.store(true, Ordering::Relaxed);
                 }
                 r.failed.store(true, Ordering::Relaxed);
             }
         }
-        if r.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            finish_mapped(r, times);
-        }
+        r.piece_done(times);
     });
 }
 
-/// The last piece of a mapped request is done: sync if asked, post the completion.
-pub(super) fn finish_mapped(r: &InFlight, times: &BackendTimes) {
-    let mut failed = r.failed.load(Ordering::Relaxed);
-    if !failed
-        && r.sub.opcode == Opcode::Write
-        && r.sub.flags & wire::FLAG_SYNC != 0
-        && let Err(e) = timed(&times.sync, || r.handle.object.sync())
-    {
-        tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
-        failed = true;
+impl InFlight {
+    /// One of its pieces is done (its outcome noted): the last one finishes the request.
+    fn piece_done(&self, times: &BackendTimes) {
+        if self.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish(times);
+        }
     }
-    let short_end = r.short_end.load(Ordering::Relaxed);
-    let result = if short_end == u64::MAX { r.sub.length } else { short_end.saturating_sub(r.sub.file_offset) };
-    let status = match (failed, r.integrity.load(Ordering::Relaxed)) {
-        (false, _) => wire::Status::Ok,
-        (true, true) => wire::Status::Integrity,
-        (true, false) => wire::Status::Io,
+
+    /// The last piece is done: sync if asked, post the completion.
+    fn finish(&self, times: &BackendTimes) {
+        let r = &self.request;
+        let mut failed = self.failed.load(Ordering::Relaxed);
+        if !failed
+            && policy::syncs(&r.sub)
+            && let Err(e) = timed(&times.sync, || r.handle.object.sync())
+        {
+            tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
+            failed = true;
+        }
+        let (short_end, integrity) = (self.short_end.load(Ordering::Relaxed), self.integrity.load(Ordering::Relaxed));
+        let (status, result) = policy::pieces_outcome(&r.sub, failed, integrity, short_end);
+        let completion = protocol::completion(r.sub.user_data, r.cq_index, status, result);
+        host_memory::post_mapped(&r.ring, r.cq_index, &completion);
+        host_memory::wake_waiters(&r.ring);
+        r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
+        if r.tenant.finish(1) {
+            let _ = r.engine.wake();
+        }
+    }
+}
+
+/// Hand a mapped request, split in `pieces`, to the I/O threads; with `engine_first`
+/// the caller (the engine) runs the first piece itself, one backend call at a time. A
+/// piece the threads cannot take (they are gone: shutdown) fails.
+pub(super) fn hand_off(
+    jobs: &crossbeam_channel::Sender<Job>,
+    request: Mapped,
+    pieces: &[validate::Chunk],
+    engine_first: bool,
+    times: &BackendTimes,
+) {
+    let request = Arc::new(InFlight {
+        request,
+        pieces_left: AtomicUsize::new(pieces.len()),
+        short_end: AtomicU64::new(u64::MAX),
+        failed: AtomicBool::new(false),
+        integrity: AtomicBool::new(false),
+    });
+    let (first, rest) = match engine_first {
+        true => pieces.split_first().map_or((None, pieces), |(first, rest)| (Some(*first), rest)),
+        false => (None, pieces),
     };
-    let result = if failed { 0 } else { result };
-    host_memory::post_mapped(&r.ring, r.cq_index, &protocol::completion(r.sub.user_data, r.cq_index, status, result));
-    host_memory::wake_waiters(&r.ring);
-    r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
-    if r.tenant.finish(1) {
-        let _ = r.engine.wake();
+    for &piece in rest {
+        if jobs.send(Job::Piece(Piece { request: request.clone(), piece })).is_err() {
+            request.failed.store(true, Ordering::Relaxed);
+            request.piece_done(times);
+        }
+    }
+    if let Some(piece) = first {
+        run_pieces(&mut OneAtATime, &[Piece { request, piece }], times);
+    }
+}
+
+/// Hand an open-read to the I/O threads; where they are gone (shutdown), run it here.
+pub(super) fn hand_off_open_read(jobs: &crossbeam_channel::Sender<Job>, job: OpenRead) {
+    if let Err(crossbeam_channel::SendError(Job::OpenRead(job))) = jobs.send(Job::OpenRead(Box::new(job))) {
+        job.run();
     }
 }

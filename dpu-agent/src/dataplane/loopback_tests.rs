@@ -224,7 +224,7 @@ impl Ring {
     /// The completion at `index` if the agent has posted it.
     fn posted(&self, index: u64) -> Option<Completion> {
         let at = wire::cqe_offset(self.entries, index);
-        if self.mem().load_u64_acquire(at + 24) != index + 1 {
+        if self.mem().load_u64_acquire(at + wire::CQE_SEQ_OFFSET) != index + 1 {
             return None;
         }
         let mut bytes = [0u8; wire::CQE_BYTES];
