@@ -15,17 +15,19 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use dpuio_auth::token::{Op, TokenAuthority};
 use dpuio_backend::{Backend, Container, Object};
+use dpuio_encryption::EncryptionSettings;
 
 use crate::config::{Config, Limits, TenantConfig};
 use crate::dataplane::sessions::{self, Handle};
 use crate::dataplane::{DataPlane, Peer};
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::metrics::{Gauges, Metrics};
+use crate::persist::store::Store;
 use crate::runtime::lock;
 
 mod lifecycle;
@@ -44,17 +46,35 @@ pub struct Agent {
     pub(crate) sessions: Mutex<HashMap<u64, Arc<Session>>>,
     draining: AtomicBool,
     pub started: Instant,
-    dataplane: std::sync::OnceLock<Arc<DataPlane>>,
+    dataplane: OnceLock<Arc<DataPlane>>,
     /// Per container: how its files are encrypted (tenants with encryption on).
-    pub(crate) encryption: Mutex<HashMap<String, dpuio_encryption::EncryptionSettings>>,
+    pub(crate) encryption: Mutex<HashMap<String, EncryptionSettings>>,
     /// Signs and verifies capability tokens (its key lives under `data_dir/tokens`).
     pub tokens: TokenAuthority,
     /// What the agent counts; each session counts through its tenant's handle.
     pub metrics: Arc<Metrics>,
     /// Where `GET /metrics` is served, once bound.
-    metrics_addr: std::sync::OnceLock<SocketAddr>,
-    /// The state file that keeps what `dpuctl` changes (set once, at start).
-    persisted: std::sync::OnceLock<crate::persist::store::Store>,
+    metrics_addr: OnceLock<SocketAddr>,
+    /// The state file that keeps what `dpuctl` changes.
+    persisted: Option<Store>,
+}
+
+/// What an agent is assembled from, all gathered before it is ([`Agent::assemble`]):
+/// afterwards only what exists once it runs is added (its data plane, which serves it,
+/// and where its metrics listener bound).
+pub struct Parts {
+    pub config: Config,
+    /// The tenants it serves: the config's merged with the state file's changes
+    /// ([`crate::persist::merge`]); `config.tenants` stays what the config file says.
+    pub tenants: Vec<TenantConfig>,
+    pub backend: Arc<dyn Backend>,
+    /// Signs and verifies capability tokens.
+    pub tokens: TokenAuthority,
+    /// The state file that keeps what `dpuctl` changes (`None`: changes last as long
+    /// as the agent does).
+    pub persisted: Option<Store>,
+    /// Per container: how its files are encrypted.
+    pub encryption: HashMap<String, EncryptionSettings>,
 }
 
 /// One attached host process.
@@ -80,15 +100,27 @@ pub struct Session {
 pub const DISCONNECTED_GRACE: Duration = Duration::from_secs(2);
 
 impl Agent {
-    /// An agent serving the config's tenants.
+    /// An agent serving the config's tenants with a fresh token key, no state file and
+    /// no encryption (tests and tools build it by hand; it is not the source of its
+    /// metrics' gauges).
     pub fn new(config: Config, backend: Arc<dyn Backend>) -> Agent {
         let tenants = config.tenants.clone();
-        Agent::with_tenants(config, tenants, backend)
+        let tokens = TokenAuthority::generate();
+        Agent::from_parts(Parts { config, tenants, backend, tokens, persisted: None, encryption: HashMap::new() })
     }
 
-    /// An agent serving `tenants` (the config's merged with the state file's changes:
-    /// [`crate::persist::merge`]); `config.tenants` stays what the config file says.
-    pub fn with_tenants(config: Config, tenants: Vec<TenantConfig>, backend: Arc<dyn Backend>) -> Agent {
+    /// The agent made of `parts`, and the source of its metrics' gauges.
+    pub fn assemble(parts: Parts) -> Arc<Agent> {
+        Arc::new_cyclic(|me: &Weak<Agent>| {
+            let agent = Agent::from_parts(parts);
+            let gauges: Weak<dyn Gauges> = me.clone();
+            agent.metrics.register_gauges(gauges);
+            agent
+        })
+    }
+
+    fn from_parts(parts: Parts) -> Agent {
+        let Parts { config, tenants, backend, tokens, persisted, encryption } = parts;
         let metrics = Arc::new(Metrics::new());
         for t in &tenants {
             metrics.tenant(&t.name); // its series exist, at zero, before its first session
@@ -102,24 +134,19 @@ impl Agent {
             sessions: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             started: Instant::now(),
-            dataplane: std::sync::OnceLock::new(),
-            encryption: Mutex::new(HashMap::new()),
-            tokens: TokenAuthority::generate(),
+            dataplane: OnceLock::new(),
+            encryption: Mutex::new(encryption),
+            tokens,
             metrics,
-            metrics_addr: std::sync::OnceLock::new(),
-            persisted: std::sync::OnceLock::new(),
+            metrics_addr: OnceLock::new(),
+            persisted,
         }
-    }
-
-    /// Keep what `dpuctl` changes in `store` from now on (once, at start).
-    pub fn set_persisted(&self, store: crate::persist::store::Store) {
-        let _ = self.persisted.set(store);
     }
 
     /// The state file, if this agent keeps one (an agent built by hand, as unit tests
     /// do, has none: its changes last as long as it does).
-    pub fn persisted(&self) -> Option<&crate::persist::store::Store> {
-        self.persisted.get()
+    pub fn persisted(&self) -> Option<&Store> {
+        self.persisted.as_ref()
     }
 
     pub fn limits(&self) -> &Limits {
@@ -143,7 +170,8 @@ impl Agent {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// Install the data plane (once, at start).
+    /// Install the data plane (once, at start: it is started on the assembled agent,
+    /// which it serves).
     pub fn set_dataplane(&self, dp: Arc<DataPlane>) {
         let _ = self.dataplane.set(dp);
     }
