@@ -1,12 +1,16 @@
-//! `dpuio bench --plot FILE`: a PNG with two panels, throughput (GiB/s, or operations
-//! per second for metadata) and host CPU seconds per GiB, one bar per path, grouped by
-//! workload, so the shim's figures stand next to the POSIX baseline's.
+//! `dpuio bench --plot FILE`: a PNG with a panel each for throughput (GiB/s, or
+//! operations per second for metadata), host CPU seconds per GiB and, with
+//! `--agent-pid`, the agent's CPU seconds per GiB: one bar per path, grouped by workload,
+//! so the shim's figures stand next to the POSIX baseline's, and what the agent spent
+//! for them beside. The legend says what the baseline reads (the stored bytes) and which
+//! rows the agent decrypts (an encrypted tenant's: the same colour, lighter).
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::workloads::Figures;
+use crate::report::note;
+use crate::workloads::{DECRYPT, Figures};
 
 /// Fonts looked for, in order (Debian's fonts-dejavu-core ships the first).
 const FONTS: &[&str] = &[
@@ -15,6 +19,11 @@ const FONTS: &[&str] = &[
 ];
 
 fn colour(path: &str) -> RGBColor {
+    if let Some(plain) = path.strip_suffix(DECRYPT) {
+        let RGBColor(r, g, b) = colour(plain);
+        let lighter = |c: u8| ((u16::from(c) + 2 * 255) / 3) as u8;
+        return RGBColor(lighter(r), lighter(g), lighter(b));
+    }
     match path {
         "posix" => RGBColor(120, 120, 120),
         "shim-ucx-sm" => RGBColor(31, 119, 180),
@@ -47,22 +56,27 @@ pub fn plot(all: &[Figures], out: &Path) -> Result<(), String> {
             paths.push(&f.path);
         }
     }
-    let root = BitMapBackend::new(out, (1400, 900)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let (top, bottom) = root.split_vertically(450);
-    let panels: [(&str, &Metric, _); 2] = [
-        (
-            "throughput (GiB/s; metadata: kops/s)",
-            &|f: &Figures| Some(if f.bytes > 0 { f.gib_per_s() } else { f.iops() / 1000.0 }),
-            top,
-        ),
-        (
-            "host CPU seconds per GiB (lower is better)",
-            &|f: &Figures| (f.bytes > 0).then(|| f.host_cpu_s_per_gib()),
-            bottom,
-        ),
+    let throughput: &Metric = &|f: &Figures| Some(if f.bytes > 0 { f.gib_per_s() } else { f.iops() / 1000.0 });
+    let host_cpu: &Metric = &|f: &Figures| (f.bytes > 0).then(|| f.host_cpu_s_per_gib());
+    let agent_cpu: &Metric = &|f: &Figures| f.agent_cpu_s_per_gib().filter(|_| f.bytes > 0);
+    let mut panels: Vec<(&str, &Metric)> = vec![
+        ("throughput (GiB/s; metadata: kops/s; higher is better)", throughput),
+        ("host CPU seconds per GiB: the training job's cores (lower is better)", host_cpu),
     ];
-    for (title, value, area) in panels {
+    if all.iter().any(|f| agent_cpu(f).is_some()) {
+        panels
+            .push(("agent CPU seconds per GiB: what dpuio spent for it (on a BlueField, the DPU's cores)", agent_cpu));
+    }
+    let root = BitMapBackend::new(out, (1400, 60 + 450 * panels.len() as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = root
+        .titled(
+            "The same files through POSIX (the stored bytes) and through dpuio's shim; +decrypt: the agent decrypts",
+            ("sans-serif", 24),
+        )
+        .map_err(|e| e.to_string())?;
+    let areas = root.split_evenly((panels.len(), 1));
+    for ((title, value), area) in panels.into_iter().zip(areas) {
         let max = all.iter().filter_map(value).fold(0.0f64, f64::max).max(1e-6) * 1.15;
         let groups = workloads.len() as f64;
         let mut chart = ChartBuilder::on(&area)
@@ -94,7 +108,10 @@ pub fn plot(all: &[Figures], out: &Path) -> Result<(), String> {
             chart
                 .draw_series(bars)
                 .map_err(|e| e.to_string())?
-                .label(*path)
+                .label(match note(path) {
+                    Some(note) => format!("{path}: {note}"),
+                    None => path.to_string(),
+                })
                 .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour(path).filled()));
         }
         // Group names above each group (ticks of a float axis would not land on them).

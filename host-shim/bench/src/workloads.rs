@@ -168,6 +168,13 @@ pub struct BenchArgs {
     /// The agent's process id, to report its CPU per GiB.
     #[arg(long)]
     pub agent_pid: Option<u32>,
+    /// Also run every shim path as a second tenant, one whose files the agent stores
+    /// encrypted: DIR holds that tenant's client bundle (ca.pem, client.pem, client.key,
+    /// as `dpuctl cert issue --tenant NAME --out DIR` writes it). Its rows are named
+    /// PATH+decrypt: the agent decrypts every block before it puts it into this host's
+    /// memory. Both tenants get the same files; --posix-root stays the first tenant's.
+    #[arg(long, value_name = "DIR")]
+    pub encrypted_bundle: Option<PathBuf>,
     /// One JSON object per result on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -306,6 +313,24 @@ fn bench_error(reason: impl std::fmt::Display) -> dpuio_shim::Error {
     dpuio_shim::Error::DataPlane { op: "bench".into(), reason: reason.to_string() }
 }
 
+/// The suffix of the rows of the tenant with inline encryption (`--encrypted-bundle`).
+pub const DECRYPT: &str = "+decrypt";
+
+/// `--encrypted-bundle DIR`'s client, unless it attached as the tenant of the other rows
+/// (which would label plain reads as decrypted).
+fn encrypted_client(encrypted: Client, plain: &Client, dir: &Path) -> dpuio_shim::Result<Client> {
+    if encrypted.tenant() != plain.tenant() {
+        return Ok(encrypted);
+    }
+    Err(bench_error(format!(
+        "--encrypted-bundle {}: attached as tenant {:?}, the tenant of the other rows; give the bundle of a tenant \
+         with [tenants.encryption] (dpuctl cert issue --tenant NAME --out DIR). A plaintext agent (http://) \
+         ignores bundles",
+        dir.display(),
+        encrypted.tenant()
+    )))
+}
+
 /// What every workload needs: the shim clients, the POSIX root, the agent's pid.
 pub struct Setup {
     pub clients: Vec<(String, Client)>,
@@ -332,6 +357,15 @@ impl Setup {
     /// CPU time of the agent so far, when its pid is known.
     pub fn agent_cpu(&self) -> Option<Duration> {
         self.agent_pid.and_then(process_cpu)
+    }
+
+    /// The first client of each tenant (the `+decrypt` rows are a second tenant's): the
+    /// workloads write their files through each, so every tenant reads the same bytes
+    /// from its own container.
+    pub fn writers(&self) -> impl Iterator<Item = &Client> {
+        let plain = self.clients.first();
+        let encrypted = self.clients.iter().find(|(name, _)| name.ends_with(DECRYPT));
+        plain.into_iter().chain(encrypted).map(|(_, client)| client)
     }
 
     /// A spinner on stderr for one measurement.
@@ -361,7 +395,16 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         }
         return crate::qos::run(options, &args).await;
     }
-    let connect = |transports: &str| {
+    // `bundle`: the encrypted tenant's client bundle (--encrypted-bundle), else the
+    // connection options' tenant.
+    let connect = |transports: &str, bundle: Option<&Path>| {
+        let mut connect = options.connect_options(&format!("dpuio bench ({transports})"));
+        if let Some(dir) = bundle {
+            connect.tls = dpuio_shim::TlsOptions {
+                server_name: options.tls_server_name.clone(),
+                ..dpuio_shim::TlsOptions::bundle(dir)
+            };
+        }
         Client::connect(ConnectOptions {
             data_plane: Some(DataPlaneOptions {
                 transports: transports.to_owned(),
@@ -369,23 +412,31 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
                 interface: options.interface.clone(),
                 ..Default::default()
             }),
-            ..options.connect_options(&format!("dpuio bench ({transports})"))
+            ..connect
         })
     };
     let mut clients = Vec::new();
     for path in &args.paths {
-        match path.as_str() {
-            "shm" | "ucx-shm" => clients.push(("shim-ucx-sm".to_owned(), connect("ucx-shm").await?)),
-            "tcp" | "ucx-tcp" => clients.push(("shim-ucx-tcp".to_owned(), connect("ucx-tcp").await?)),
-            "ofi-shm" => clients.push(("shim-ofi-shm".to_owned(), connect("ofi-shm").await?)),
-            "ofi-tcp" => clients.push(("shim-ofi-tcp".to_owned(), connect("ofi-tcp").await?)),
-            "posix" | "fuse" | "preload" => {}
+        let (label, transports) = match path.as_str() {
+            "shm" | "ucx-shm" => ("shim-ucx-sm", "ucx-shm"),
+            "tcp" | "ucx-tcp" => ("shim-ucx-tcp", "ucx-tcp"),
+            "ofi-shm" => ("shim-ofi-shm", "ofi-shm"),
+            "ofi-tcp" => ("shim-ofi-tcp", "ofi-tcp"),
+            "posix" | "fuse" | "preload" => continue,
             other => {
                 return Err(bench_error(format!(
                     "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp, fuse or preload"
                 )));
             }
-        }
+        };
+        let client = connect(transports, None).await?;
+        // The encrypted tenant's row right after the plain one, measured in turn.
+        let encrypted = match &args.encrypted_bundle {
+            Some(dir) => Some(encrypted_client(connect(transports, Some(dir)).await?, &client, dir)?),
+            None => None,
+        };
+        clients.push((label.to_owned(), client));
+        clients.extend(encrypted.map(|c| (format!("{label}{DECRYPT}"), c)));
     }
     if clients.is_empty() && !args.preload_child {
         return Err(bench_error(
@@ -426,6 +477,15 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
     }
     let posix_label = if args.preload_child { PRELOAD } else { "posix" };
     let setup = Setup { clients, posix_root, dfs, agent_pid: args.agent_pid, fuse, posix_label, progress };
+    if !args.json && !args.preload_child {
+        let mut paths: Vec<&str> = Vec::new();
+        paths.extend(setup.posix_root.as_ref().map(|_| posix_label));
+        paths.extend(setup.dfs.as_ref().map(|_| LIBDFS));
+        paths.extend(setup.clients.iter().map(|(name, _)| name.as_str()));
+        paths.extend(setup.fuse.as_ref().map(|_| FUSE));
+        paths.extend(preload.as_ref().map(|_| PRELOAD));
+        crate::report::legend(&paths, args.agent_pid.is_some());
+    }
     let mut all: Vec<Figures> = Vec::new();
     for &workload in &args.workloads {
         let figures = match workload {
@@ -450,6 +510,9 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         }
         crate::report::report(&figures, &args);
         all.extend(figures);
+    }
+    if !args.json && !args.preload_child {
+        crate::report::summary(&all, args.agent_pid.is_some());
     }
     if let Some(path) = &args.plot {
         crate::plot::plot(&all, path).map_err(bench_error)?;
@@ -500,8 +563,8 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
         ));
     }
     let file_bytes = args.file_bytes - args.file_bytes % block;
-    if let Some((_, first)) = setup.clients.first() {
-        prepare_file(first, file_bytes).await?;
+    for client in setup.writers() {
+        prepare_file(client, file_bytes).await?;
     }
     let baseline_file: Option<(&str, Arc<dyn BaselineFile>)> = match (&setup.posix_root, &setup.dfs) {
         (Some(root), _) => {
