@@ -99,13 +99,14 @@ pub fn legend(paths: &[&str], agent_here: bool) {
     let width = paths.iter().map(|p| p.len()).max().unwrap_or(0);
     println!("rows (each path reads the same files, the paths in turn, so every ratio is of one run):");
     for path in paths {
-        println!("  {path:<width$}  {}", describe(path));
+        println!("{}", wrap(&format!("  {path:<width$}  "), &describe(path)));
     }
     let agent = match agent_here {
         true => {
-            "the agent ran on this machine, so it took these cores from the job; on a BlueField it has Arm cores of its own"
+            "CPU seconds the agent spent per GiB moved; it ran on this machine, so it took them from the job's \
+             cores (on a BlueField it has Arm cores of its own)"
         }
-        false => "given --agent-pid",
+        false => "CPU seconds the agent spent per GiB moved (with --agent-pid)",
     };
     println!("columns:");
     for (column, meaning) in [
@@ -116,9 +117,31 @@ pub fn legend(paths: &[&str], agent_here: bool) {
         ("vs base", "the rate over the baseline's rate in the same run (above 1.00x: faster)"),
         ("AU, acc", "unet3d: accelerator utilisation, and the most simulated accelerators kept at AU >= 90%"),
     ] {
-        println!("  {column:<12}  {meaning}");
+        println!("{}", wrap(&format!("  {column:<12}  "), meaning));
     }
     println!();
+}
+
+/// Lines no wider than a terminal's usual 120 columns: `lead`, then `text` word by word,
+/// continued under its first word.
+fn wrap(lead: &str, text: &str) -> String {
+    const WIDTH: usize = 120;
+    let indent = " ".repeat(lead.len());
+    let mut out = lead.to_owned();
+    let mut line = lead.len();
+    for (i, word) in text.split_whitespace().enumerate() {
+        if i > 0 && line + 1 + word.len() > WIDTH {
+            out.push('\n');
+            out.push_str(&indent);
+            line = indent.len();
+        } else if i > 0 {
+            out.push(' ');
+            line += 1;
+        }
+        out.push_str(word);
+        line += word.len();
+    }
+    out
 }
 
 /// One workload's rows.
@@ -299,7 +322,7 @@ struct Target {
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "target: {}: {}  {}", self.claim, self.figure, verdict(self.met))?;
-        write!(f, "        means: {}", self.meaning)
+        write!(f, "{}", wrap("        means: ", self.meaning))
     }
 }
 
@@ -428,6 +451,17 @@ mod tests {
         assert_eq!(note("shim-ucx-sm+decrypt"), Some("the agent decrypts"));
         assert_eq!(note("shim-ucx-sm"), None);
         assert!(describe("shim-ucx-tcp+decrypt").starts_with("shim-ucx-tcp as the tenant with inline encryption"));
+    }
+
+    #[test]
+    fn long_explanations_wrap_under_their_first_word() {
+        let text = "word ".repeat(60);
+        let wrapped = wrap("  lead  ", &text);
+        let lines: Vec<&str> = wrapped.lines().collect();
+        assert!(lines.len() > 2 && lines.iter().all(|l| l.len() <= 120), "{wrapped}");
+        assert!(lines[0].starts_with("  lead  word") && lines[1].starts_with("        word"), "{wrapped}");
+        assert_eq!(wrapped.split_whitespace().filter(|w| *w == "word").count(), 60);
+        assert_eq!(wrap("x ", "short"), "x short");
     }
 
     #[test]
