@@ -47,7 +47,7 @@ const FLOORS: &[(&str, &[&str])] = &[
             "dataplane",
             "metrics persist",
             "runtime qos deploy",
-            "caller config connection engine error",
+            "caller config connection validate error",
         ],
     ),
     ("dpu-agent/auth/src/lib.rs", &["pki token qos", "files names"]),
@@ -65,7 +65,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("host-shim/src/bin/dpuio/main.rs", &["fuse forward", "inodes"]),
     (
         "host-shim/bench/src/main.rs",
-        &["workloads", "dlio preload_path qos soak plot", "setup", "libdfs fuse_path", "args"],
+        &["workloads", "dlio preload_path qos soak plot", "report", "setup", "libdfs fuse_path", "args"],
     ),
     ("host-shim/capi/src/lib.rs", &["handles"]),
     ("host-shim/preload/src/lib.rs", &["interpose", "state"]),

@@ -66,6 +66,13 @@ pub struct BenchArgs {
     /// The agent's process id, to report its CPU per GiB.
     #[arg(long)]
     pub agent_pid: Option<u32>,
+    /// Also run every shim path as a second tenant, one whose files the agent stores
+    /// encrypted: DIR holds that tenant's client bundle (ca.pem, client.pem, client.key,
+    /// as `dpuctl cert issue --tenant NAME --out DIR` writes it). Its rows are named
+    /// PATH+decrypt: the agent decrypts every block before it puts it into this host's
+    /// memory. Both tenants get the same files; --posix-root stays the first tenant's.
+    #[arg(long, value_name = "DIR")]
+    pub encrypted_bundle: Option<PathBuf>,
     /// One JSON object per result on stdout instead of a table.
     #[arg(long)]
     pub json: bool,

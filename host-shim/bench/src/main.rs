@@ -25,6 +25,7 @@ mod libdfs;
 mod plot;
 mod preload_path;
 mod qos;
+mod report;
 mod setup;
 mod soak;
 mod workloads;

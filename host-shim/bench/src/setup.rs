@@ -2,7 +2,7 @@
 //! pid, the progress shown), and the clocks it reads for the measuring loops the
 //! benchmarks share.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -16,9 +16,30 @@ use crate::libdfs::Libdfs;
 pub const FUSE: &str = "fuse";
 /// The path name of `libdpuio_preload.so` in the figures.
 pub const PRELOAD: &str = "preload";
+/// The small-file sample row of the metadata workload: a whole 128 KiB file opened,
+/// read and closed per operation (a training sample).
+pub const SAMPLE_WORKLOAD: &str = "metadata-sample128k";
 
 pub fn bench_error(reason: impl std::fmt::Display) -> dpuio_shim::Error {
     dpuio_shim::Error::DataPlane { op: "bench".into(), reason: reason.to_string() }
+}
+
+/// The suffix of the rows of the tenant with inline encryption (`--encrypted-bundle`).
+pub const DECRYPT: &str = "+decrypt";
+
+/// `--encrypted-bundle DIR`'s client, unless it attached as the tenant of the other rows
+/// (which would label plain reads as decrypted).
+pub fn encrypted_client(encrypted: Client, plain: &Client, dir: &Path) -> dpuio_shim::Result<Client> {
+    if encrypted.tenant() != plain.tenant() {
+        return Ok(encrypted);
+    }
+    Err(bench_error(format!(
+        "--encrypted-bundle {}: attached as tenant {:?}, the tenant of the other rows; give the bundle of a tenant \
+         with [tenants.encryption] (dpuctl cert issue --tenant NAME --out DIR). A plaintext agent (http://) \
+         ignores bundles",
+        dir.display(),
+        encrypted.tenant()
+    )))
 }
 
 /// What every workload needs: the shim clients, the POSIX root, the agent's pid.
@@ -47,6 +68,15 @@ impl Setup {
     /// CPU time of the agent so far, when its pid is known.
     pub fn agent_cpu(&self) -> Option<Duration> {
         self.agent_pid.and_then(process_cpu)
+    }
+
+    /// The first client of each tenant (the `+decrypt` rows are a second tenant's): the
+    /// workloads write their files through each, so every tenant reads the same bytes
+    /// from its own container.
+    pub fn writers(&self) -> impl Iterator<Item = &Client> {
+        let plain = self.clients.first();
+        let encrypted = self.clients.iter().find(|(name, _)| name.ends_with(DECRYPT));
+        plain.into_iter().chain(encrypted).map(|(_, client)| client)
     }
 
     /// A spinner on stderr for one measurement.
