@@ -63,7 +63,7 @@ pub fn report(totals: &[Figures], args: &BenchArgs) {
 pub fn note(path: &str) -> Option<&'static str> {
     match path {
         "posix" => Some("the stored bytes, no dpuio"),
-        LIBDFS => Some("the stored bytes, DAOS client in this process"),
+        LIBDFS => Some("the stored bytes, DAOS client, no dpuio"),
         p if p.ends_with(DECRYPT) => Some("the agent decrypts"),
         _ => None,
     }
@@ -81,7 +81,9 @@ fn describe(path: &str) -> String {
         "posix" => "this process's own read/pread on the tenant's directory (--posix-root): the bytes as stored, \
                     without dpuio; the baseline, the denominator of every \"vs base\""
             .into(),
-        LIBDFS => "the DAOS client (libdfs) in this process on the same container, without dpuio: the baseline".into(),
+        LIBDFS => "the DAOS client (libdfs) in dpuio-bench-agent, a child of this process, on the same container, \
+                    without dpuio: the baseline"
+            .into(),
         "shim-ucx-sm" => "dpuio's shim over UCX shared memory: the host posts each request on a ring in memory it \
                           registered, the agent reads the file and puts the bytes there; the host touches no payload byte"
             .into(),
