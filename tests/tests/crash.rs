@@ -15,7 +15,7 @@
 //!
 //! `DPUIO_CRASH_ROUNDS` (default 12) sets the number of kills, `DPUIO_CRASH_PUT_MIB`
 //! (default 32) the size of the file put over, `DPUIO_CRASH_SEED` the random seed (else
-//! one is drawn and printed). The full matrix is `DPUIO_CRASH_ROUNDS=100`.
+//! one is drawn and printed). The full matrix is `DPUIO_CRASH_ROUNDS=100`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};

@@ -3,7 +3,7 @@
 //! engine whose every request is throttled sleeps instead of spinning.
 //!
 //! Bounds are generous (the test machine is shared and noisy); `dpuio bench qos`
-//! measures the same against the tighter targets.
+//! measures the same against tighter targets.
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@ use dpuio_tests::{AgentProcess, ok_stdout};
 
 const CHUNK: u64 = 1 << 20;
 const CHUNKS: u64 = 8;
-/// The bound on the stall a restart may cause.
+/// The longest stall a restart may cause a reader.
 const MAX_STALL: Duration = Duration::from_secs(5);
 
 fn pattern(seed: u64, i: u64) -> u8 {

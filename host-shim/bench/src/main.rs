@@ -14,7 +14,7 @@
 //! of the agent (libdfs, the agent's crypto): what needs them is `dpuio-bench-agent`'s.
 //! `dpuio bench ARGS` runs this program with `ARGS` and dpuio's connection
 //! options in their `DPUIO_*` variables. What it deliberately does not do: judge a
-//! machine (the targets it prints are the issues', for comparing runs) or tune
+//! machine (the targets it prints are fixed bars, for comparing runs) or tune
 //! anything it measures.
 #![forbid(unsafe_code)]
 

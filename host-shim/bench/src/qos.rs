@@ -265,7 +265,7 @@ pub async fn measure(options: &ConnectArgs, args: &BenchArgs) -> dpuio_shim::Res
     Ok(figures)
 }
 
-/// `dpuio bench qos`: measure and print the figures and the targets.
+/// `dpuio bench qos`: measure and print the figures and the targets they are held to.
 pub async fn run(options: &ConnectArgs, args: &BenchArgs) -> dpuio_shim::Result<()> {
     let f = measure(options, args).await?;
     let mib = |b: f64| b / f64::from(1u32 << 20);
