@@ -161,11 +161,6 @@ impl StorageUnderTest {
         StorageUnderTest { data_dir: data_dir.to_owned(), daos }
     }
 
-    /// Whether the containers are DAOS containers.
-    pub fn is_daos(&self) -> bool {
-        self.daos.is_some()
-    }
-
     /// The `[backend]` section of the agent's config (empty for `local`, the default):
     /// put it before the `[[tenants]]`.
     pub fn backend_config(&self) -> String {

@@ -34,14 +34,6 @@ pub use backend::{DEFAULT_CHUNK_BYTES, DaosBackend, DaosContainer, DaosOptions, 
 pub use dfs::{DEFAULT_AGENT_SOCKET_DIR, SetupError, default_agent_socket_dir, load_libraries, prefix_from_env};
 pub use sys::{DAOS_ANCHOR_BYTES, daos_anchor_t};
 
-/// Where the libraries are searched for, given `$DPUIO_DAOS_PREFIX` (for messages).
-pub fn library_search_path() -> Vec<String> {
-    sys::search_dirs(prefix_from_env().as_deref())
-        .into_iter()
-        .map(|d| d.map_or_else(|| "the dynamic loader's default path".to_owned(), |d| d.display().to_string()))
-        .collect()
-}
-
 /// For tests: the DAOS name of a DER code (positive), as the loaded libgurt spells it.
 pub fn der_name(der: i32) -> Result<String, SetupError> {
     dfs::der_name(der)
