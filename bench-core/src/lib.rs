@@ -18,6 +18,8 @@ pub mod child;
 mod figures;
 pub mod unet3d;
 
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 pub use block::{BaselineFile, Workload, baseline_cell, offset};
@@ -49,6 +51,46 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         other => return Err(format!("unknown unit {other:?} in {s:?}; use KiB, MiB, GiB or TiB")),
     };
     n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// The name this program was invoked as (`dpuio bench` when dpuio runs dpuio-bench, and
+/// dpuio-bench runs dpuio-bench-agent under its own), else `default`: what its errors
+/// start with.
+pub fn invoked_as(default: &str) -> String {
+    std::env::args_os()
+        .next()
+        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// A program's end: success, or its error on stderr after its name `me`.
+pub fn exit(me: &str, result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{me}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A file a benchmark runs or loads (`name`, which `cargo build -p package` puts beside
+/// this program): `$var` if set, else beside this program. The error, for `purpose`,
+/// says which path is missing and how to get it.
+pub fn companion(var: &str, name: &str, package: &str, purpose: &str) -> Result<PathBuf, String> {
+    let path = match std::env::var_os(var) {
+        Some(p) => PathBuf::from(p),
+        None => {
+            std::env::current_exe().map_err(|e| format!("{purpose}: where is this program? {e}"))?.with_file_name(name)
+        }
+    };
+    if !path.is_file() {
+        return Err(format!(
+            "{purpose}: {} not found (build it with `cargo build -p {package}`, or set {var})",
+            path.display()
+        ));
+    }
+    Ok(path)
 }
 
 /// CPU time of this process so far (all threads).

@@ -39,22 +39,12 @@ enum Which {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // As invoked: `dpuio bench` (or `dpuio-bench`) when dpuio-bench runs it, else ours.
-    let me = std::env::args_os()
-        .next()
-        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "dpuio-bench-agent".to_owned());
+    let me = dpuio_bench_core::invoked_as("dpuio-bench-agent");
     let result = match cli.which {
         Which::Crypto(args) => crypto::run(args),
         Which::Libdfs(args) => libdfs::serve(&args),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{me}: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    dpuio_bench_core::exit(&me, result)
 }
 
 #[cfg(test)]

@@ -21,19 +21,7 @@ pub const PROGRAM: &str = "dpuio-bench-agent";
 
 /// `dpuio-bench-agent` at `$DPUIO_BENCH_AGENT`, else beside this program.
 pub fn program(purpose: &str) -> Result<PathBuf, String> {
-    let program = match std::env::var_os("DPUIO_BENCH_AGENT") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::current_exe()
-            .map_err(|e| format!("{purpose}: where is this program? {e}"))?
-            .with_file_name(PROGRAM),
-    };
-    if !program.is_file() {
-        return Err(format!(
-            "{purpose}: {} not found (build it with `cargo build -p dpuio-bench-agent`, or set DPUIO_BENCH_AGENT)",
-            program.display()
-        ));
-    }
-    Ok(program)
+    dpuio_bench_core::companion("DPUIO_BENCH_AGENT", PROGRAM, "dpuio-bench-agent", purpose)
 }
 
 /// A running `dpuio-bench-agent libdfs` with the container mounted.

@@ -83,11 +83,7 @@ fn crypto(me: &str, args: &[std::ffi::OsString]) -> Result<ExitCode, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // As invoked: `dpuio bench` when dpuio runs it, else `dpuio-bench`.
-    let me = std::env::args_os()
-        .next()
-        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "dpuio-bench".to_owned());
+    let me = dpuio_bench_core::invoked_as("dpuio-bench");
     let result = match cli.which {
         // Its errors are its own to say.
         Some(Which::Crypto { args }) => match crypto(&me, &args) {
@@ -99,13 +95,7 @@ fn main() -> ExitCode {
             Err(e) => Err(format!("cannot start the async runtime: {e}")),
         },
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{me}: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    dpuio_bench_core::exit(&me, result)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 
 use dpuio_shim::cli::ConnectArgs;
 
-use dpuio_bench_core::{Figures, Workload, child};
+use dpuio_bench_core::{Figures, Workload, child, companion};
 
 use crate::args::BenchArgs;
 
@@ -30,18 +30,7 @@ pub struct PreloadPath {
 impl PreloadPath {
     /// The library at `$DPUIO_PRELOAD_LIBRARY`, else beside this program.
     pub fn find() -> Result<PreloadPath, String> {
-        let library = match std::env::var_os("DPUIO_PRELOAD_LIBRARY") {
-            Some(p) => PathBuf::from(p),
-            None => std::env::current_exe()
-                .map_err(|e| format!("preload path: where is this program? {e}"))?
-                .with_file_name(LIBRARY),
-        };
-        if !library.is_file() {
-            return Err(format!(
-                "preload path: {} not found (build it with `cargo build -p dpuio-preload`, or set DPUIO_PRELOAD_LIBRARY)",
-                library.display()
-            ));
-        }
+        let library = companion("DPUIO_PRELOAD_LIBRARY", LIBRARY, "dpuio-preload", "preload path")?;
         let prefix = format!("/dpuio-bench-preload-{}", std::process::id());
         Ok(PreloadPath { library, prefix })
     }
