@@ -2,7 +2,7 @@
 //!
 //! It serves the `dpuio.v1` control plane (sessions and the namespace of each tenant's
 //! container) over gRPC and runs the storage backend. Its modules are rooms that import
-//! downwards only (`tests/rooms.rs` fails on a loop), from the bottom up:
+//! downwards only (`tests/tests/rooms.rs` fails on a loop or an upward arrow), from the bottom up:
 //!
 //! - leaves: configuration ([`config`]), errors and their one mapping to statuses
 //!   ([`error`]), the checks of every ring entry ([`validate`]), who is calling

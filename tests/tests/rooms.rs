@@ -40,13 +40,15 @@ const FLOORS: &[(&str, &[&str])] = &[
     (
         "dpu-agent/src/lib.rs",
         &[
-            "server",
+            "server deploy",
             "admin service",
             "namespace keys tls",
             "serve_error state",
+            "persist",
             "dataplane",
-            "metrics persist",
-            "runtime qos deploy",
+            "qos",
+            "metrics",
+            "runtime",
             "caller config connection validate error",
         ],
     ),
