@@ -50,8 +50,6 @@ use rcgen::{
 };
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
-use rustls::server::WebPkiClientVerifier;
-use rustls::server::danger::ClientCertVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use time::{Duration, OffsetDateTime};
@@ -60,7 +58,13 @@ use x509_parser::extensions::GeneralName;
 use zeroize::Zeroizing;
 
 use crate::files::{self, FileError};
-use crate::names::{self, NameError, NameKind};
+use crate::names::{self, NameError};
+
+mod identity;
+mod tls;
+
+pub use identity::{Identity, IdentityError, identity_from_cert_der, identity_from_peer_certs};
+pub use tls::{DeferredClientVerifier, client_verifier, deferred_server_config, server_config};
 
 /// File name of the CA certificate (in the PKI directory and in client bundles).
 pub const CA_CERT_FILE: &str = "ca.pem";
@@ -94,106 +98,6 @@ const BACKDATE: Duration = Duration::hours(1);
 
 /// The ALPN protocol tonic requires.
 const ALPN_H2: &[u8] = b"h2";
-
-/// Who a client certificate speaks for.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Identity {
-    /// A tenant, by name (checked by [`names::validate_identifier`]).
-    Tenant(String),
-    /// The administrator (the `Admin` service, on its own listener).
-    Admin,
-}
-
-impl Identity {
-    /// A tenant identity, with the name checked.
-    pub fn tenant(name: &str) -> Result<Identity, NameError> {
-        names::validate_identifier(NameKind::Tenant, name)?;
-        Ok(Identity::Tenant(name.to_owned()))
-    }
-
-    /// The SPIFFE ID of this identity in `trust_domain`.
-    pub fn spiffe_id(&self, trust_domain: &str) -> String {
-        match self {
-            Identity::Tenant(name) => format!("spiffe://{trust_domain}/tenant/{name}"),
-            Identity::Admin => format!("spiffe://{trust_domain}/admin"),
-        }
-    }
-
-    /// The tenant name, or `None` for the administrator.
-    pub fn tenant_name(&self) -> Option<&str> {
-        match self {
-            Identity::Tenant(name) => Some(name),
-            Identity::Admin => None,
-        }
-    }
-}
-
-impl fmt::Display for Identity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Identity::Tenant(name) => write!(f, "tenant {name}"),
-            Identity::Admin => f.write_str("admin"),
-        }
-    }
-}
-
-/// Why no [`Identity`] could be read from a certificate. Each variant is something the
-/// client's operator must fix in how the certificate was issued.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum IdentityError {
-    /// The TLS session carries no client certificate (client auth is optional on this
-    /// listener, or the request did not come over TLS).
-    #[error("no client certificate: connect with mTLS (client.pem and client.key from the agent's CA)")]
-    NoPeerCertificate,
-    /// The bytes are not one DER X.509 certificate.
-    #[error("not an X.509 certificate: {reason}")]
-    NotACertificate {
-        /// What the parser said.
-        reason: String,
-    },
-    /// The certificate has no URI subject alternative name, so it names no SPIFFE ID.
-    #[error("the client certificate has no URI SAN; it needs exactly one, spiffe://<trust-domain>/tenant/<name>")]
-    NoUriSan,
-    /// The certificate has more than one URI SAN; an X.509-SVID has exactly one, so
-    /// which identity it speaks for would be ambiguous.
-    #[error("the client certificate has {count} URI SANs; it needs exactly one SPIFFE ID")]
-    SeveralUriSans {
-        /// How many URI SANs were found.
-        count: usize,
-    },
-    /// The URI SAN is not a `spiffe://` URI.
-    #[error("the client certificate's URI SAN {uri:?} is not a SPIFFE ID (spiffe://<trust-domain>/...)")]
-    NotSpiffe {
-        /// The URI (shortened).
-        uri: String,
-    },
-    /// The SPIFFE ID belongs to another trust domain.
-    #[error("the client certificate is for trust domain {found:?}, this agent serves {expected:?}")]
-    WrongTrustDomain {
-        /// This agent's trust domain.
-        expected: String,
-        /// The certificate's (shortened).
-        found: String,
-    },
-    /// The SPIFFE ID's path is neither `/tenant/<name>` nor `/admin`.
-    #[error("the SPIFFE ID path {path:?} is neither /tenant/<name> nor /admin")]
-    MalformedPath {
-        /// The path (shortened).
-        path: String,
-    },
-    /// The tenant name in the SPIFFE ID is not a valid tenant name.
-    #[error("the SPIFFE ID names an invalid tenant: {0}")]
-    BadTenantName(NameError),
-    /// The certificate chain does not lead to the client CA, or is not valid now.
-    #[error(
-        "the client certificate is not trusted ({reason}): use one issued by this agent's client CA (dpuctl cert issue)"
-    )]
-    NotTrusted {
-        /// What the chain check said.
-        reason: String,
-    },
-}
 
 /// Why the PKI could not be loaded, created or used.
 #[derive(Debug, thiserror::Error)]
@@ -695,60 +599,6 @@ fn issue(
     })
 }
 
-/// The [`Identity`] named by a client certificate (DER): exactly one URI SAN, a SPIFFE
-/// ID in `trust_domain` whose path is `/tenant/<valid name>` or `/admin`.
-///
-/// Does not validate the chain, the validity period or the key usage: rustls did that
-/// during the handshake (see the module documentation). Call it on certificates from
-/// `tonic::Request::peer_certs()` only.
-pub fn identity_from_cert_der(der: &[u8], trust_domain: &str) -> Result<Identity, IdentityError> {
-    let cert = parse_cert(der).map_err(|reason| IdentityError::NotACertificate { reason })?;
-    let san = cert.subject_alternative_name().map_err(|e| IdentityError::NotACertificate { reason: e.to_string() })?;
-    let uris: Vec<&str> = san
-        .map(|ext| {
-            ext.value
-                .general_names
-                .iter()
-                .filter_map(|name| if let GeneralName::URI(u) = name { Some(*u) } else { None })
-        })
-        .into_iter()
-        .flatten()
-        .collect();
-    match uris.as_slice() {
-        [] => Err(IdentityError::NoUriSan),
-        [uri] => parse_spiffe_id(uri, trust_domain),
-        more => Err(IdentityError::SeveralUriSans { count: more.len() }),
-    }
-}
-
-/// [`identity_from_cert_der`] on the leaf of a verified peer chain, as returned by
-/// `tonic::Request::peer_certs()` or `rustls::CommonState::peer_certificates()`.
-pub fn identity_from_peer_certs(certs: &[CertificateDer<'_>], trust_domain: &str) -> Result<Identity, IdentityError> {
-    let leaf = certs.first().ok_or(IdentityError::NoPeerCertificate)?;
-    identity_from_cert_der(leaf, trust_domain)
-}
-
-/// Parse a SPIFFE ID in `trust_domain` into an [`Identity`].
-fn parse_spiffe_id(uri: &str, trust_domain: &str) -> Result<Identity, IdentityError> {
-    let Some(rest) = uri.strip_prefix("spiffe://") else {
-        return Err(IdentityError::NotSpiffe { uri: names::quote(uri) });
-    };
-    let (domain, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    if domain != trust_domain {
-        return Err(IdentityError::WrongTrustDomain { expected: trust_domain.to_owned(), found: names::quote(domain) });
-    }
-    if path == "/admin" {
-        return Ok(Identity::Admin);
-    }
-    match path.strip_prefix("/tenant/") {
-        Some(name) if !name.contains('/') => Identity::tenant(name).map_err(IdentityError::BadTenantName),
-        _ => Err(IdentityError::MalformedPath { path: names::quote(path) }),
-    }
-}
-
 /// Check a SPIFFE trust domain name: 1 to 255 bytes of `[a-z0-9._-]`.
 pub fn validate_trust_domain(trust_domain: &str) -> Result<(), PkiError> {
     let refuse = |reason| Err(PkiError::BadTrustDomain { value: names::quote(trust_domain), reason });
@@ -759,50 +609,6 @@ pub fn validate_trust_domain(trust_domain: &str) -> Result<(), PkiError> {
         return refuse("may only contain lowercase ASCII letters, digits, '.', '-' and '_' (SPIFFE)");
     }
     Ok(())
-}
-
-/// A rustls server configuration for the agent's gRPC listener: presents
-/// `server_cert_pem` (a chain, leaf first) with `server_key_pem`, **requires** a client
-/// certificate chaining to a CA in `client_ca_pem` (rustls's `WebPkiClientVerifier`:
-/// signature chain, validity period, clientAuth EKU), TLS 1.3 only, ALPN `h2` (tonic
-/// needs it).
-///
-/// Use it with `tokio_rustls::TlsAcceptor` and `tonic::transport::Server::serve_with_incoming`;
-/// `Request::peer_certs()` then returns the verified client chain.
-pub fn server_config(
-    server_cert_pem: &str,
-    server_key_pem: &str,
-    client_ca_pem: &str,
-    provider: Arc<CryptoProvider>,
-) -> Result<rustls::ServerConfig, PkiError> {
-    let chain =
-        CertificateDer::pem_slice_iter(server_cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(tls_err)?;
-    let key = PrivateKeyDer::from_pem_slice(server_key_pem.as_bytes()).map_err(tls_err)?;
-    let verifier = client_verifier(client_ca_pem, provider.clone())?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(tls_err)?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .map_err(tls_err)?;
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Ok(config)
-}
-
-/// The client certificate verifier [`server_config`] uses: client certificates are
-/// mandatory and must chain to one of the CAs in `client_ca_pem`.
-pub fn client_verifier(
-    client_ca_pem: &str,
-    provider: Arc<CryptoProvider>,
-) -> Result<Arc<dyn ClientCertVerifier>, PkiError> {
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(client_ca_pem.as_bytes()) {
-        roots.add(cert.map_err(tls_err)?).map_err(tls_err)?;
-    }
-    if roots.is_empty() {
-        return Err(PkiError::Tls { reason: "the client CA PEM holds no certificate".into() });
-    }
-    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build().map_err(tls_err)
 }
 
 /// The server's SANs: the fixed local names plus `server_names`, deduplicated.
@@ -953,104 +759,3 @@ fn set_validity(params: &mut CertificateParams, days: u32) {
 
 #[cfg(test)]
 mod tests;
-
-/// A client-certificate verifier that lets the handshake finish without a valid
-/// client certificate, so the request can be refused with a gRPC status that says why
-/// (UNAUTHENTICATED: no certificate, another CA, expired) instead of a bare TLS alert.
-///
-/// It still checks, during the handshake, that the client holds the private key of
-/// whatever certificate it sent (the TLS 1.3 CertificateVerify signature); only the
-/// chain check is deferred. Every request must then pass [`DeferredClientVerifier::check`]
-/// (the agent does it in one interceptor in front of every service but health).
-#[derive(Debug)]
-pub struct DeferredClientVerifier {
-    strict: Arc<dyn ClientCertVerifier>,
-}
-
-impl DeferredClientVerifier {
-    /// A verifier deferring to the chain checks of a strict one for `client_ca_pem`.
-    pub fn new(client_ca_pem: &str, provider: Arc<CryptoProvider>) -> Result<DeferredClientVerifier, PkiError> {
-        Ok(DeferredClientVerifier { strict: client_verifier(client_ca_pem, provider)? })
-    }
-
-    /// The deferred check: the chain leads to the client CA and is valid at `now`.
-    pub fn check(&self, chain: &[CertificateDer<'_>], now: rustls_pki_types::UnixTime) -> Result<(), IdentityError> {
-        let (leaf, intermediates) = chain.split_first().ok_or(IdentityError::NoPeerCertificate)?;
-        self.strict
-            .verify_client_cert(leaf, intermediates, now)
-            .map(|_| ())
-            .map_err(|e| IdentityError::NotTrusted { reason: e.to_string() })
-    }
-}
-
-impl ClientCertVerifier for DeferredClientVerifier {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-
-    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
-        self.strict.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: rustls_pki_types::UnixTime,
-    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        // Deferred to `check`, on every request.
-        Ok(rustls::server::danger::ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.strict.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.strict.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.strict.supported_verify_schemes()
-    }
-}
-
-/// A TLS 1.3 server config whose client-certificate check is deferred to the returned
-/// verifier's [`DeferredClientVerifier::check`], which the caller must run on every
-/// request.
-pub fn deferred_server_config(
-    server_cert_pem: &str,
-    server_key_pem: &str,
-    client_ca_pem: &str,
-    provider: Arc<CryptoProvider>,
-) -> Result<(rustls::ServerConfig, Arc<DeferredClientVerifier>), PkiError> {
-    let chain =
-        CertificateDer::pem_slice_iter(server_cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(tls_err)?;
-    if chain.is_empty() {
-        return Err(PkiError::Tls { reason: "the server certificate PEM holds no certificate".into() });
-    }
-    let key = PrivateKeyDer::from_pem_slice(server_key_pem.as_bytes()).map_err(tls_err)?;
-    let verifier = Arc::new(DeferredClientVerifier::new(client_ca_pem, provider.clone())?);
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(tls_err)?
-        .with_client_cert_verifier(verifier.clone())
-        .with_single_cert(chain, key)
-        .map_err(tls_err)?;
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Ok((config, verifier))
-}
