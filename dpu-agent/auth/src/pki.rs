@@ -50,6 +50,8 @@ use rcgen::{
 };
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use time::{Duration, OffsetDateTime};
@@ -61,10 +63,9 @@ use crate::files::{self, FileError};
 use crate::names::{self, NameError};
 
 mod identity;
-mod tls;
 
+use identity::parse_cert;
 pub use identity::{Identity, IdentityError, identity_from_cert_der, identity_from_peer_certs};
-pub use tls::{DeferredClientVerifier, client_verifier, deferred_server_config, server_config};
 
 /// File name of the CA certificate (in the PKI directory and in client bundles).
 pub const CA_CERT_FILE: &str = "ca.pem";
@@ -611,6 +612,50 @@ pub fn validate_trust_domain(trust_domain: &str) -> Result<(), PkiError> {
     Ok(())
 }
 
+/// A rustls server configuration for the agent's gRPC listener: presents
+/// `server_cert_pem` (a chain, leaf first) with `server_key_pem`, **requires** a client
+/// certificate chaining to a CA in `client_ca_pem` (rustls's `WebPkiClientVerifier`:
+/// signature chain, validity period, clientAuth EKU), TLS 1.3 only, ALPN `h2` (tonic
+/// needs it).
+///
+/// Use it with `tokio_rustls::TlsAcceptor` and `tonic::transport::Server::serve_with_incoming`;
+/// `Request::peer_certs()` then returns the verified client chain.
+pub fn server_config(
+    server_cert_pem: &str,
+    server_key_pem: &str,
+    client_ca_pem: &str,
+    provider: Arc<CryptoProvider>,
+) -> Result<rustls::ServerConfig, PkiError> {
+    let chain =
+        CertificateDer::pem_slice_iter(server_cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(tls_err)?;
+    let key = PrivateKeyDer::from_pem_slice(server_key_pem.as_bytes()).map_err(tls_err)?;
+    let verifier = client_verifier(client_ca_pem, provider.clone())?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(tls_err)?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(config)
+}
+
+/// The client certificate verifier [`server_config`] uses: client certificates are
+/// mandatory and must chain to one of the CAs in `client_ca_pem`.
+pub fn client_verifier(
+    client_ca_pem: &str,
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<dyn ClientCertVerifier>, PkiError> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(client_ca_pem.as_bytes()) {
+        roots.add(cert.map_err(tls_err)?).map_err(tls_err)?;
+    }
+    if roots.is_empty() {
+        return Err(PkiError::Tls { reason: "the client CA PEM holds no certificate".into() });
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build().map_err(tls_err)
+}
+
 /// The server's SANs: the fixed local names plus `server_names`, deduplicated.
 fn server_sans(server_names: &[&str]) -> Result<Vec<SanType>, PkiError> {
     if server_names.len() > MAX_SERVER_NAMES {
@@ -735,15 +780,6 @@ fn describe_san(san: &SanType) -> String {
     }
 }
 
-/// Parse exactly one DER certificate (no trailing bytes).
-fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, String> {
-    let (rest, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| e.to_string())?;
-    if !rest.is_empty() {
-        return Err(format!("{} trailing bytes after the certificate", rest.len()));
-    }
-    Ok(cert)
-}
-
 fn distinguished_name(common_name: &str) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "dpuio");
@@ -759,3 +795,104 @@ fn set_validity(params: &mut CertificateParams, days: u32) {
 
 #[cfg(test)]
 mod tests;
+
+/// A client-certificate verifier that lets the handshake finish without a valid
+/// client certificate, so the request can be refused with a gRPC status that says why
+/// (UNAUTHENTICATED: no certificate, another CA, expired) instead of a bare TLS alert.
+///
+/// It still checks, during the handshake, that the client holds the private key of
+/// whatever certificate it sent (the TLS 1.3 CertificateVerify signature); only the
+/// chain check is deferred. Every request must then pass [`DeferredClientVerifier::check`]
+/// (the agent does it in one interceptor in front of every service but health).
+#[derive(Debug)]
+pub struct DeferredClientVerifier {
+    strict: Arc<dyn ClientCertVerifier>,
+}
+
+impl DeferredClientVerifier {
+    /// A verifier deferring to the chain checks of a strict one for `client_ca_pem`.
+    pub fn new(client_ca_pem: &str, provider: Arc<CryptoProvider>) -> Result<DeferredClientVerifier, PkiError> {
+        Ok(DeferredClientVerifier { strict: client_verifier(client_ca_pem, provider)? })
+    }
+
+    /// The deferred check: the chain leads to the client CA and is valid at `now`.
+    pub fn check(&self, chain: &[CertificateDer<'_>], now: rustls_pki_types::UnixTime) -> Result<(), IdentityError> {
+        let (leaf, intermediates) = chain.split_first().ok_or(IdentityError::NoPeerCertificate)?;
+        self.strict
+            .verify_client_cert(leaf, intermediates, now)
+            .map(|_| ())
+            .map_err(|e| IdentityError::NotTrusted { reason: e.to_string() })
+    }
+}
+
+impl ClientCertVerifier for DeferredClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.strict.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        // Deferred to `check`, on every request.
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.strict.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.strict.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.strict.supported_verify_schemes()
+    }
+}
+
+/// A TLS 1.3 server config whose client-certificate check is deferred to the returned
+/// verifier's [`DeferredClientVerifier::check`], which the caller must run on every
+/// request.
+pub fn deferred_server_config(
+    server_cert_pem: &str,
+    server_key_pem: &str,
+    client_ca_pem: &str,
+    provider: Arc<CryptoProvider>,
+) -> Result<(rustls::ServerConfig, Arc<DeferredClientVerifier>), PkiError> {
+    let chain =
+        CertificateDer::pem_slice_iter(server_cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(tls_err)?;
+    if chain.is_empty() {
+        return Err(PkiError::Tls { reason: "the server certificate PEM holds no certificate".into() });
+    }
+    let key = PrivateKeyDer::from_pem_slice(server_key_pem.as_bytes()).map_err(tls_err)?;
+    let verifier = Arc::new(DeferredClientVerifier::new(client_ca_pem, provider.clone())?);
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_client_cert_verifier(verifier.clone())
+        .with_single_cert(chain, key)
+        .map_err(tls_err)?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok((config, verifier))
+}

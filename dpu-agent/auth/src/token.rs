@@ -67,7 +67,6 @@
 //! does those with the values this module returns.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -75,12 +74,13 @@ use biscuit_auth::builder::Term;
 use biscuit_auth::error::{Format, Logic, Signature, Token as BiscuitError};
 use biscuit_auth::{AuthorizerBuilder, AuthorizerLimits, Biscuit, BlockBuilder, KeyPair, PublicKey};
 
-use crate::files::{self, FileError};
-use crate::names::{self, NameError, NameKind};
+use crate::files;
+use crate::names::{self, NameKind};
 
 mod rights;
 
-pub use rights::{Op, OpMask, Request, Rights, Scope, Widening};
+use rights::internal;
+pub use rights::{Op, OpMask, Request, Rights, Scope, TokenError, Widening};
 
 /// File name of the root private key (PKCS#8 PEM, mode `0600`).
 pub const ROOT_KEY_FILE: &str = "token-root.key";
@@ -115,159 +115,6 @@ check if operation($op), {ops}.contains($op);
 check if path($p), $p == {prefix} || $p.starts_with({prefix_dir});
 check if time($t), $t < {expires};
 "#;
-
-/// Why a token could not be minted, attenuated or verified, or a key not loaded.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TokenError {
-    /// The token is longer than [`MAX_TOKEN_CHARS`] (when verifying), or would be (when
-    /// minting or attenuating: use a shorter prefix or fewer blocks).
-    #[error("token of {len} characters is longer than the limit of {MAX_TOKEN_CHARS}")]
-    TooLarge {
-        /// Its length.
-        len: usize,
-    },
-    /// Not a token at all: bad base64, or bytes that do not decode as a biscuit.
-    #[error("malformed token: {reason}")]
-    Malformed {
-        /// What the decoder said.
-        reason: String,
-    },
-    /// The signature chain does not verify: the token was altered, a block was removed,
-    /// or it was signed by another key claiming to be this authority.
-    #[error("token signature is invalid (altered or truncated token)")]
-    BadSignature,
-    /// The token was minted by another authority (another agent, or a root key that has
-    /// since been replaced).
-    #[error("token was issued by another authority (root key id {found:?}, this agent's is {expected})")]
-    UnknownAuthority {
-        /// This authority's root key id.
-        expected: u32,
-        /// The token's.
-        found: Option<u32>,
-    },
-    /// The token has more than [`MAX_BLOCKS`] blocks.
-    #[error("token has {count} blocks, more than the limit of {MAX_BLOCKS}: attenuate from a shorter token")]
-    TooManyBlocks {
-        /// How many it has.
-        count: usize,
-    },
-    /// A block is not in the dpuio token format (made by another tool, third-party
-    /// block, extra rules or checks). Refused because its meaning cannot be compiled
-    /// into [`Rights`] exactly.
-    #[error("token block {block} is not a dpuio scope block: {reason}")]
-    Unrecognized {
-        /// The block index (0 is the authority block).
-        block: usize,
-        /// What did not match.
-        reason: String,
-    },
-    /// The token has expired.
-    #[error("token expired at {expired_unix_s} (Unix s); ask for a new one (Session.Attach) or a fresh delegation")]
-    Expired {
-        /// When, in seconds since the Unix epoch.
-        expired_unix_s: u64,
-    },
-    /// The token belongs to another tenant than the caller's mTLS identity.
-    #[error("token is for tenant {token:?}, but the caller is tenant {caller:?}")]
-    WrongTenant {
-        /// The token's tenant.
-        token: String,
-        /// The caller's.
-        caller: String,
-    },
-    /// The token is for another container than the one addressed.
-    #[error("token is for container {token:?}, not {requested:?}")]
-    WrongContainer {
-        /// The token's container.
-        token: String,
-        /// The one addressed.
-        requested: String,
-    },
-    /// The blocks' scopes do not intersect: no path or no operation is left.
-    #[error("token grants nothing: {reason}")]
-    Empty {
-        /// Which part of the intersection is empty.
-        reason: String,
-    },
-    /// Checking the token took longer than [`AUTHORIZER_MAX_TIME`] (a starved CPU): it
-    /// was neither accepted nor refused; try again.
-    #[error("checking the token ran out of time ({} ms): the agent is overloaded; try again", AUTHORIZER_MAX_TIME.as_millis())]
-    TimedOut,
-    /// The token is sealed (biscuit's final signature) and cannot be attenuated.
-    #[error("token is sealed and cannot be attenuated; attenuate the unsealed token it was made from")]
-    Sealed,
-    /// The authorizer denied a concrete request ([`TokenAuthority::authorize`]).
-    #[error("token does not allow {op} on {path:?}: {reason}")]
-    Denied {
-        /// The operation.
-        op: Op,
-        /// The path (shortened).
-        path: String,
-        /// Which restriction failed.
-        reason: String,
-    },
-    /// An attenuation asked for more than its parent has.
-    #[error("attenuation cannot widen a token: {0}")]
-    Widening(Widening),
-    /// A scope given to [`TokenAuthority::mint`] or [`attenuate`] is invalid.
-    #[error("invalid token scope: {reason}")]
-    InvalidScope {
-        /// What is wrong.
-        reason: String,
-    },
-    /// A name in a scope is invalid.
-    #[error("invalid token scope: {0}")]
-    InvalidName(#[from] NameError),
-    /// A key file could not be read or written.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The operating system's error.
-        source: std::io::Error,
-    },
-    /// The root key file can be read by group or others; see
-    /// [`crate::pki::PkiError::KeyPermissions`].
-    #[error("{}: private key is readable by group or others (mode {mode:03o}); refusing to use it: \
-             check who could read it, then `chmod 600` it or delete it to have a new one made \
-             (which invalidates all tokens)", path.display())]
-    KeyPermissions {
-        /// The key file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-    },
-    /// A key file does not hold a usable key, or the public key does not match the
-    /// private one.
-    #[error("{}: {reason}", path.display())]
-    InvalidKey {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// biscuit failed where it should not (building a block from our own template).
-    #[error("internal token error: {reason}")]
-    Internal {
-        /// biscuit's error.
-        reason: String,
-    },
-}
-
-impl From<FileError> for TokenError {
-    fn from(e: FileError) -> Self {
-        match e {
-            FileError::Io { path, source } => TokenError::Io { path, source },
-            FileError::Permissions { path, mode } => TokenError::KeyPermissions { path, mode },
-            FileError::NotAKeyFile { path, reason } => TokenError::InvalidKey { path, reason: reason.into() },
-        }
-    }
-}
-
-fn internal(e: impl fmt::Display) -> TokenError {
-    TokenError::Internal { reason: e.to_string() }
-}
 
 /// The root public key that verifies tokens. Safe to copy and publish.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,12 +1,12 @@
-//! Who a client certificate speaks for: the SPIFFE ID in its single URI SAN, read
-//! from a certificate the TLS layer already verified.
+//! Who a client certificate speaks for: the SPIFFE ID in its one URI SAN, read into an
+//! [`Identity`] (a tenant or the administrator), and why that failed ([`IdentityError`]).
 
 use std::fmt;
 
 use rustls_pki_types::CertificateDer;
+use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 
-use super::parse_cert;
 use crate::names::{self, NameError, NameKind};
 
 /// Who a client certificate speaks for.
@@ -161,4 +161,13 @@ fn parse_spiffe_id(uri: &str, trust_domain: &str) -> Result<Identity, IdentityEr
         Some(name) if !name.contains('/') => Identity::tenant(name).map_err(IdentityError::BadTenantName),
         _ => Err(IdentityError::MalformedPath { path: names::quote(path) }),
     }
+}
+
+/// Parse exactly one DER certificate (no trailing bytes).
+pub(super) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+    let (rest, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| e.to_string())?;
+    if !rest.is_empty() {
+        return Err(format!("{} trailing bytes after the certificate", rest.len()));
+    }
+    Ok(cert)
 }
