@@ -69,7 +69,7 @@ const FLOORS: &[(&str, &[&str])] = &[
         "host-shim/bench/src/main.rs",
         &["workloads", "dlio preload_path qos soak plot", "report", "setup", "libdfs fuse_path", "args"],
     ),
-    ("host-shim/capi/src/lib.rs", &["handles"]),
+    ("host-shim/capi/src/lib.rs", &["batch", "file", "client namespace region", "handles"]),
     ("host-shim/preload/src/lib.rs", &["interpose", "state"]),
     ("host-shim/preload/src/interpose", &["tests", "stdio dirs mmap", "open io stat namespace"]),
     ("host-shim/python/src/lib.rs", &["session", "file", "region", "attr errors"]),
@@ -400,6 +400,13 @@ impl Crate {
     /// glob of `at` takes it from (`at` itself for its own items); `None` if nothing in
     /// this crate.
     fn lookup(&self, at: &[String], name: &str, hops: usize) -> Option<ModPath> {
+        self.lookup_through(at, name, hops, &mut Vec::new())
+    }
+
+    /// [`Crate::lookup`], not searching again the globs of a module it is already
+    /// searching (`searching`): a parent's `pub use child::*` and the child's `use
+    /// super::*` would otherwise send the search back and forth.
+    fn lookup_through(&self, at: &[String], name: &str, hops: usize, searching: &mut Vec<ModPath>) -> Option<ModPath> {
         let (_, s) = self.files.get(at)?;
         if s.mods.iter().any(|m| m == name) {
             return Some([at, &[name.to_owned()]].concat());
@@ -413,11 +420,18 @@ impl Crate {
         if let Some(import) = s.imports.iter().find(|i| i.name == name) {
             return self.resolve(at, &import.path, hops + 1);
         }
-        s.imports
+        if searching.iter().any(|m| m == at) {
+            return None;
+        }
+        searching.push(at.to_vec());
+        let found = s
+            .imports
             .iter()
             .filter(|i| i.name.is_empty())
             .filter_map(|glob| self.resolve(at, &glob.path, hops + 1))
-            .find_map(|from| self.lookup(&from, name, hops + 1))
+            .find_map(|from| self.lookup_through(&from, name, hops + 1, searching));
+        searching.pop();
+        found
     }
 
     /// The module `path` (as written in module `from`, inline modules included) leads
@@ -825,4 +839,21 @@ fn a_loop_is_found_and_a_ladder_is_not() {
     assert_eq!(cycle.first(), cycle.last());
     assert_eq!(cycle.len(), 4);
     assert_eq!(check_floor("x", &edges(&[("a", "b"), ("b", "a")]), None).len(), 1);
+}
+
+#[test]
+fn a_parent_re_exporting_children_that_glob_it_is_searched_once() {
+    // capi's shape: the root re-exports each family (`pub use a::*`) and each family
+    // takes the root's helpers (`use super::*`); a name one family takes from another
+    // through the root is an arrow between the two, found without going round forever.
+    let krate = crate_of(&[
+        ("", "mod a; mod b; mod c; pub use a::*; pub use b::*; pub use c::*; fn helper() {}"),
+        ("a", "use super::*; pub fn fa() { fb(); helper(); missing(); }"),
+        ("b", "use super::*; pub fn fb() {}"),
+        ("c", "use super::*; pub fn fc() {}"),
+    ]);
+    let floors = floors(&krate);
+    let g = &floors[&ModPath::new()];
+    let arrows: Vec<String> = g.iter().flat_map(|(from, to)| to.keys().map(move |t| format!("{from}->{t}"))).collect();
+    assert_eq!(arrows, ["a->b"]);
 }
