@@ -3,9 +3,9 @@
 //! A C program attaches to the agent, registers regions, opens files, and moves data
 //! with batches of requests in the shape of 3FS USRBIO and cuFile's batch API: prepare
 //! entries, submit them with one doorbell, wait for at least N completions with a
-//! timeout. The header `include/dpuio.h` is generated from this file by cbindgen (the
+//! timeout. The header `include/dpuio.h` is generated from this crate by cbindgen (the
 //! test `tests/header.rs` fails when it is stale; `DPUIO_BLESS=1` rewrites it), so the
-//! doc comments here are the C documentation.
+//! doc comments here and in the family modules are the C documentation.
 //!
 //! Conventions: every function returns an `int` that is `DPUIO_OK` (0), a count (>= 0)
 //! where the function says so, or a negative `DPUIO_E_*` code;
