@@ -17,6 +17,7 @@ use crate::dataplane::{
 };
 use crate::error::{Error, Result};
 use crate::resume::{self, FileRecord, Liveness, Probe, Registry, ResumeOptions};
+use dpuio_proto::attr::{Attr, DirEntry};
 use dpuio_proto::wire::{self, MetaOpcode, Opcode};
 
 /// Where the CLI and library look for the agent when nothing says otherwise. An
@@ -116,30 +117,6 @@ impl TlsOptions {
             .identity(Identity::from_pem(cert, key))
             .domain_name(name))
     }
-}
-
-/// Kind of a namespace entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryKind {
-    File,
-    Directory,
-}
-
-/// Attributes of an entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attr {
-    pub kind: EntryKind,
-    pub size: u64,
-    pub mode: u32,
-    pub mtime_ns: i64,
-    pub object_id: u64,
-}
-
-/// One directory entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirEntry {
-    pub name: String,
-    pub attr: Attr,
 }
 
 /// How a file is opened.
@@ -370,24 +347,14 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 fn attr_from(op: &str, a: Option<pb::Attr>) -> Result<Attr> {
     let a = a.ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "attributes missing".into() })?;
-    let kind = match pb::EntryKind::try_from(a.kind) {
-        Ok(pb::EntryKind::File) => EntryKind::File,
-        Ok(pb::EntryKind::Directory) => EntryKind::Directory,
-        _ => {
-            return Err(Error::Protocol { op: op.to_owned(), reason: format!("unknown entry kind {}", a.kind) });
-        }
-    };
-    Ok(Attr { kind, size: a.size, mode: a.mode, mtime_ns: a.mtime_ns, object_id: a.object_id })
+    Attr::from_proto(&a)
+        .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: format!("unknown entry kind {}", a.kind) })
 }
 
 /// Attributes from a metadata answer's record.
 fn attr_of(op: &str, r: &wire::AttrRecord) -> Result<Attr> {
-    let kind = match r.kind {
-        wire::KIND_FILE => EntryKind::File,
-        wire::KIND_DIRECTORY => EntryKind::Directory,
-        k => return Err(Error::Protocol { op: op.to_owned(), reason: format!("unknown entry kind {k}") }),
-    };
-    Ok(Attr { kind, size: r.size, mode: r.mode, mtime_ns: r.mtime_ns, object_id: r.object_id })
+    Attr::from_record(r)
+        .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: format!("unknown entry kind {}", r.kind) })
 }
 
 /// The header of a metadata answer of `n` bytes at `at`.

@@ -5,6 +5,8 @@
 //!   that the agent serves through gRPC reflection.
 //! - [`reason`]: the stable reason tokens the agent sends in metadata beside a coarse
 //!   gRPC code (ENOTDIR, EISDIR, ENOTEMPTY, ENOSPC for POSIX clients).
+//! - [`attr`]: the attributes of a namespace entry ([`attr::Attr`], [`attr::DirEntry`]),
+//!   the one definition the agent's backends and the host's shim share.
 //! - [`put`]: the temporary file name of a whole-file put, which the agent recognises.
 //! - [`wire`]: the data plane's fixed-layout ring entries, with a decoder that refuses
 //!   any malformed bytes (the host is untrusted).
@@ -13,6 +15,7 @@
 //! This crate holds no I/O and no policy; the agent and the shim bring both.
 #![forbid(unsafe_code)]
 
+pub mod attr;
 pub mod put;
 pub mod reason;
 pub mod wire;
