@@ -397,6 +397,115 @@ pub const fn pad8(n: usize) -> usize {
     (n + 7) & !7
 }
 
+/// One path's result in a lookup answer: `u32 code` (a [`CodeWord`]; 0: found),
+/// `u32 message length`, an [`AttrRecord`] (zero unless found), the message, zero
+/// padding to 8 bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupRecord {
+    pub code: u32,
+    pub attr: AttrRecord,
+    pub message: String,
+}
+
+/// One entry of a listing batch: `u16 name length`, 6 zero bytes, an [`AttrRecord`],
+/// the name, zero padding to 8 bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirRecord {
+    pub name: String,
+    pub attr: AttrRecord,
+}
+
+impl LookupRecord {
+    /// Append the record to an answer.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.code.to_le_bytes());
+        out.extend_from_slice(&(self.message.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.attr.encode());
+        out.extend_from_slice(self.message.as_bytes());
+        out.resize(pad8(out.len()), 0);
+    }
+}
+
+impl DirRecord {
+    /// Append the record to an answer; `None` (nothing appended) if the name is longer
+    /// than 65535 bytes.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Option<()> {
+        let len = u16::try_from(self.name.len()).ok()?;
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&[0; 6]);
+        out.extend_from_slice(&self.attr.encode());
+        out.extend_from_slice(self.name.as_bytes());
+        out.resize(pad8(out.len()), 0);
+        Some(())
+    }
+}
+
+/// A record of an answer runs past the bytes the answer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an answer record runs past the answer")]
+pub struct RecordOverrun;
+
+/// The records after an answer's [`MetaHeader`], read in order out of a copy of the
+/// answer (the bytes the completion says were written). Text is taken as UTF-8, any
+/// invalid bytes replaced; an attribute record that does not decode reads as all zero
+/// (a lookup's failed path has one).
+#[derive(Debug, Clone)]
+pub struct AnswerRecords<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> AnswerRecords<'a> {
+    /// The records of `answer`, a whole answer, header included.
+    pub fn new(answer: &'a [u8]) -> AnswerRecords<'a> {
+        AnswerRecords { bytes: answer, at: META_ANSWER_HEADER_BYTES as usize }
+    }
+
+    /// The next lookup result.
+    pub fn lookup(&mut self) -> Result<LookupRecord, RecordOverrun> {
+        let code = u32_at(self.take(4)?, 0);
+        let len = u32_at(self.take(4)?, 0) as usize;
+        let attr = self.attr()?;
+        let message = self.text(len)?;
+        self.pad();
+        Ok(LookupRecord { code, attr, message })
+    }
+
+    /// The next entry of a listing batch.
+    pub fn dir_entry(&mut self) -> Result<DirRecord, RecordOverrun> {
+        let len = usize::from(u16_at(self.take(2)?, 0));
+        self.take(6)?;
+        let attr = self.attr()?;
+        let name = self.text(len)?;
+        self.pad();
+        Ok(DirRecord { name, attr })
+    }
+
+    /// The anchor after a listing batch's entries: where the next batch starts.
+    pub fn anchor(&mut self) -> Result<String, RecordOverrun> {
+        let len = usize::from(u16_at(self.take(2)?, 0));
+        self.text(len)
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RecordOverrun> {
+        let b = self.bytes.get(self.at..self.at.checked_add(n).ok_or(RecordOverrun)?).ok_or(RecordOverrun)?;
+        self.at += n;
+        Ok(b)
+    }
+
+    fn attr(&mut self) -> Result<AttrRecord, RecordOverrun> {
+        Ok(AttrRecord::decode(self.take(ATTR_BYTES)?).unwrap_or_default())
+    }
+
+    fn text(&mut self, n: usize) -> Result<String, RecordOverrun> {
+        Ok(String::from_utf8_lossy(self.take(n)?).into_owned())
+    }
+
+    fn pad(&mut self) {
+        self.at = pad8(self.at);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::entry::tests::sample;
@@ -537,5 +646,32 @@ mod tests {
             let _ = MetaError::decode(&b);
         }
         assert!(accepted > 1_000, "{accepted}");
+    }
+
+    #[test]
+    fn answer_records_round_trip_and_overruns_are_refused() {
+        let attr = AttrRecord { kind: KIND_FILE, mode: 0o600, size: 5, mtime_ns: 7, object_id: 8 };
+        let mut answer = MetaHeader { count: 2, ..MetaHeader::default() }.encode().to_vec();
+        let found = LookupRecord { code: 0, attr, message: String::new() };
+        let missing = LookupRecord { code: 5, attr: AttrRecord::default(), message: "no such file".into() };
+        found.encode_into(&mut answer);
+        missing.encode_into(&mut answer);
+        assert_eq!(answer.len() % 8, 0);
+        let mut r = AnswerRecords::new(&answer);
+        assert_eq!((r.lookup(), r.lookup()), (Ok(found), Ok(missing)));
+        assert_eq!(r.lookup(), Err(RecordOverrun));
+
+        let mut listing = MetaHeader { count: 1, more: true, ..MetaHeader::default() }.encode().to_vec();
+        let entry = DirRecord { name: "a.bin".into(), attr };
+        entry.encode_into(&mut listing).unwrap();
+        listing.extend(encode_strings(&["a.bin"]).unwrap());
+        let mut r = AnswerRecords::new(&listing);
+        assert_eq!(r.dir_entry(), Ok(entry));
+        assert_eq!(r.anchor().as_deref(), Ok("a.bin"));
+        for cut in 0..listing.len() - 1 {
+            let mut r = AnswerRecords::new(&listing[..cut]);
+            assert!(r.dir_entry().and_then(|_| r.anchor()).is_err(), "cut at {cut}");
+        }
+        assert!(DirRecord { name: "x".repeat(70_000), attr }.encode_into(&mut Vec::new()).is_none());
     }
 }
