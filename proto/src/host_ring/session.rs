@@ -36,7 +36,7 @@ impl RingState {
     }
 }
 
-/// The unfinished entries of an old ring, moved to a new one ([`move_entries`]).
+/// The unfinished entries of an old ring, submitted again on a new one ([`resubmit`]).
 #[derive(Debug, Default)]
 pub struct Moved {
     /// Entries to write into the new ring, in the order they were first pushed.
@@ -46,13 +46,13 @@ pub struct Moved {
     pub lost: Vec<u64>,
 }
 
-/// Move `old`'s unfinished entries (staged ones too) to `new`, an empty ring of a new
-/// session, leaving `old` with nothing held. Movable entries are pushed on `new` with
+/// Submit `pending` (an old ring's unfinished entries, from [`HostRing::drain`], oldest
+/// first) again on `new`, an empty ring of a new session. Movable entries are pushed with
 /// their own `user_data`; the rest, and any that do not fit (a shorter ring), are lost.
 /// The caller writes [`Moved::writes`], then submits `new`.
-pub fn move_entries(old: &mut HostRing, new: &mut HostRing) -> Moved {
+pub fn resubmit(pending: Vec<Pending>, new: &mut HostRing) -> Moved {
     let mut moved = Moved::default();
-    for Pending { entry, user_data, movable } in old.drain() {
+    for Pending { entry, user_data, movable } in pending {
         match movable.then(|| new.push(&entry, true)) {
             Some(Ok(write)) => moved.writes.push(write),
             _ => moved.lost.push(user_data),

@@ -207,7 +207,7 @@ fn a_session_move_resubmits_what_can_move_in_order_and_loses_the_rest() {
     old.ring.submit(Instant::now());
     pushed(&mut old, 12, true); // staged, never published
     let mut new = Mem::new(4);
-    let moved = session::move_entries(&mut old.ring, &mut new.ring);
+    let moved = session::resubmit(old.ring.drain(), &mut new.ring);
     assert_eq!(moved.lost, [11]);
     assert_eq!(moved.writes.len(), 2);
     for w in moved.writes {
@@ -225,7 +225,7 @@ fn a_session_move_resubmits_what_can_move_in_order_and_loses_the_rest() {
     for u in 0..3 {
         pushed(&mut old, u, true);
     }
-    let moved = session::move_entries(&mut old.ring, &mut HostRing::new(2));
+    let moved = session::resubmit(old.ring.drain(), &mut HostRing::new(2));
     assert_eq!((moved.writes.len(), moved.lost), (2, vec![2]));
 }
 
@@ -259,11 +259,11 @@ fn a_waiter_spins_briefly_then_sleeps_in_growing_steps() {
     let t0 = Instant::now();
     let mut w = Waiter::new(t0, Duration::from_secs(1), Duration::ZERO, &ring);
     for _ in 1..wait::SPIN_POLLS {
-        assert_eq!(w.idle(t0), Idle::Spin);
+        assert_eq!(w.idle(|| t0), Idle::Spin);
     }
     let mut steps = Vec::new();
     for _ in 0..8 {
-        assert_eq!(w.idle(t0), Idle::Sleep);
+        assert_eq!(w.idle(|| t0), Idle::Sleep);
         let Sleep::For(d) = w.sleep(t0, false, &ring) else { panic!("no futex") };
         steps.push(d.as_micros());
     }
@@ -273,7 +273,7 @@ fn a_waiter_spins_briefly_then_sleeps_in_growing_steps() {
     assert_eq!(w.sleep(near, true, &ring), Sleep::Futex(Duration::from_millis(10)), "never past the deadline");
     assert!(!w.expired(t0 + Duration::from_secs(1)) && w.expired(t0 + Duration::from_millis(1001)));
     w.progressed();
-    assert_eq!(w.idle(t0), Idle::Spin, "after a completion, a spin again");
+    assert_eq!(w.idle(|| t0), Idle::Spin, "after a completion, a spin again");
     w.restart(t0 + Duration::from_secs(5));
     assert!(!w.expired(t0 + Duration::from_secs(5)), "a moved wait has its whole timeout again");
 }
@@ -294,15 +294,15 @@ fn a_waiter_sleeps_most_of_a_long_latency_at_once_and_metadata_calls_spin_longer
     // The next completion is far off: no spin, and the first sleep is half the latency,
     // less what has passed since the submission.
     let mut w = Waiter::new(t1, Duration::from_secs(1), Duration::ZERO, &m.ring);
-    assert_eq!(w.idle(t1), Idle::Sleep);
+    assert_eq!(w.idle(|| t1), Idle::Sleep);
     assert_eq!(w.sleep(t1 + us(50), false, &m.ring), Sleep::For(us(150)));
     assert_eq!(w.sleep(t1 + us(190), false, &m.ring), Sleep::For(us(5)), "too little left: a step");
     // A metadata call polls for its whole spin before the first sleep.
     let mut w = Waiter::new(t1, Duration::from_secs(1), meta::SPIN, &HostRing::new(4));
     for _ in 0..100 {
-        assert_eq!(w.idle(t1 + us(49)), Idle::Spin);
+        assert_eq!(w.idle(|| t1 + us(49)), Idle::Spin);
     }
-    assert_eq!(w.idle(t1 + us(50)), Idle::Sleep);
+    assert_eq!(w.idle(|| t1 + us(50)), Idle::Sleep);
 }
 
 #[test]

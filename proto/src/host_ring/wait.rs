@@ -86,13 +86,14 @@ impl Waiter {
         self.idle = 0;
     }
 
-    /// A poll found nothing: spin, or go on to sleep.
-    pub fn idle(&mut self, now: Instant) -> Idle {
+    /// A poll found nothing: spin, or go on to sleep. `now` is read only once the short
+    /// spin is over: a spinning waiter does not pay for the clock each poll.
+    pub fn idle(&mut self, now: impl FnOnce() -> Instant) -> Idle {
         self.idle += 1;
         if self.idle < SPIN_POLLS {
             return Idle::Spin;
         }
-        if self.spin_until.is_some_and(|t| now < t) {
+        if self.spin_until.is_some_and(|t| now() < t) {
             self.idle = SPIN_POLLS - 1; // the first sleep is still to come
             return Idle::Spin;
         }

@@ -231,6 +231,16 @@ impl Completion {
         b
     }
 
+    /// What it says: the bytes moved, or why not (a status this build does not know
+    /// reads as [`Status::Malformed`]).
+    pub fn outcome(&self) -> Result<u64, Status> {
+        match Status::from_i32(self.status) {
+            Some(Status::Ok) => Ok(self.result),
+            Some(status) => Err(status),
+            None => Err(Status::Malformed),
+        }
+    }
+
     pub fn decode(b: &[u8]) -> Result<Completion, WireError> {
         if b.len() < CQE_BYTES {
             return Err(WireError::Short { found: b.len(), expected: CQE_BYTES });
@@ -326,5 +336,8 @@ pub(super) mod tests {
         let c = Completion { user_data: 9, status: Status::OutOfRange as i32, result: 3, seq: 12 };
         assert_eq!(Completion::decode(&c.encode()), Ok(c));
         assert_eq!(Status::from_i32(c.status), Some(Status::OutOfRange));
+        assert_eq!(c.outcome(), Err(Status::OutOfRange));
+        assert_eq!(Completion { status: 0, ..c }.outcome(), Ok(3));
+        assert_eq!(Completion { status: -99, ..c }.outcome(), Err(Status::Malformed), "an unknown status");
     }
 }
