@@ -13,12 +13,14 @@ use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::dataplane::{
-    self, AnswerTo, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, MetaCall, RegisteredRegion, Request,
+    self, AnswerTo, Batch, DataPlane, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request,
 };
 use crate::error::{Error, Result};
 use crate::resume::{self, FileRecord, Liveness, Probe, Registry, ResumeOptions};
 use dpuio_proto::attr::{Attr, DirEntry};
+use dpuio_proto::host_ring::meta::{self as ring_meta, MetaCall};
 use dpuio_proto::wire::{self, MetaOpcode, Opcode};
+use host_bytes::HostBytes;
 
 /// Where the CLI and library look for the agent when nothing says otherwise. An
 /// address without a scheme (or `https://`) is reached with mutual TLS; `http://`
@@ -357,13 +359,13 @@ fn attr_of(op: &str, r: &wire::AttrRecord) -> Result<Attr> {
         .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: format!("unknown entry kind {}", r.kind) })
 }
 
-/// The header of a metadata answer of `n` bytes at `at`.
-fn meta_header(op: &str, mem: &fabric::SharedMemory, at: usize, n: usize) -> Result<wire::MetaHeader> {
+/// The header of a metadata answer (a view of the bytes the agent wrote).
+fn meta_header(op: &str, answer: HostBytes<'_>) -> Result<wire::MetaHeader> {
     let mut b = [0u8; wire::META_ANSWER_HEADER_BYTES as usize];
-    if n < b.len() {
-        return Err(Error::Protocol { op: op.to_owned(), reason: format!("an answer of {n} bytes") });
+    if answer.len() < b.len() {
+        return Err(Error::Protocol { op: op.to_owned(), reason: format!("an answer of {} bytes", answer.len()) });
     }
-    mem.read_at(at, &mut b);
+    answer.slice(..b.len()).copy_to_slice(&mut b);
     wire::MetaHeader::decode(&b)
         .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "a malformed answer".into() })
 }
@@ -555,8 +557,7 @@ impl Client {
         let op = format!("stat {path}");
         if let Some(dp) = self.ring() {
             let call = MetaCall { opcode: MetaOpcode::Stat, flags: 0, handle: 0, strings: &[path], arg: 0 };
-            let r =
-                dp.metadata(&op, &call, AnswerTo::RING, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
+            let r = dp.metadata(&op, &call, AnswerTo::RING, |answer| attr_of(&op, &meta_header(&op, answer)?.attr));
             if r.is_ok() || !dp.is_ended() {
                 return r;
             } // the session ended while waiting: gRPC says why
@@ -586,8 +587,8 @@ impl Client {
                 let mut bytes = 0;
                 while n < rest.len()
                     && n < per_call
-                    && n < dataplane::META_ANSWER_BYTES / 256
-                    && bytes + 2 + rest[n].len() <= dataplane::META_REQUEST_BYTES
+                    && n < ring_meta::ANSWER_BYTES / 256
+                    && bytes + 2 + rest[n].len() <= ring_meta::REQUEST_BYTES
                 {
                     bytes += 2 + rest[n].len();
                     n += 1;
@@ -612,13 +613,12 @@ impl Client {
         let strings: Vec<&str> = paths.iter().map(String::as_str).collect();
         let call =
             MetaCall { opcode: MetaOpcode::Lookup, flags: 0, handle: 0, strings: &strings, arg: paths.len() as u32 };
-        dp.metadata("lookup", &call, AnswerTo::RING, |mem, at, n| {
-            let header = meta_header("lookup", mem, at, n)?;
+        dp.metadata("lookup", &call, AnswerTo::RING, |answer| {
+            let header = meta_header("lookup", answer)?;
             if header.count != paths.len() as u64 {
                 return Err(Error::Protocol { op: "lookup".into(), reason: format!("{} results", header.count) });
             }
-            let mut bytes = vec![0u8; n];
-            mem.read_at(at, &mut bytes);
+            let bytes = answer.to_vec();
             let mut r = Records { bytes, at: wire::META_ANSWER_HEADER_BYTES as usize };
             paths
                 .iter()
@@ -697,10 +697,9 @@ impl Client {
                     strings: &[path, &anchor],
                     arg: batch_size,
                 };
-                let (entries, next) = dp.metadata(&op, &call, AnswerTo::RING, |mem, at, n| {
-                    let header = meta_header(&op, mem, at, n)?;
-                    let mut bytes = vec![0u8; n];
-                    mem.read_at(at, &mut bytes);
+                let (entries, next) = dp.metadata(&op, &call, AnswerTo::RING, |answer| {
+                    let header = meta_header(&op, answer)?;
+                    let bytes = answer.to_vec();
                     let mut r = Records { bytes, at: wire::META_ANSWER_HEADER_BYTES as usize };
                     let mut entries = Vec::with_capacity(header.count.min(1 << 16) as usize);
                     for _ in 0..header.count {
@@ -808,7 +807,7 @@ impl Client {
     fn open_ring(&self, op: &str, path: &str, opcode: MetaOpcode, flags: u16, mode: u32) -> Result<File> {
         let dp = self.data()?;
         let call = MetaCall { opcode, flags, handle: 0, strings: &[path], arg: mode };
-        let header = dp.metadata(op, &call, AnswerTo::RING, |mem, at, n| meta_header(op, mem, at, n))?;
+        let header = dp.metadata(op, &call, AnswerTo::RING, |answer| meta_header(op, answer))?;
         let write = opcode == MetaOpcode::Create || flags & wire::META_WRITE != 0;
         Ok(File::opened(&self.inner, header.handle, path, write, attr_of(op, &header.attr)?, header.chunk_bytes))
     }
@@ -819,8 +818,8 @@ impl Client {
     /// the ring; without a data plane this fails like any data-plane call.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
         let dp = self.data()?;
-        let (attr, mut data) = self.read_head(path, dataplane::META_ANSWER_BYTES - 64)?;
-        if (data.len() as u64) < attr.size && data.len() == dataplane::META_ANSWER_BYTES - 64 {
+        let (attr, mut data) = self.read_head(path, ring_meta::ANSWER_BYTES - 64)?;
+        if (data.len() as u64) < attr.size && data.len() == ring_meta::ANSWER_BYTES - 64 {
             // Longer than the answer area: read the rest through a handle.
             let file = self.open_ring(&format!("open {path}"), path, MetaOpcode::Open, 0, 0)?;
             let rest = file.read_rest(dp, &mut data, attr.size);
@@ -839,12 +838,12 @@ impl Client {
         let op = format!("read {path}");
         let dp = self.data()?;
         let call = MetaCall { opcode: MetaOpcode::OpenRead, flags: 0, handle: 0, strings: &[path], arg: 0 };
-        let room = (max_bytes + wire::META_ANSWER_HEADER_BYTES as usize).min(dataplane::META_ANSWER_BYTES) as u32;
-        dp.metadata(&op, &call, AnswerTo::Ring(room), |mem, at, n| {
-            let header = meta_header(&op, mem, at, n)?;
+        let room = (max_bytes + wire::META_ANSWER_HEADER_BYTES as usize).min(ring_meta::ANSWER_BYTES) as u32;
+        dp.metadata(&op, &call, AnswerTo::Ring(room), |answer| {
+            let header = meta_header(&op, answer)?;
             let start = wire::META_ANSWER_HEADER_BYTES as usize;
-            let mut data = vec![0u8; header.count.min((n - start) as u64) as usize];
-            mem.read_at(at + start, &mut data);
+            let count = header.count.min((answer.len() - start) as u64) as usize;
+            let data = answer.slice(start..start + count).to_vec();
             Ok((attr_of(&op, &header.attr)?, data))
         })
     }
@@ -857,8 +856,8 @@ impl Client {
     pub fn read_sample(&self, path: &str, region: &RegisteredRegion, offset: u64, length: u32) -> Result<(Attr, u64)> {
         let op = format!("read {path}");
         let call = MetaCall { opcode: MetaOpcode::OpenRead, flags: 0, handle: 0, strings: &[path], arg: 0 };
-        self.data()?.metadata(&op, &call, AnswerTo::Region(region, offset, length), |mem, at, n| {
-            let header = meta_header(&op, mem, at, n)?;
+        self.data()?.metadata(&op, &call, AnswerTo::Region(region, offset, length), |answer| {
+            let header = meta_header(&op, answer)?;
             Ok((attr_of(&op, &header.attr)?, header.count))
         })
     }
@@ -883,8 +882,8 @@ impl Client {
                 (format!("read {path}"), call, (region, offset, length))
             })
             .collect();
-        self.data()?.metadata_batch(&calls, |op, mem, at, n| {
-            let header = meta_header(op, mem, at, n)?;
+        self.data()?.metadata_batch(&calls, |op, answer| {
+            let header = meta_header(op, answer)?;
             Ok((attr_of(op, &header.attr)?, header.count))
         })
     }
@@ -1063,8 +1062,7 @@ impl File {
         let op = format!("stat {}", self.path);
         if let Some(dp) = &self.inner.data {
             let call = MetaCall { opcode: MetaOpcode::StatHandle, flags: 0, handle: self.handle, strings: &[], arg: 0 };
-            return dp
-                .metadata(&op, &call, AnswerTo::RING, |mem, at, n| attr_of(&op, &meta_header(&op, mem, at, n)?.attr));
+            return dp.metadata(&op, &call, AnswerTo::RING, |answer| attr_of(&op, &meta_header(&op, answer)?.attr));
         }
         let r = self
             .call(&op, |session_id| {
@@ -1169,7 +1167,7 @@ impl File {
             .as_ref()
             .ok_or_else(|| Error::DataPlane { op: op.clone(), reason: "no data plane".into() })?;
         let call = MetaCall { opcode: MetaOpcode::Close, flags: 0, handle: self.handle, strings: &[], arg: 0 };
-        dp.metadata(&op, &call, AnswerTo::RING, |_, _, _| Ok(()))
+        dp.metadata(&op, &call, AnswerTo::RING, |_| Ok(()))
     }
 
     /// Close the handle; a written file is durable once this returns (over the ring

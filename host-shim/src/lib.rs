@@ -26,6 +26,7 @@ pub use dpuio_proto::attr::{Attr, DirEntry, EntryKind};
 pub use dpuio_proto::v1::RegionAccess;
 pub use dpuio_proto::wire::{Opcode, Status as IoStatus};
 pub use error::{Error, Result};
+pub use host_bytes::{HostBytes, HostBytesMut};
 pub use put::{Put, temp_path as put_temp_path};
 pub use resume::ResumeOptions;
 
