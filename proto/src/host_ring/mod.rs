@@ -220,11 +220,15 @@ impl HostRing {
     }
 
     /// Forget the staged entries (pushed, never published): the ring goes back to its
-    /// pool as it was before they were pushed.
+    /// pool as it was before they were pushed. If nothing is in flight then, slots still
+    /// held by entries whose completions echoed something else are freed, as after a reap.
     pub fn withdraw_staged(&mut self) {
         let n = std::mem::take(&mut self.staged);
         self.sq_tail = self.sq_tail.wrapping_sub(n);
         self.slots.withdraw(n);
+        if self.in_flight() == 0 && self.slots.held() != 0 {
+            self.slots.drain();
+        }
     }
 
     /// Every entry not completed, oldest first (staged ones too), leaving the ring with

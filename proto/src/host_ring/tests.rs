@@ -196,6 +196,26 @@ fn withdrawn_entries_leave_the_ring_as_it_was() {
 }
 
 #[test]
+fn a_slot_held_by_a_misechoed_entry_is_freed_once_a_withdrawal_leaves_nothing_in_flight() {
+    // Found while modelling the ring for the host_ring fuzz target: an entry whose
+    // completion echoed another value kept its slot when the staged entries behind it
+    // were withdrawn and nothing was left in flight; no reap would free it, so each such
+    // echo cost the ring a slot for good (a one-entry ring refused every later push).
+    let mut m = Mem::new(2);
+    m.push(1).unwrap();
+    m.ring.submit(Instant::now());
+    m.push(2).unwrap(); // staged
+    m.post(0, 77, 0);
+    assert_eq!(m.poll()[0].user_data, 77);
+    assert_eq!((m.ring.in_flight(), m.ring.staged()), (1, 1), "entry 1's slot is still held");
+    m.ring.withdraw_staged();
+    assert_eq!(m.ring.in_flight(), 0);
+    m.push(3).unwrap();
+    m.push(4).unwrap();
+    assert_eq!(m.push(5), Err(PushError::Full), "both slots are free again, not more");
+}
+
+#[test]
 fn a_session_move_resubmits_what_can_move_in_order_and_loses_the_rest() {
     let mut old = Mem::new(4);
     let pushed = |m: &mut Mem, u: u64, movable: bool| {
