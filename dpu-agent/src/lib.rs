@@ -5,16 +5,17 @@
 //! downwards only (`tests/rooms.rs` fails on a loop), from the bottom up:
 //!
 //! - leaves: configuration ([`config`]), errors and their one mapping to statuses
-//!   ([`error`]), the request engine's checks ([`engine`]), who is calling
+//!   ([`error`]), the checks of every ring entry ([`validate`]), who is calling
 //!   ([`caller`]), connections that report their closing ([`connection`]), and how the code waits (`runtime`: the lock helper, blocking calls
 //!   off the async runtime); what the agent counts, and its `GET /metrics` endpoint
 //!   ([`metrics`]: the rooms above count into it, and the agent hands it its figures
 //!   through [`metrics::Gauges`]);
-//! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]): its ring
-//!   protocol without I/O ([`dataplane::protocol`], [`dataplane::readiness`]) and the
-//!   engine thread that drives it, which owns what it serves each session from
-//!   (handles, peer, regions, rings: [`dataplane::sessions`]) and sees the agent only
-//!   through [`dataplane::sessions::AgentView`];
+//! - the data-plane scheduler ([`qos`]), then the data plane ([`dataplane`]): its
+//!   decisions without I/O ([`dataplane::protocol`], its `policy`,
+//!   [`dataplane::readiness`]), host memory, the I/O threads, and the engine thread
+//!   that drives them, which owns what it serves each session from (handles, peer,
+//!   regions, rings: [`dataplane::sessions`]) and sees the agent only through
+//!   [`dataplane::sessions::AgentView`];
 //! - the changes made with `dpuctl` that persist, and how they merge with the config
 //!   at start ([`persist`]: the rules without I/O, and the state file's adapter);
 //! - state and policy: tenants, sessions and their rights ([`state`]); what starting
@@ -40,7 +41,6 @@ pub mod config;
 pub mod connection;
 pub mod dataplane;
 pub mod deploy;
-pub mod engine;
 pub mod error;
 pub mod keys;
 pub mod metrics;
@@ -53,3 +53,4 @@ pub mod server;
 pub mod service;
 pub mod state;
 pub mod tls;
+pub mod validate;

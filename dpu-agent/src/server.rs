@@ -1,5 +1,6 @@
 //! Starting and stopping the agent: backend, listener, services, signals.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,11 +15,10 @@ use tonic::service::interceptor::InterceptedService;
 use crate::config::{BackendConfig, Config, DaosConfig};
 use crate::connection::{ClosedConnections, Tracked};
 use crate::dataplane::DataPlane;
-use crate::metrics::Gauges;
 use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::serve_error::ServeError;
 use crate::service::{MemoryService, NamespaceService, SessionService};
-use crate::state::Agent;
+use crate::state::{Agent, Parts};
 
 /// The DAOS backend's options from its config section.
 pub fn daos_options(daos: &DaosConfig) -> DaosOptions {
@@ -32,7 +32,9 @@ pub fn daos_options(daos: &DaosConfig) -> DaosOptions {
     }
 }
 
-/// Build the agent's state from a config: open the backend, create the containers.
+/// Build the agent's state from a config: open the backend, gather what the agent is
+/// made of (the state file's changes, the token key, the tenants' encryption), assemble
+/// it, create the containers, and start its data plane on it.
 pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
     let (backend, chunk_bytes): (Arc<dyn Backend>, u64) = match &config.backend {
         BackendConfig::Local { path } => {
@@ -46,26 +48,21 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
             (Arc::new(backend), daos.chunk_bytes)
         }
     };
-    let data_plane = config.data_plane.clone();
-    let token_dir = config.data_dir.join("tokens");
     let (store, merged) = persisted_settings(&config)?;
-    let mut agent = Agent::with_tenants(config, merged.tenants.clone(), backend);
-    agent.set_persisted(store);
-    agent.tokens = dpuio_auth::token::TokenAuthority::load_or_create(&token_dir)
+    let token_dir = config.data_dir.join("tokens");
+    let tokens = dpuio_auth::token::TokenAuthority::load_or_create(&token_dir)
         .map_err(|e| ServeError::Tls(format!("capability token key in {}: {e}", token_dir.display())))?;
-    let agent = Arc::new(agent);
-    let weak = Arc::downgrade(&agent);
-    let gauges: std::sync::Weak<dyn Gauges> = weak;
-    agent.metrics.register_gauges(gauges);
     // Tenants removed with dpuctl too: `dpuctl tenant add` may bring them back, encrypted.
+    let mut encryption = HashMap::new();
     for tenant in merged.tenants.iter().chain(&merged.removed) {
         if let Some(enc) = &tenant.encryption {
-            agent.set_encryption(
-                &tenant.container,
-                crate::keys::encryption_settings(&tenant.name, &tenant.container, enc)?,
-            );
+            let settings = crate::keys::encryption_settings(&tenant.name, &tenant.container, enc)?;
+            encryption.insert(tenant.container.clone(), settings);
         }
     }
+    let data_plane = config.data_plane.clone();
+    let agent =
+        Agent::assemble(Parts { config, tenants: merged.tenants, backend, tokens, persisted: Some(store), encryption });
     agent.prepare_containers().map_err(ServeError::Containers)?;
     if data_plane.enabled {
         if let Some(name) = &data_plane.interface {
@@ -149,8 +146,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
     let tls = crate::tls::prepare(&agent.config)?;
     let auth = crate::tls::Authenticator::new(agent.clone(), tls.as_ref());
     let intercept = move |request| auth.intercept(request);
-    let listener = TcpListener::bind(listen).await.map_err(|source| ServeError::Bind { addr: listen, source })?;
-    let local = listener.local_addr().map_err(|source| ServeError::Bind { addr: listen, source })?;
+    let (listener, local) = bind(listen).await?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<pb::session_server::SessionServer<SessionService>>().await;
@@ -192,46 +188,40 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
     let admin_path = agent.config.admin_socket();
     let admin_listener = crate::admin::bind(&admin_path)?;
     let admin_service = pb::admin_server::AdminServer::new(crate::admin::AdminService::new(agent.clone(), tls.clone()));
-    let (admin_stop_tx, admin_stop) = tokio::sync::oneshot::channel::<()>();
-    let admin =
-        tokio::spawn(tonic::transport::Server::builder().add_service(admin_service).serve_with_incoming_shutdown(
-            crate::admin::incoming(admin_listener),
-            async {
-                let _ = admin_stop.await;
-            },
-        ));
+    let admin = Sidecar::spawn("admin service", |stopped| {
+        let incoming = crate::admin::incoming(admin_listener);
+        tonic::transport::Server::builder().add_service(admin_service).serve_with_incoming_shutdown(incoming, stopped)
+    });
     tracing::info!(socket = %admin_path.display(), "admin service listening");
 
     // kubelet's `grpc` probe speaks no TLS: health alone, in plaintext, where configured.
-    let (health_stop_tx, health_stop) = tokio::sync::oneshot::channel::<()>();
     let health = match agent.config.health_listen {
         Some(addr) => {
-            let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
-            let bound = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
-            tracing::info!(%bound, "health service (grpc.health.v1, plaintext) listening");
-            Some(tokio::spawn(
-                tonic::transport::Server::builder().add_service(health_service.clone()).serve_with_incoming_shutdown(
-                    incoming(listener, None),
-                    async {
-                        let _ = health_stop.await;
-                    },
-                ),
-            ))
+            let health_service = health_service.clone();
+            let listening = "health service (grpc.health.v1, plaintext) listening";
+            let (_, served) = Sidecar::listen(addr, "health service", listening, |listener, stopped| {
+                let incoming = incoming(listener, None);
+                tonic::transport::Server::builder()
+                    .add_service(health_service)
+                    .serve_with_incoming_shutdown(incoming, stopped)
+            })
+            .await?;
+            Some(served)
         }
         None => None,
     };
 
-    let (metrics_stop_tx, metrics_stop) = tokio::sync::oneshot::channel::<()>();
     let metrics = match agent.config.metrics.listen {
         Some(addr) => {
-            let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
-            let bound = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
-            tracing::info!(%bound, "metrics (Prometheus, GET /metrics) listening");
+            let figures = agent.metrics.clone();
+            let listening = "metrics (Prometheus, GET /metrics) listening";
+            let (bound, served) = Sidecar::listen(addr, "metrics", listening, |listener, stopped| async move {
+                crate::metrics::http::serve(listener, figures, stopped).await;
+                Ok::<(), std::convert::Infallible>(())
+            })
+            .await?;
             agent.set_metrics_addr(bound);
-            let stopped = async {
-                let _ = metrics_stop.await;
-            };
-            Some((bound, tokio::spawn(crate::metrics::http::serve(listener, agent.metrics.clone(), stopped))))
+            Some((bound, served))
         }
         None => None,
     };
@@ -272,20 +262,13 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
 
     reaper.abort();
     orphans.abort();
-    let _ = metrics_stop_tx.send(());
     if let Some((_, served)) = metrics {
-        let _ = served.await;
+        served.stop().await;
     }
-    let _ = health_stop_tx.send(());
-    if let Some(h) = health
-        && let Ok(Err(e)) = h.await
-    {
-        tracing::warn!(error = %e, "health service stopped with an error");
+    if let Some(health) = health {
+        health.stop().await;
     }
-    let _ = admin_stop_tx.send(());
-    if let Ok(Err(e)) = admin.await {
-        tracing::warn!(error = %e, "admin service stopped with an error");
-    }
+    admin.stop().await;
     let _ = std::fs::remove_file(&admin_path);
     let sessions = agent.session_count();
     let closing = agent.clone();
@@ -299,6 +282,65 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
     tracing::info!(sessions, "stopped: sessions closed, containers synced");
     Ok(())
 }
+
+/// Bind the TCP listener at `addr`: the listener, and the address it bound (port 0
+/// takes a free one).
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
+    Ok((listener, bound))
+}
+
+/// A service beside the control plane (the admin socket, plaintext health, metrics),
+/// served on a task of its own until [`Sidecar::stop`].
+struct Sidecar<E> {
+    /// How the logs name it.
+    name: &'static str,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), E>>,
+}
+
+impl<E: std::fmt::Display + Send + 'static> Sidecar<E> {
+    /// Serve `serve(stopped)` on a task; `stopped` completes when [`Sidecar::stop`] is
+    /// called.
+    fn spawn<F>(name: &'static str, serve: impl FnOnce(BoxFuture) -> F) -> Sidecar<E>
+    where
+        F: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(Box::pin(async {
+            let _ = stopped.await;
+        })));
+        Sidecar { name, stop, task }
+    }
+
+    /// Bind a plaintext TCP listener at `addr`, log `listening` with the address it
+    /// bound, and serve `serve(listener, stopped)` there ([`Sidecar::spawn`]).
+    async fn listen<F>(
+        addr: SocketAddr,
+        name: &'static str,
+        listening: &'static str,
+        serve: impl FnOnce(TcpListener, BoxFuture) -> F,
+    ) -> Result<(SocketAddr, Sidecar<E>), ServeError>
+    where
+        F: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    {
+        let (listener, bound) = bind(addr).await?;
+        tracing::info!(%bound, "{listening}");
+        Ok((bound, Sidecar::spawn(name, |stopped| serve(listener, stopped))))
+    }
+
+    /// Stop it and wait until it has; an error it stopped with is logged.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        if let Ok(Err(e)) = self.task.await {
+            tracing::warn!(error = %e, "{} stopped with an error", self.name);
+        }
+    }
+}
+
+/// The future a [`Sidecar`] is told to stop with.
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Accepted connections with Nagle off: every control-plane call is a small request
 /// that must not wait for a delayed ACK. Each reports its closing to `closed`.

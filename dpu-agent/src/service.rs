@@ -452,8 +452,8 @@ impl MemoryService {
     }
 }
 
-fn region_access(raw: i32) -> Result<crate::engine::RegionAccess> {
-    use crate::engine::RegionAccess;
+fn region_access(raw: i32) -> Result<crate::validate::RegionAccess> {
+    use crate::validate::RegionAccess;
     match pb::RegionAccess::try_from(raw) {
         Ok(pb::RegionAccess::WriteByAgent) => Ok(RegionAccess { agent_writes: true, agent_reads: false }),
         Ok(pb::RegionAccess::ReadByAgent) => Ok(RegionAccess { agent_writes: false, agent_reads: true }),

@@ -118,7 +118,7 @@ impl Model {
                 next.offset >= cq_start && next.offset + CQE_BYTES <= self.mem.len(),
                 "a completion outside the CQ"
             );
-            assert_eq!(next.seq_offset, next.offset + 24);
+            assert_eq!(next.seq_offset, next.offset + wire::CQE_SEQ_OFFSET);
             let seq = u64::from_le_bytes(self.mem[next.seq_offset..next.seq_offset + 8].try_into().unwrap());
             if seq != next.seq {
                 break;

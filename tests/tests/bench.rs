@@ -1,7 +1,32 @@
 //! `dpuio bench` end to end at tiny sizes: every workload runs through the shim and
-//! POSIX, `--json` gives the fields the reports are built from, and `--plot` writes a PNG.
+//! POSIX, `--json` gives the fields the reports are built from, and `--plot` writes a PNG;
+//! with `--encrypted-bundle` (what `./x demo` runs) a second, encrypted tenant reads the
+//! same files and the output says which rows decrypt and what dpuio did and cost.
 
+use dpuio_tests::programs::write_key;
 use dpuio_tests::{AgentProcess, ok_stdout};
+
+/// Sizes and times small enough for a test: every measurement a fraction of a second.
+const TINY: &[&str] = &[
+    "--file-bytes",
+    "16MiB",
+    "--seconds",
+    "0.2",
+    "--rounds",
+    "1",
+    "--unet3d-samples",
+    "8",
+    "--unet3d-mean-bytes",
+    "1MiB",
+    "--unet3d-stdev-bytes",
+    "256KiB",
+    "--unet3d-steps",
+    "3",
+    "--max-accelerators",
+    "2",
+    "--compute-scale",
+    "0.02",
+];
 
 #[test]
 fn every_workload_reports_json_and_a_plot() {
@@ -10,7 +35,7 @@ fn every_workload_reports_json_and_a_plot() {
     let root = agent.data_dir.join("containers/default");
     let plot = dir.path().join("bench.png");
     let pid = agent.process.id().to_string();
-    let out = ok_stdout(&agent.cli(&[
+    let args = [
         "bench",
         "seq-read",
         "rand-read",
@@ -25,33 +50,16 @@ fn every_workload_reports_json_and_a_plot() {
         root.to_str().unwrap(),
         "--agent-pid",
         &pid,
-        "--file-bytes",
-        "16MiB",
-        "--seconds",
-        "0.2",
-        "--rounds",
-        "1",
         "--threads",
         "2",
         "--metadata-files",
         "20",
         "--checkpoint-bytes",
         "16MiB",
-        "--unet3d-samples",
-        "8",
-        "--unet3d-mean-bytes",
-        "1MiB",
-        "--unet3d-stdev-bytes",
-        "256KiB",
-        "--unet3d-steps",
-        "3",
-        "--max-accelerators",
-        "2",
-        "--compute-scale",
-        "0.02",
         "--plot",
         plot.to_str().unwrap(),
-    ]));
+    ];
+    let out = ok_stdout(&agent.cli(&[&args[..], TINY].concat()));
     let lines: Vec<&str> = out.lines().collect();
     for workload in ["seq-read", "rand-read", "seq-write", "metadata-create", "checkpoint-write", "unet3d"] {
         for path in ["posix", "shim-ucx-sm"] {
@@ -99,4 +107,69 @@ fn every_workload_reports_json_and_a_plot() {
     assert!(!unet.contains("\"au\":null") && !unet.contains("\"accelerators\":null"), "{unet}");
     let png = std::fs::read(&plot).expect("plot written");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn an_encrypted_tenant_reads_the_same_files_and_the_output_says_what_each_row_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("encrypted.key");
+    write_key(&key, 0o600);
+    // The local backend whatever the tier: the POSIX baseline reads the container's tree.
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[tenants]]\nname = \"default\"\ncontainer = \"default\"\n\n\
+             [[tenants]]\nname = \"encrypted\"\ncontainer = \"encrypted\"\n\
+             [tenants.encryption]\nkey_file = \"{}\"\n",
+            key.display()
+        ),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let bundle = dir.path().join("encrypted-bundle");
+    ok_stdout(&agent.dpuctl(&["cert", "issue", "--tenant", "encrypted", "--out", bundle.to_str().unwrap()]));
+    let root = agent.data_dir.join("containers/default");
+    let plot = dir.path().join("bench.png");
+    let pid = agent.process.id().to_string();
+    let run = |bundle: &std::path::Path| {
+        let args = [
+            "bench",
+            "seq-read",
+            "unet3d",
+            "--paths",
+            "posix,shm",
+            "--posix-root",
+            root.to_str().unwrap(),
+            "--encrypted-bundle",
+            bundle.to_str().unwrap(),
+            "--agent-pid",
+            &pid,
+            "--plot",
+            plot.to_str().unwrap(),
+        ];
+        agent.cli(&[&args[..], TINY].concat())
+    };
+    let out = ok_stdout(&run(&bundle));
+    let rows = |path: &str| out.lines().filter(|l| l.split_whitespace().nth(1) == Some(path)).count();
+    // For seq-read and unet3d each: a table row, a line in "what dpuio did better" and
+    // one in "what decrypting cost".
+    assert_eq!(rows("shim-ucx-sm+decrypt"), 6, "{out}");
+    assert!(out.lines().any(|l| l.starts_with("seq-read") && l.ends_with("<- the agent decrypts")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("seq-read") && l.ends_with("<- the stored bytes, no dpuio")), "{out}");
+    assert!(out.contains("shim-ucx-sm+decrypt  shim-ucx-sm as the tenant with inline encryption"), "legend:\n{out}");
+    assert!(out.contains("target: seq-read shim-ucx-sm throughput") && out.contains("        means: "), "{out}");
+    assert!(out.contains("what dpuio did better, and what it cost") && out.contains("what decrypting cost"), "{out}");
+    // The encrypted tenant's container holds ciphertext of the files the plain one holds as is.
+    let stored = |tenant: &str| std::fs::read(agent.data_dir.join(tenant).join(".dpuio-bench/data")).unwrap();
+    let (plain, encrypted) = (stored("containers/default"), stored("containers/encrypted"));
+    assert_eq!(plain.len(), 16 << 20);
+    assert!(encrypted.len() > plain.len() && !encrypted.windows(64).any(|w| w == &plain[4096..4160]));
+    assert_eq!(&std::fs::read(&plot).expect("plot written")[..4], b"\x89PNG");
+
+    // The bundle of the tenant the other rows attach as would label plain reads as decrypted.
+    let out = run(&agent.client_dir());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the tenant of the other rows") && err.contains("dpuctl cert issue"), "{err}");
 }

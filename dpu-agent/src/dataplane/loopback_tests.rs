@@ -24,14 +24,15 @@ use fabric::any;
 use fabric::testing::{self, LoopbackWorker, PeerAccess};
 use fabric::transport::{Endpoint as _, Region as _};
 
+use super::policy::SPLIT_BYTES;
 use super::protocol::RING_BATCH;
 use super::readiness::IDLE_SCAN;
 use super::sessions::{AgentView, Handle, Session};
-use super::{DataPlane, Peer, SPLIT_BYTES};
+use super::{DataPlane, Peer};
 use crate::config::{Limits, QosConfig, TenantConfig};
-use crate::engine::RegionAccess;
 use crate::metrics::Metrics;
 use crate::runtime::lock;
+use crate::validate::RegionAccess;
 
 /// How long a test waits for something the engine should do in microseconds.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -223,7 +224,7 @@ impl Ring {
     /// The completion at `index` if the agent has posted it.
     fn posted(&self, index: u64) -> Option<Completion> {
         let at = wire::cqe_offset(self.entries, index);
-        if self.mem().load_u64_acquire(at + 24) != index + 1 {
+        if self.mem().load_u64_acquire(at + wire::CQE_SEQ_OFFSET) != index + 1 {
             return None;
         }
         let mut bytes = [0u8; wire::CQE_BYTES];

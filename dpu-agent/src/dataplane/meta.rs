@@ -11,11 +11,13 @@
 //! straight into the answer range).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use dpuio_backend::{Attr, DirEntry, EntryKind, Object};
 use dpuio_proto::wire::{self, AttrRecord, MetaHeader, MetaOpcode, MetaSubmission};
 
 use crate::error::{Error, Result};
+use crate::metrics::{Op, TenantMetrics};
 
 /// A metadata entry's operation, with its strings decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,6 +182,36 @@ pub fn answer(reply: &Reply, room: usize) -> std::result::Result<Vec<u8>, usize>
     if out.len() > room { Err(out.len()) } else { Ok(out) }
 }
 
+/// What to ask again when `reply` to `asked` needed `need` bytes and the answer range
+/// holds `room`: a batch of a listing asks for as many entries as fit on average (fewer
+/// each time, so asking again ends); any other answer cannot shrink (`None`).
+pub fn fewer(reply: &Reply, asked: &Request, room: usize, need: usize) -> Option<Request> {
+    match (reply, asked) {
+        (Reply::Dir { entries, .. }, Request::Readdir { path, anchor, .. }) if entries.len() > 1 => {
+            let max = ((entries.len() * room / need) as u32).clamp(1, entries.len() as u32 - 1);
+            Some(Request::Readdir { path: path.clone(), anchor: anchor.clone(), max })
+        }
+        _ => None,
+    }
+}
+
+/// How a metadata entry went, counted as the same call over gRPC is: by operation,
+/// refusals by their code; an open-read also as a read of the file bytes it wrote after
+/// its header (`answered`: the bytes written into the answer range).
+pub fn count(metrics: &TenantMetrics, opcode: MetaOpcode, answered: &Result<u64>, started: Instant) {
+    let op = Op::of_meta(opcode);
+    match (answered, op) {
+        (Ok(written), Op::Read) => metrics.request(
+            op,
+            wire::Status::Ok,
+            written.saturating_sub(u64::from(wire::META_ANSWER_HEADER_BYTES)),
+            started.elapsed(),
+        ),
+        (Ok(_), _) => metrics.call(op, Ok(())),
+        (Err(refused), _) => metrics.call(op, Err(refused.code())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,6 +261,21 @@ mod tests {
         let need = answer(&dir, 100).unwrap_err();
         assert!(need > 100);
         assert_eq!(answer(&dir, need).unwrap().len(), need);
+        let asked = Request::Readdir { path: "/d".into(), anchor: String::new(), max: 0 };
+        let again = fewer(&dir, &asked, 100, need).expect("a listing asks again");
+        let Request::Readdir { max, .. } = again else { panic!("{again:?}") };
+        assert_eq!(max as usize, (10 * 100 / need).max(1), "as many as fit on average");
+        let one = Reply::Dir { entries: vec![DirEntry { name: "f".into(), attr: attr.clone() }], anchor: None };
+        assert_eq!(fewer(&one, &asked, 10, 100), None, "one entry that does not fit cannot shrink");
+        assert_eq!(fewer(&Reply::Attr(attr.clone()), &asked, 10, 100), None);
+        let two = Reply::Dir {
+            entries: (0..2).map(|i| DirEntry { name: format!("{i}"), attr: attr.clone() }).collect(),
+            anchor: None,
+        };
+        assert_eq!(
+            fewer(&two, &asked, 1, 1000),
+            Some(Request::Readdir { path: "/d".into(), anchor: String::new(), max: 1 })
+        );
         let e = Error::NoHandle { handle: 5 };
         let rec = wire::MetaError::decode(&error_answer(&e, 64)).unwrap();
         assert_eq!(rec.code, wire::CodeWord { code: tonic::Code::NotFound as u16, reason: None });

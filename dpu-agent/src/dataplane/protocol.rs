@@ -9,16 +9,24 @@
 //! ([`dpuio_proto::wire`]). None of the host's values is trusted: indices that claim
 //! more submissions than the ring holds, or more unreaped completions than it holds,
 //! break the ring ([`Serve::Broken`]); every entry is decoded strictly and validated
-//! against the session ([`crate::engine::validate`]) before anything runs.
+//! against the session ([`crate::validate::validate`]) before anything runs.
 //!
-//! Serving a ring once is a [`Batch`]. The driver (the engine thread in `dataplane.rs`)
-//! reads the host's indices and hands them to [`Cursor::serve`] with the tenant's room;
-//! then it performs what [`Batch::poll`] returns until it returns `None`, feeding back
-//! what it was asked for: the entry bytes it fetched ([`Batch::fetched`]), how a run
-//! ended ([`Batch::ran`]), or that a transfer to the host failed
-//! ([`Batch::transfer_failed`]: nothing more is asked, no completion is posted, and the
-//! ring's cursor is not advanced). The last action, [`Action::Finish`], carries the
-//! cursor to keep and whether more entries wait.
+//! Serving a ring once is a [`Batch`]. The driver (the engine thread, `driver.rs`)
+//! reads the host's indices and hands them to [`Cursor::serve`] with how the ring is
+//! reached and the tenant's room ([`Tenant::of`]); then it performs what
+//! [`Batch::poll`] returns until it returns `None`, feeding back what it was asked for:
+//! the entry bytes it fetched ([`Batch::fetched`]), how a run ended ([`Batch::ran`]),
+//! whether the I/O threads took an open-read ([`Batch::offloaded`]), or that a transfer
+//! to the host failed ([`Batch::transfer_failed`]: nothing more is asked, no completion
+//! is posted, and the ring's cursor is not advanced). The last action,
+//! [`Action::Finish`], carries the cursor to keep and whether more entries wait.
+//!
+//! The machine decides what the driver would otherwise have to: whether a valid entry
+//! runs at once or is queued (the tenant's mode), which open-reads go to the I/O
+//! threads (on a mapped ring, with entries behind them, so a loader's batch of samples
+//! is read in parallel and the last runs on the engine), and whether a completion is
+//! still to count in its tenant's figures ([`Count`]: a refusal is counted when it is
+//! posted, a request that ran was counted as it ran).
 //!
 //! A batch takes at most [`RING_BATCH`] entries, no more than the completion ring and
 //! the tenant have room for, so one busy ring cannot starve the others and a tenant
@@ -30,12 +38,13 @@
 //!
 //! Not here: host memory (mapped loads and stores, put/get/flush), the backend, the
 //! clock, the QoS scheduler's queue (the driver queues what [`Action::Queue`] names),
-//! mapped requests split over the I/O threads (they post their own completions), and
-//! which rings are looked at when ([`super::readiness`]).
+//! where a request runs and in how many pieces (`policy`), and which rings are looked
+//! at when ([`super::readiness`]).
 
-use dpuio_proto::wire::{self, Completion, Entry, MetaSubmission, Status, Submission};
+use dpuio_proto::wire::{self, Completion, Entry, MetaOpcode, MetaSubmission, Status, Submission};
 
-use crate::engine::{self, SessionView};
+use super::policy;
+use crate::validate::{self, SessionView};
 
 /// Submissions taken from one ring before the engine turns to the next, so one busy
 /// ring cannot starve the others.
@@ -69,6 +78,29 @@ pub enum Tenant {
     Removed,
 }
 
+impl Tenant {
+    /// The tenant of a ring this round: `room` is its room for requests in flight
+    /// (`None`: it was removed), `direct` whether this round's entries run as they are
+    /// taken (`policy::runs_direct`).
+    pub fn of(room: Option<u32>, direct: bool) -> Tenant {
+        match room {
+            None => Tenant::Removed,
+            Some(room) if direct => Tenant::Direct { room },
+            Some(room) => Tenant::Queued { room },
+        }
+    }
+}
+
+/// How the agent reaches a ring's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingMemory {
+    /// Mapped into the agent (shared memory): the I/O threads can post its completions
+    /// themselves, so open-reads may go to them ([`Action::OpenRead`]).
+    Mapped,
+    /// Through put/get (TCP, RDMA): only the engine posts its completions.
+    Remote,
+}
+
 /// What serving a ring now comes to.
 #[derive(Debug)]
 pub enum Serve {
@@ -98,16 +130,32 @@ pub enum Action {
     /// namespace call it is not queued behind payload), then report with
     /// [`Batch::ran`]. Its completion goes to `cq_index`.
     Meta { meta: MetaSubmission, cq_index: u64 },
+    /// Hand this open-read to the I/O threads: its ring and memory ranges are mapped and
+    /// more entries wait behind it, so a batch of samples is read in parallel. Report
+    /// with [`Batch::offloaded`]: taken (the threads post its completion and count it),
+    /// or not (it runs here, as [`Action::Meta`]). Its completion goes to `cq_index`.
+    OpenRead { meta: MetaSubmission, cq_index: u64 },
     /// Post this completion at `index`: the request's payload first, then the entry,
-    /// then its `seq` word.
-    Complete { index: u64, completion: Completion },
+    /// then its `seq` word; count it in the tenant's figures if `count` says so.
+    Complete { index: u64, completion: Completion, count: Count },
     /// The batch is done: keep `cursor`, store `cursor.sq_head` as the ring's advisory
     /// `sq_head`, wake the host's waiters if `wake` (a completion was posted), and come
     /// back to the ring if `more` entries wait.
     Finish { cursor: Cursor, wake: bool, more: bool },
 }
 
-/// How a run the driver was asked for ([`Action::Run`]) ended.
+/// Whether a posted completion is still to count in its tenant's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// It ran here and was counted as it ran (with its bytes and latency).
+    Counted,
+    /// It was refused (malformed, a failed check, its tenant removed): count it now with
+    /// `status`, as an operation of `opcode` (`None`: not a payload entry, or not one
+    /// that decodes).
+    Refused { opcode: Option<wire::Opcode>, status: Status },
+}
+
+/// How a run the driver was asked for ([`Action::Run`], [`Action::Meta`]) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ran {
     /// It went to the I/O threads, which post its completion.
@@ -126,6 +174,7 @@ pub struct Batch {
     /// Entries still to take.
     left: u64,
     tenant: Tenant,
+    memory: RingMemory,
     next: Next,
     /// A completion was handed out.
     wake: bool,
@@ -142,13 +191,16 @@ enum Next {
     Act(Action),
     /// A run is out: waiting for [`Batch::ran`].
     AwaitRun { user_data: u64, cq_index: u64 },
+    /// An open-read was handed to the I/O threads: waiting for [`Batch::offloaded`].
+    AwaitOffload { meta: MetaSubmission, cq_index: u64 },
     /// Finished, or a transfer failed.
     Done,
 }
 
 impl Cursor {
-    /// Serve a ring of `entries` entries whose host published `seen`, for `tenant`.
-    pub fn serve(self, entries: u32, seen: HostIndices, tenant: Tenant) -> Serve {
+    /// Serve a ring of `entries` entries in `memory` whose host published `seen`, for
+    /// `tenant`.
+    pub fn serve(self, entries: u32, memory: RingMemory, seen: HostIndices, tenant: Tenant) -> Serve {
         let Some(window) = wire::RingWindow::check(entries, self.sq_head, self.cq_tail, seen.sq_tail, seen.cq_head)
         else {
             return Serve::Broken;
@@ -162,7 +214,15 @@ impl Cursor {
         if take == 0 {
             return Serve::Idle;
         }
-        Serve::Batch(Batch { cursor: self, sq_tail: seen.sq_tail, left: take, tenant, next: Next::Fetch, wake: false })
+        Serve::Batch(Batch {
+            cursor: self,
+            sq_tail: seen.sq_tail,
+            left: take,
+            tenant,
+            memory,
+            next: Next::Fetch,
+            wake: false,
+        })
     }
 }
 
@@ -182,12 +242,13 @@ impl Batch {
                 self.next = match action {
                     Action::Run { sub, cq_index } => Next::AwaitRun { user_data: sub.user_data, cq_index },
                     Action::Meta { meta, cq_index } => Next::AwaitRun { user_data: meta.user_data, cq_index },
+                    Action::OpenRead { meta, cq_index } => Next::AwaitOffload { meta, cq_index },
                     _ => Next::Fetch,
                 };
                 self.wake |= matches!(action, Action::Complete { .. });
                 action
             }
-            waiting @ (Next::AwaitEntry | Next::AwaitRun { .. }) => {
+            waiting @ (Next::AwaitEntry | Next::AwaitRun { .. } | Next::AwaitOffload { .. }) => {
                 self.next = waiting;
                 return None;
             }
@@ -208,23 +269,39 @@ impl Batch {
         self.left -= 1;
         let checked = match Entry::decode(entry) {
             Err(_) => Err(Status::Malformed),
-            Ok(Entry::Io(sub)) => engine::validate(&sub, session, max_io_bytes).map(|v| Entry::Io(v.submission)),
-            Ok(Entry::Meta(m)) => engine::validate_meta(&m, session, max_io_bytes).map(|()| Entry::Meta(m)),
+            Ok(Entry::Io(sub)) => validate::validate(&sub, session, max_io_bytes).map(|v| Entry::Io(v.submission)),
+            Ok(Entry::Meta(m)) => validate::validate_meta(&m, session, max_io_bytes).map(|()| Entry::Meta(m)),
         };
         let refused = |status| Action::Complete {
             index: cq_index,
             completion: completion(Submission::peek_user_data(entry), cq_index, status, 0),
+            count: Count::Refused { opcode: Submission::decode(entry).ok().map(|sub| sub.opcode), status },
         };
         self.next = Next::Act(match (checked, self.tenant) {
             (Err(status), _) => refused(status),
             (Ok(_), Tenant::Removed) => refused(Status::Cancelled),
+            (Ok(Entry::Meta(meta)), _) if self.offloads(&meta, session) => Action::OpenRead { meta, cq_index },
             (Ok(Entry::Meta(meta)), _) => Action::Meta { meta, cq_index },
             (Ok(Entry::Io(sub)), Tenant::Direct { .. }) => Action::Run { sub, cq_index },
             (Ok(Entry::Io(sub)), Tenant::Queued { .. }) => Action::Queue { sub, cq_index },
         });
     }
 
-    /// How the run asked for by [`Action::Run`] ended. Ignored unless a run is out.
+    /// Whether the open-read `meta`, just taken, goes to the I/O threads: its ring and
+    /// both its memory ranges are mapped (the threads write the answer and post the
+    /// completion themselves), and the host had published more entries behind it (the
+    /// last of a batch runs on the engine, which would otherwise wait).
+    fn offloads(&self, meta: &MetaSubmission, session: &impl SessionView) -> bool {
+        let mapped = |id| session.region(id).is_some_and(|r| r.mapped);
+        meta.opcode == MetaOpcode::OpenRead
+            && self.memory == RingMemory::Mapped
+            && self.sq_tail != self.cursor.sq_head
+            && mapped(meta.answer_region)
+            && mapped(meta.request_region)
+    }
+
+    /// How the run asked for by [`Action::Run`] or [`Action::Meta`] ended. Ignored
+    /// unless a run is out.
     pub fn ran(&mut self, ran: Ran) {
         let Next::AwaitRun { user_data, cq_index } = self.next else { return };
         self.next = match ran {
@@ -232,8 +309,17 @@ impl Batch {
             Ran::Done { status, result } => Next::Act(Action::Complete {
                 index: cq_index,
                 completion: completion(user_data, cq_index, status, result),
+                count: Count::Counted,
             }),
         };
+    }
+
+    /// Whether the I/O threads took the open-read of [`Action::OpenRead`]; one they did
+    /// not take (its memory went away, its request does not decode) runs here next, as
+    /// [`Action::Meta`]. Ignored unless an open-read is out.
+    pub fn offloaded(&mut self, taken: bool) {
+        let Next::AwaitOffload { meta, cq_index } = self.next else { return };
+        self.next = if taken { Next::Fetch } else { Next::Act(Action::Meta { meta, cq_index }) };
     }
 
     /// A transfer to the host failed during the last action: its data plane is closed,
@@ -250,16 +336,16 @@ impl Batch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Backend read of `chunk` into staging half `half`; report with [`Staged::read`].
-    Read { chunk: engine::Chunk, half: usize },
+    Read { chunk: validate::Chunk, half: usize },
     /// Put the first `len` bytes of staging half `half` to the request's region at
     /// `region_offset`.
     Put { half: usize, len: usize, region_offset: u64 },
     /// Get `chunk` from the request's region into staging half 0.
-    Get { chunk: engine::Chunk },
+    Get { chunk: validate::Chunk },
     /// Wait until every put and get issued so far is done (a flush).
     Flush,
     /// Backend write of `chunk` from staging half 0; report with [`Staged::wrote`].
-    Write { chunk: engine::Chunk },
+    Write { chunk: validate::Chunk },
     /// Make the file durable ([`wire::FLAG_SYNC`]); report with [`Staged::synced`].
     Sync,
     /// The request is done: its completion has this status and result (payload puts
@@ -299,11 +385,11 @@ enum StagedNext {
     /// Hand out this step, then go on as `then`.
     Step(Step, StagedThen),
     AwaitRead {
-        chunk: engine::Chunk,
+        chunk: validate::Chunk,
         half: usize,
     },
     AwaitWrite {
-        chunk: engine::Chunk,
+        chunk: validate::Chunk,
     },
     AwaitSync,
     Done,
@@ -314,11 +400,11 @@ enum StagedNext {
 enum StagedThen {
     Chunk,
     End,
-    Read { chunk: engine::Chunk, half: usize },
-    AwaitRead { chunk: engine::Chunk, half: usize },
-    Flush(engine::Chunk),
-    Write(engine::Chunk),
-    AwaitWrite(engine::Chunk),
+    Read { chunk: validate::Chunk, half: usize },
+    AwaitRead { chunk: validate::Chunk, half: usize },
+    Flush(validate::Chunk),
+    Write(validate::Chunk),
+    AwaitWrite(validate::Chunk),
     AwaitSync,
     Done,
 }
@@ -361,7 +447,7 @@ impl Staged {
     fn next_chunk(&mut self) -> StagedNext {
         let end = self.sub.file_offset + self.sub.length;
         let region_offset = self.sub.region_offset + (self.at - self.sub.file_offset);
-        let Some(chunk) = engine::chunks(self.at, region_offset, end - self.at, self.chunk_bytes).next() else {
+        let Some(chunk) = validate::chunks(self.at, region_offset, end - self.at, self.chunk_bytes).next() else {
             return self.end();
         };
         let k = self.started;
@@ -384,7 +470,7 @@ impl Staged {
 
     /// Every chunk moved: sync if asked, then done.
     fn end(&self) -> StagedNext {
-        if self.sub.opcode == wire::Opcode::Write && self.sub.flags & wire::FLAG_SYNC != 0 {
+        if policy::syncs(&self.sub) {
             return StagedNext::Step(Step::Sync, StagedThen::AwaitSync);
         }
         StagedNext::Step(Step::Done { status: Status::Ok, result: self.done }, StagedThen::Done)

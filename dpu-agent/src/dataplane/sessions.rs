@@ -19,12 +19,13 @@ use std::time::SystemTime;
 
 use dpuio_backend::{Backend, Object};
 
-use super::{HostRegion, HostRing, Peer};
+use super::host_memory::{HostRegion, HostRing, Peer};
+use super::meta;
 use crate::config::{Limits, TenantConfig};
-use crate::engine::{HandleInfo, RegionInfo, SessionView};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, TenantMetrics};
 use crate::runtime::lock;
+use crate::validate::{HandleInfo, RegionInfo, SessionView};
 
 /// What the engine needs of the agent it serves.
 pub trait AgentView: Send + Sync {
@@ -45,7 +46,7 @@ pub trait AgentView: Send + Sync {
     fn metrics(&self) -> &Arc<Metrics>;
 
     /// The namespace policy metadata entries run through (`None`: they are refused).
-    fn namespace(&self) -> Option<&dyn super::meta::Namespace> {
+    fn namespace(&self) -> Option<&dyn meta::Namespace> {
         None
     }
 
@@ -65,6 +66,14 @@ pub trait AgentView: Send + Sync {
 
 /// The agent as the engine names it: whatever implements [`AgentView`].
 pub type Agent = dyn AgentView;
+
+/// Run a metadata request through the agent's namespace policy (the gRPC handlers' own).
+pub(super) fn namespace_call(agent: &Agent, session_id: u64, request: meta::Request) -> Result<meta::Reply> {
+    match agent.namespace() {
+        Some(ns) => ns.metadata(session_id, request),
+        None => Err(Error::Unavailable("serving no namespace on its data plane")),
+    }
+}
 
 /// A session's data-plane half: what the engine and the handlers that register memory
 /// or use handles share.

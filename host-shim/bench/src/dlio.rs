@@ -326,8 +326,8 @@ pub async fn unet3d(setup: &Setup, args: &Unet3dArgs) -> dpuio_shim::Result<Vec<
     }
     let sizes = sample_sizes(args);
     let max_sample = sizes.iter().copied().max().unwrap_or(4096);
-    if let Some((_, first)) = setup.clients.first() {
-        prepare(first, &sizes).await?;
+    for client in setup.writers() {
+        prepare(client, &sizes).await?;
     }
     let mut out = Vec::new();
     if let Some(root) = &setup.posix_root {

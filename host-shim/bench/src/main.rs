@@ -22,6 +22,7 @@ mod fuse_path;
 mod plot;
 mod preload_path;
 mod qos;
+mod report;
 mod soak;
 mod workloads;
 

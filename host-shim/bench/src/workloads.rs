@@ -168,6 +168,13 @@ pub struct BenchArgs {
     /// The agent's process id, to report its CPU per GiB.
     #[arg(long)]
     pub agent_pid: Option<u32>,
+    /// Also run every shim path as a second tenant, one whose files the agent stores
+    /// encrypted: DIR holds that tenant's client bundle (ca.pem, client.pem, client.key,
+    /// as `dpuctl cert issue --tenant NAME --out DIR` writes it). Its rows are named
+    /// PATH+decrypt: the agent decrypts every block before it puts it into this host's
+    /// memory. Both tenants get the same files; --posix-root stays the first tenant's.
+    #[arg(long, value_name = "DIR")]
+    pub encrypted_bundle: Option<PathBuf>,
     /// One JSON object per result on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -255,10 +262,10 @@ impl Figures {
     pub fn host_cpu_s_per_gib(&self) -> f64 {
         self.host_cpu.as_secs_f64() / (self.bytes as f64 / GIB)
     }
-    fn agent_cpu_s_per_gib(&self) -> Option<f64> {
+    pub fn agent_cpu_s_per_gib(&self) -> Option<f64> {
         self.agent_cpu.map(|c| c.as_secs_f64() / (self.bytes as f64 / GIB))
     }
-    fn percentile_us(&self, p: f64) -> f64 {
+    pub fn percentile_us(&self, p: f64) -> f64 {
         if self.latencies_us.is_empty() {
             return 0.0;
         }
@@ -306,6 +313,24 @@ fn bench_error(reason: impl std::fmt::Display) -> dpuio_shim::Error {
     dpuio_shim::Error::DataPlane { op: "bench".into(), reason: reason.to_string() }
 }
 
+/// The suffix of the rows of the tenant with inline encryption (`--encrypted-bundle`).
+pub const DECRYPT: &str = "+decrypt";
+
+/// `--encrypted-bundle DIR`'s client, unless it attached as the tenant of the other rows
+/// (which would label plain reads as decrypted).
+fn encrypted_client(encrypted: Client, plain: &Client, dir: &Path) -> dpuio_shim::Result<Client> {
+    if encrypted.tenant() != plain.tenant() {
+        return Ok(encrypted);
+    }
+    Err(bench_error(format!(
+        "--encrypted-bundle {}: attached as tenant {:?}, the tenant of the other rows; give the bundle of a tenant \
+         with [tenants.encryption] (dpuctl cert issue --tenant NAME --out DIR). A plaintext agent (http://) \
+         ignores bundles",
+        dir.display(),
+        encrypted.tenant()
+    )))
+}
+
 /// What every workload needs: the shim clients, the POSIX root, the agent's pid.
 pub struct Setup {
     pub clients: Vec<(String, Client)>,
@@ -332,6 +357,15 @@ impl Setup {
     /// CPU time of the agent so far, when its pid is known.
     pub fn agent_cpu(&self) -> Option<Duration> {
         self.agent_pid.and_then(process_cpu)
+    }
+
+    /// The first client of each tenant (the `+decrypt` rows are a second tenant's): the
+    /// workloads write their files through each, so every tenant reads the same bytes
+    /// from its own container.
+    pub fn writers(&self) -> impl Iterator<Item = &Client> {
+        let plain = self.clients.first();
+        let encrypted = self.clients.iter().find(|(name, _)| name.ends_with(DECRYPT));
+        plain.into_iter().chain(encrypted).map(|(_, client)| client)
     }
 
     /// A spinner on stderr for one measurement.
@@ -361,7 +395,16 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         }
         return crate::qos::run(options, &args).await;
     }
-    let connect = |transports: &str| {
+    // `bundle`: the encrypted tenant's client bundle (--encrypted-bundle), else the
+    // connection options' tenant.
+    let connect = |transports: &str, bundle: Option<&Path>| {
+        let mut connect = options.connect_options(&format!("dpuio bench ({transports})"));
+        if let Some(dir) = bundle {
+            connect.tls = dpuio_shim::TlsOptions {
+                server_name: options.tls_server_name.clone(),
+                ..dpuio_shim::TlsOptions::bundle(dir)
+            };
+        }
         Client::connect(ConnectOptions {
             data_plane: Some(DataPlaneOptions {
                 transports: transports.to_owned(),
@@ -369,23 +412,31 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
                 interface: options.interface.clone(),
                 ..Default::default()
             }),
-            ..options.connect_options(&format!("dpuio bench ({transports})"))
+            ..connect
         })
     };
     let mut clients = Vec::new();
     for path in &args.paths {
-        match path.as_str() {
-            "shm" | "ucx-shm" => clients.push(("shim-ucx-sm".to_owned(), connect("ucx-shm").await?)),
-            "tcp" | "ucx-tcp" => clients.push(("shim-ucx-tcp".to_owned(), connect("ucx-tcp").await?)),
-            "ofi-shm" => clients.push(("shim-ofi-shm".to_owned(), connect("ofi-shm").await?)),
-            "ofi-tcp" => clients.push(("shim-ofi-tcp".to_owned(), connect("ofi-tcp").await?)),
-            "posix" | "fuse" | "preload" => {}
+        let (label, transports) = match path.as_str() {
+            "shm" | "ucx-shm" => ("shim-ucx-sm", "ucx-shm"),
+            "tcp" | "ucx-tcp" => ("shim-ucx-tcp", "ucx-tcp"),
+            "ofi-shm" => ("shim-ofi-shm", "ofi-shm"),
+            "ofi-tcp" => ("shim-ofi-tcp", "ofi-tcp"),
+            "posix" | "fuse" | "preload" => continue,
             other => {
                 return Err(bench_error(format!(
                     "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp, fuse or preload"
                 )));
             }
-        }
+        };
+        let client = connect(transports, None).await?;
+        // The encrypted tenant's row right after the plain one, measured in turn.
+        let encrypted = match &args.encrypted_bundle {
+            Some(dir) => Some(encrypted_client(connect(transports, Some(dir)).await?, &client, dir)?),
+            None => None,
+        };
+        clients.push((label.to_owned(), client));
+        clients.extend(encrypted.map(|c| (format!("{label}{DECRYPT}"), c)));
     }
     if clients.is_empty() && !args.preload_child {
         return Err(bench_error(
@@ -426,6 +477,15 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
     }
     let posix_label = if args.preload_child { PRELOAD } else { "posix" };
     let setup = Setup { clients, posix_root, dfs, agent_pid: args.agent_pid, fuse, posix_label, progress };
+    if !args.json && !args.preload_child {
+        let mut paths: Vec<&str> = Vec::new();
+        paths.extend(setup.posix_root.as_ref().map(|_| posix_label));
+        paths.extend(setup.dfs.as_ref().map(|_| LIBDFS));
+        paths.extend(setup.clients.iter().map(|(name, _)| name.as_str()));
+        paths.extend(setup.fuse.as_ref().map(|_| FUSE));
+        paths.extend(preload.as_ref().map(|_| PRELOAD));
+        crate::report::legend(&paths, args.agent_pid.is_some());
+    }
     let mut all: Vec<Figures> = Vec::new();
     for &workload in &args.workloads {
         let figures = match workload {
@@ -448,8 +508,11 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             crate::preload_path::send(&figures);
             continue;
         }
-        report(&figures, &args);
+        crate::report::report(&figures, &args);
         all.extend(figures);
+    }
+    if !args.json && !args.preload_child {
+        crate::report::summary(&all, args.agent_pid.is_some());
     }
     if let Some(path) = &args.plot {
         crate::plot::plot(&all, path).map_err(bench_error)?;
@@ -500,8 +563,8 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
         ));
     }
     let file_bytes = args.file_bytes - args.file_bytes % block;
-    if let Some((_, first)) = setup.clients.first() {
-        prepare_file(first, file_bytes).await?;
+    for client in setup.writers() {
+        prepare_file(client, file_bytes).await?;
     }
     let baseline_file: Option<(&str, Arc<dyn BaselineFile>)> = match (&setup.posix_root, &setup.dfs) {
         (Some(root), _) => {
@@ -719,7 +782,7 @@ async fn metadata(setup: &Setup, files: usize, seconds: f64, sample_batch: usize
 
 /// The small-file sample row of the metadata workload: a whole 128 KiB file opened,
 /// read and closed per operation (a training sample).
-const SAMPLE_WORKLOAD: &str = "metadata-sample128k";
+pub const SAMPLE_WORKLOAD: &str = "metadata-sample128k";
 const SAMPLE_BYTES: usize = 128 * 1024;
 /// The same samples read a loader's batch (`--sample-batch`) at a time.
 fn sample_batch_workload(batch: usize) -> String {
@@ -1166,176 +1229,5 @@ fn ring_loop(
     Ok((ops, lat))
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.filter(|v| v.is_finite()).map_or("null".into(), |v| format!("{v:.digits$}"))
-}
-
 /// The path name of the libdfs baseline (`--backend daos`).
 pub const LIBDFS: &str = "libdfs";
-
-/// The baseline figures of the same workload (POSIX, or libdfs over DAOS), the
-/// denominator of every ratio.
-fn baseline<'a>(all: &'a [Figures], t: &Figures) -> Option<&'a Figures> {
-    all.iter().find(|p| (p.path == "posix" || p.path == LIBDFS) && p.workload == t.workload)
-}
-
-/// Throughput for byte workloads, operation rate for metadata ones.
-fn rate(t: &Figures) -> f64 {
-    if t.bytes > 0 { t.gib_per_s() } else { t.iops() }
-}
-
-fn report(totals: &[Figures], args: &BenchArgs) {
-    if args.json {
-        for t in totals {
-            let base = baseline(totals, t);
-            let bytes = t.bytes > 0;
-            println!(
-                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"threads\":{},\"gib_per_s\":{},\"iops\":{:.0},\"p50_us\":{},\"p99_us\":{},\"host_cpu_s_per_gib\":{},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"host_cpu_us_per_op\":{:.2},\"au\":{},\"accelerators\":{},\"seconds\":{:.2}}}",
-                t.workload,
-                t.path,
-                t.block_bytes,
-                t.queue_depth,
-                t.threads,
-                opt(bytes.then(|| t.gib_per_s()), 4),
-                t.iops(),
-                opt((!t.latencies_us.is_empty()).then(|| t.percentile_us(0.5)), 1),
-                opt((!t.latencies_us.is_empty()).then(|| t.percentile_us(0.99)), 1),
-                opt(bytes.then(|| t.host_cpu_s_per_gib()), 5),
-                opt(t.agent_cpu_s_per_gib().filter(|_| bytes), 5),
-                opt(base.map(|p| rate(t) / rate(p)), 3),
-                opt(base.filter(|_| bytes).map(|p| t.host_cpu_s_per_gib() / p.host_cpu_s_per_gib()), 4),
-                t.host_cpu.as_secs_f64() * 1e6 / t.ops.max(1) as f64,
-                opt(t.au, 3),
-                t.accelerators.map_or("null".into(), |a| a.to_string()),
-                t.wall.as_secs_f64(),
-            );
-        }
-        return;
-    }
-    println!(
-        "{:<18} {:<13} {:>8} {:>3} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>5} {:>4}",
-        "workload",
-        "path",
-        "block",
-        "qd",
-        "GiB/s",
-        "ops/s",
-        "p50 us",
-        "p99 us",
-        "host s/GiB",
-        "agent s/GiB",
-        "vs base",
-        "AU",
-        "acc"
-    );
-    for t in totals {
-        let bytes = t.bytes > 0;
-        let dash = || "-".to_owned();
-        println!(
-            "{:<18} {:<13} {:>8} {:>3} {:>8} {:>9.0} {:>8} {:>8} {:>10} {:>10} {:>8} {:>5} {:>4}",
-            t.workload,
-            t.path,
-            if t.block_bytes > 0 { t.block_bytes.to_string() } else { dash() },
-            if t.queue_depth > 0 { t.queue_depth.to_string() } else { dash() },
-            if bytes { format!("{:.3}", t.gib_per_s()) } else { dash() },
-            t.iops(),
-            if t.latencies_us.is_empty() { dash() } else { format!("{:.0}", t.percentile_us(0.5)) },
-            if t.latencies_us.is_empty() { dash() } else { format!("{:.0}", t.percentile_us(0.99)) },
-            if bytes { format!("{:.4}", t.host_cpu_s_per_gib()) } else { dash() },
-            t.agent_cpu_s_per_gib().filter(|_| bytes).map_or_else(dash, |v| format!("{v:.4}")),
-            baseline(totals, t).map_or_else(dash, |p| format!("{:.2}x", rate(t) / rate(p))),
-            t.au.map_or_else(dash, |v| format!("{:.0}%", v * 100.0)),
-            t.accelerators.map_or_else(dash, |a| a.to_string()),
-        );
-    }
-    targets(totals);
-}
-
-/// The issues' targets, printed with the figures they are judged by.
-fn targets(totals: &[Figures]) {
-    let sm = |w: &str| totals.iter().find(|t| t.path == "shim-ucx-sm" && t.workload == w);
-    let px = |w: &str| totals.iter().find(|t| (t.path == "posix" || t.path == LIBDFS) && t.workload == w);
-    let base = if totals.iter().any(|t| t.path == LIBDFS) { LIBDFS } else { "posix" };
-    if let (Some(s), Some(p)) = (sm("seq-read"), px("seq-read")) {
-        let thr = s.gib_per_s() / p.gib_per_s();
-        let cpu = s.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
-        println!(
-            "target: seq-read shim-ucx-sm throughput >= 0.8x {base} (aim 1.0x): {thr:.2}x  {}",
-            verdict(thr >= 0.8)
-        );
-        println!(
-            "target: seq-read shim-ucx-sm host CPU/GiB <= 10% of {base}: {:.1}%  {}",
-            cpu * 100.0,
-            verdict(cpu <= 0.10)
-        );
-    }
-    if let (Some(s), Some(p)) = (sm("rand-read"), px("rand-read")) {
-        let iops = s.iops() / p.iops();
-        println!(
-            "target: rand-read shim-ucx-sm IOPS >= 0.5x {base}: {iops:.2}x  {} (p50 {:.0} us, p99 {:.0} us; {base} p50 {:.0} us, p99 {:.0} us)",
-            verdict(iops >= 0.5),
-            s.percentile_us(0.5),
-            s.percentile_us(0.99),
-            p.percentile_us(0.5),
-            p.percentile_us(0.99)
-        );
-    }
-    if let (Some(s), Some(p)) = (sm("unet3d"), px("unet3d")) {
-        let (sa, pa) = (s.accelerators.unwrap_or(0), p.accelerators.unwrap_or(0));
-        let cpu = s.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
-        println!("target: unet3d accelerators at AU >= 90%, shim >= {base}: {sa} vs {pa}  {}", verdict(sa >= pa));
-        println!("target: unet3d shim host CPU/GiB <= 10% of {base}: {:.1}%  {}", cpu * 100.0, verdict(cpu <= 0.10));
-        if base == LIBDFS {
-            let thr = s.gib_per_s() / p.gib_per_s();
-            println!("target: unet3d shim throughput >= 0.8x {base}: {thr:.2}x  {}", verdict(thr >= 0.8));
-        }
-    }
-    if base == LIBDFS {
-        // The DAOS issue's bar for every workload: 0.8x of libdfs in the bench process.
-        for op in ["create", "stat", "readdir", "remove"] {
-            let w = format!("metadata-{op}");
-            if let (Some(s), Some(p)) = (sm(&w), px(&w)) {
-                let r = s.iops() / p.iops();
-                println!("target: {w} shim ops/s >= 0.8x {base}: {r:.2}x  {}", verdict(r >= 0.8));
-            }
-        }
-    }
-    // Metadata on the data plane and small samples (issue 15's floors), for every path
-    // that reads by path or through the ring, against POSIX in the same run.
-    for path in ["shim-ucx-sm", PRELOAD, FUSE] {
-        let row = |w: &str| totals.iter().find(|t| t.path == path && t.workload == w);
-        if let (Some(s), Some(p)) = (row("metadata-stat"), px("metadata-stat")) {
-            let r = s.iops() / p.iops();
-            println!("target: metadata-stat {path} ops/s >= 0.1x {base} (aim 0.25x): {r:.3}x  {}", verdict(r >= 0.1));
-        }
-        let samples = totals.iter().filter(|t| t.path == path && t.workload.starts_with(SAMPLE_WORKLOAD));
-        for w in samples.map(|t| t.workload.as_str()) {
-            if let (Some(s), Some(p)) = (row(w), px(w)) {
-                let thr = s.gib_per_s() / p.gib_per_s();
-                let cpu = s.host_cpu_s_per_gib() / p.host_cpu_s_per_gib();
-                println!(
-                    "target: {w} {path} >= 0.5x {base} (aim 0.8x) at host CPU <= 0.10x: {thr:.2}x at {cpu:.2}x  {}",
-                    verdict(thr >= 0.5 && cpu <= 0.10)
-                );
-            }
-        }
-    }
-    for w in ["checkpoint-write", "checkpoint-read"] {
-        if let (Some(s), Some(p)) = (sm(w), px(w)) {
-            let r = s.gib_per_s() / p.gib_per_s();
-            println!("target: {w} shim >= 0.8x {base} (with fsync): {r:.2}x  {}", verdict(r >= 0.8));
-        }
-    }
-    // libfabric's shm provider against UCX shared memory, measured in the same run.
-    let ofi = |w: &str| totals.iter().find(|t| t.path == "shim-ofi-shm" && t.workload == w);
-    if let (Some(o), Some(u)) = (ofi("seq-read"), sm("seq-read")) {
-        let thr = o.gib_per_s() / u.gib_per_s();
-        let cpu = o.host_cpu_s_per_gib() / u.host_cpu_s_per_gib();
-        println!("target: seq-read shim-ofi-shm throughput >= 0.8x shim-ucx-sm: {thr:.2}x  {}", verdict(thr >= 0.8));
-        println!("target: seq-read shim-ofi-shm host CPU/GiB <= 1.5x shim-ucx-sm: {cpu:.2}x  {}", verdict(cpu <= 1.5));
-    }
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "NOT met" }
-}

@@ -100,9 +100,6 @@ pub struct Reaped {
     pub cq_head: u64,
 }
 
-/// Where a `seq` word sits in a completion entry.
-const SEQ_IN_CQE: usize = 24;
-
 impl HostRing {
     /// A new ring of `entries` (a power of two, as [`wire::RingHeader`] checks).
     pub fn new(entries: u32) -> HostRing {
@@ -185,7 +182,7 @@ impl HostRing {
             return None;
         }
         let offset = wire::cqe_offset(self.entries, self.cq_head);
-        Some(NextCompletion { offset, seq_offset: offset + SEQ_IN_CQE, seq: self.cq_head.wrapping_add(1) })
+        Some(NextCompletion { offset, seq_offset: offset + wire::CQE_SEQ_OFFSET, seq: self.cq_head.wrapping_add(1) })
     }
 
     /// Take the completion whose bytes the driver read at [`NextCompletion::offset`]

@@ -126,7 +126,7 @@ fn a_completion_is_taken_only_when_its_seq_word_is_the_one_expected() {
     // Bytes whose own seq disagrees (torn, or rewritten after the word was read).
     let mut torn = Completion { user_data: 0, status: 0, result: 0, seq: 9 }.encode();
     assert_eq!(m.ring.reap(&torn), None);
-    torn[24..32].copy_from_slice(&3u64.to_le_bytes());
+    torn[wire::CQE_SEQ_OFFSET..].copy_from_slice(&3u64.to_le_bytes());
     assert_eq!(m.ring.reap(&torn).map(|r| r.cq_head), Some(3));
 }
 

@@ -45,6 +45,8 @@ pub const SQ_OFFSET: usize = 320;
 pub const SQE_BYTES: usize = 64;
 /// Size of one completion entry.
 pub const CQE_BYTES: usize = 32;
+/// Offset of a completion entry's `seq` word, published after the bytes before it.
+pub const CQE_SEQ_OFFSET: usize = 24;
 /// Largest ring: 64 Ki entries (4 MiB of submissions) is far past any useful depth.
 pub const MAX_RING_ENTRIES: u32 = 1 << 16;
 

@@ -4,13 +4,15 @@
 use dpuio_proto::wire::{self, Completion, Opcode, SQE_BYTES, Status, Submission};
 
 use super::*;
-use crate::engine::{HandleInfo, RegionAccess, RegionInfo, SessionView};
+use crate::validate::{HandleInfo, RegionAccess, RegionInfo, SessionView};
 
-/// Handle 7 (read and write) and region 1 (1 MiB, both directions).
+/// Handle 7 (read and write), region 1 (1 MiB, both directions, mapped) and region 2
+/// (the same, reached with put/get).
 struct FakeSession;
 
 const HANDLE: u64 = 7;
 const REGION: u32 = 1;
+const REMOTE_REGION: u32 = 2;
 const MAX_IO: u64 = 1 << 20;
 
 impl SessionView for FakeSession {
@@ -19,7 +21,7 @@ impl SessionView for FakeSession {
     }
     fn region(&self, id: u32) -> Option<RegionInfo> {
         let access = RegionAccess { agent_writes: true, agent_reads: true };
-        (id == REGION).then_some(RegionInfo { length: 1 << 20, access })
+        matches!(id, REGION | REMOTE_REGION).then_some(RegionInfo { length: 1 << 20, access, mapped: id == REGION })
     }
 }
 
@@ -112,6 +114,12 @@ pub(crate) enum Served {
 pub(crate) struct Driver {
     cursor: Cursor,
     entries: u32,
+    /// How the ring is reached (put/get unless a test maps it).
+    memory: RingMemory,
+    /// Whether the I/O threads take the open-reads handed to them.
+    workers_take: bool,
+    /// The refusals counted as they were posted: (user data, opcode, status).
+    refusals: Vec<(u64, Option<Opcode>, Status)>,
     /// Every action the machine gave, in order.
     log: Vec<Action>,
     queued: Vec<(Submission, u64)>,
@@ -134,6 +142,9 @@ impl Driver {
         Driver {
             cursor: Cursor { sq_head: start, cq_tail: start },
             entries,
+            memory: RingMemory::Remote,
+            workers_take: true,
+            refusals: Vec::new(),
             log: Vec::new(),
             queued: Vec::new(),
             fail_at: None,
@@ -142,7 +153,7 @@ impl Driver {
     }
 
     pub(crate) fn serve(&mut self, host: &mut HostRing, tenant: Tenant) -> Served {
-        let mut batch = match self.cursor.serve(self.entries, host.indices(), tenant) {
+        let mut batch = match self.cursor.serve(self.entries, self.memory, host.indices(), tenant) {
             Serve::Broken => return Served::Broken,
             Serve::Idle => return Served::Idle,
             Serve::Batch(b) => b,
@@ -164,7 +175,12 @@ impl Driver {
                 Action::Meta { meta, .. } => {
                     batch.ran(Ran::Done { status: Status::Ok, result: u64::from(meta.answer_length) })
                 }
-                Action::Complete { index, completion } => {
+                Action::OpenRead { .. } => batch.offloaded(self.workers_take),
+                Action::Complete { index, completion, count } => {
+                    if let Count::Refused { opcode, status } = count {
+                        assert_eq!(status as i32, completion.status, "counted with the status it is posted with");
+                        self.refusals.push((completion.user_data, opcode, status));
+                    }
                     // Never over a completion the host has not reaped.
                     assert!(index.wrapping_sub(host.cq_head) < u64::from(self.entries), "posted outside the room");
                     assert_eq!(completion.seq, index.wrapping_add(1));
@@ -228,7 +244,9 @@ fn hostile_indices_break_the_ring() {
     let entries = 8u32;
     let n = u64::from(entries);
     let cursor = Cursor { sq_head: 100, cq_tail: 100 };
-    let serve = |sq_tail: u64, cq_head: u64| cursor.serve(entries, HostIndices { sq_tail, cq_head }, UNLIMITED);
+    let serve = |sq_tail: u64, cq_head: u64| {
+        cursor.serve(entries, RingMemory::Remote, HostIndices { sq_tail, cq_head }, UNLIMITED)
+    };
     // sq_tail more than a ring ahead, or behind the agent's head.
     assert!(matches!(serve(100 + n + 1, 100), Serve::Broken));
     assert!(matches!(serve(u64::MAX, 100), Serve::Broken));
@@ -341,6 +359,9 @@ fn malformed_and_refused_entries_complete_with_their_status_and_the_ring_goes_on
     assert_eq!(agent.serve(&mut host, UNLIMITED), Served::Finished { taken: 3, more: false, wake: true });
     let got: Vec<(u64, i32)> = host.reap().iter().map(|c| (c.user_data, c.status)).collect();
     assert_eq!(got, [(41, Status::Malformed as i32), (42, Status::BadHandle as i32), (43, Status::Ok as i32)]);
+    // The refusals are counted as they are posted; the read that ran, as it ran.
+    let refused = [(41, None, Status::Malformed), (42, Some(Opcode::Read), Status::BadHandle)];
+    assert_eq!(agent.refusals, refused);
 }
 
 #[test]
@@ -395,11 +416,14 @@ fn a_transfer_failure_at_any_step_stops_the_batch_before_its_completion() {
 fn answers_out_of_turn_are_ignored() {
     let (mut host, agent) = (HostRing::new(8), Driver::new(8));
     host.submit(read(1));
-    let Serve::Batch(mut batch) = agent.cursor.serve(8, host.indices(), UNLIMITED) else { panic!("a batch") };
+    let Serve::Batch(mut batch) = agent.cursor.serve(8, RingMemory::Remote, host.indices(), UNLIMITED) else {
+        panic!("a batch")
+    };
     batch.ran(Ran::Done { status: Status::Ok, result: 1 }); // no run is out
     assert_eq!(batch.poll(), Some(Action::Fetch { index: 0 }));
     assert_eq!(batch.poll(), None, "waits for the entry");
     batch.ran(Ran::OnWorkers); // not a fetch answer
+    batch.offloaded(false); // no open-read is out
     assert_eq!(batch.poll(), None);
     batch.fetched(&read(1), &FakeSession, MAX_IO);
     batch.fetched(&read(2), &FakeSession, MAX_IO); // one fetch was out, not two
@@ -615,4 +639,99 @@ fn a_removed_tenants_metadata_entries_are_cancelled() {
     host.submit(stat(1).encode());
     assert_eq!(agent.serve(&mut host, Tenant::Removed), Served::Finished { taken: 1, more: false, wake: true });
     assert_eq!(host.reap()[0].status, Status::Cancelled as i32);
+}
+
+fn open_read(user_data: u64) -> wire::MetaSubmission {
+    wire::MetaSubmission { opcode: wire::MetaOpcode::OpenRead, ..stat(user_data) }
+}
+
+/// The actions of `log` that ran an entry, as (kind, cq_index).
+fn runs(log: &[Action]) -> Vec<(&'static str, u64)> {
+    log.iter()
+        .filter_map(|a| match a {
+            Action::OpenRead { cq_index, .. } => Some(("workers", *cq_index)),
+            Action::Meta { cq_index, .. } => Some(("here", *cq_index)),
+            Action::Run { cq_index, .. } => Some(("run", *cq_index)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn open_reads_with_entries_behind_them_go_to_the_workers_on_a_mapped_ring() {
+    let (mut host, mut agent) = (HostRing::new(16), Driver::new(16));
+    agent.memory = RingMemory::Mapped;
+    for i in 0..3 {
+        host.submit(open_read(i).encode());
+    }
+    host.submit(stat(3).encode());
+    host.submit(open_read(4).encode());
+    // The workers post the completions of what they take; the last runs here.
+    assert_eq!(agent.serve(&mut host, UNLIMITED), Served::Finished { taken: 5, more: false, wake: true });
+    assert_eq!(runs(&agent.log), [("workers", 0), ("workers", 1), ("workers", 2), ("here", 3), ("here", 4)]);
+    assert_eq!(host.reap().len(), 0, "slots 0..3 wait for the workers' completions");
+
+    // Behind means published when the batch began: a batch cut at RING_BATCH still
+    // has entries behind its last one.
+    let (mut host, mut agent) = (HostRing::new(128), Driver::new(128));
+    agent.memory = RingMemory::Mapped;
+    for i in 0..RING_BATCH + 1 {
+        host.submit(open_read(i).encode());
+    }
+    assert!(matches!(agent.serve(&mut host, UNLIMITED), Served::Finished { more: true, .. }));
+    assert!(runs(&agent.log).iter().all(|(kind, _)| *kind == "workers"), "{:?}", runs(&agent.log));
+}
+
+#[test]
+fn open_reads_stay_here_on_a_remote_ring_or_with_a_remote_range() {
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    host.submit(open_read(0).encode());
+    host.submit(open_read(1).encode());
+    agent.serve(&mut host, UNLIMITED);
+    assert_eq!(runs(&agent.log), [("here", 0), ("here", 1)], "the workers cannot post into a remote ring");
+
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    agent.memory = RingMemory::Mapped;
+    host.submit(wire::MetaSubmission { answer_region: REMOTE_REGION, ..open_read(0) }.encode());
+    host.submit(wire::MetaSubmission { request_region: REMOTE_REGION, ..open_read(1) }.encode());
+    host.submit(open_read(2).encode());
+    agent.serve(&mut host, UNLIMITED);
+    assert_eq!(runs(&agent.log), [("here", 0), ("here", 1), ("here", 2)], "the workers write mapped ranges only");
+    assert_eq!(host.reap().iter().map(|c| c.user_data).collect::<Vec<_>>(), [0, 1, 2]);
+}
+
+#[test]
+fn an_open_read_the_workers_do_not_take_runs_here_in_its_slot() {
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    agent.memory = RingMemory::Mapped;
+    agent.workers_take = false;
+    host.submit(open_read(7).encode());
+    host.submit(read(8));
+    assert_eq!(agent.serve(&mut host, UNLIMITED), Served::Finished { taken: 2, more: false, wake: true });
+    assert_eq!(runs(&agent.log), [("workers", 0), ("here", 0), ("run", 1)]);
+    let c = host.reap();
+    assert_eq!(c.iter().map(|c| (c.user_data, c.seq)).collect::<Vec<_>>(), [(7, 1), (8, 2)]);
+    assert!(agent.refusals.is_empty(), "both ran: counted as they ran");
+}
+
+#[test]
+fn refusals_are_counted_with_the_entrys_opcode_and_metadata_ones_as_unknown() {
+    let (mut host, mut agent) = (HostRing::new(16), Driver::new(16));
+    let write = Submission { opcode: Opcode::Write, handle: 99, ..Submission::decode(&read(1)).unwrap() };
+    host.submit(write.encode());
+    host.submit(wire::MetaSubmission { answer_region: 9, ..stat(2) }.encode());
+    agent.serve(&mut host, UNLIMITED);
+    assert_eq!(agent.refusals, [(1, Some(Opcode::Write), Status::BadHandle), (2, None, Status::BadRegion)]);
+    host.reap();
+    host.submit(read(3));
+    host.submit(stat(4).encode());
+    agent.serve(&mut host, Tenant::Removed);
+    assert_eq!(agent.refusals[2..], [(3, Some(Opcode::Read), Status::Cancelled), (4, None, Status::Cancelled)]);
+}
+
+#[test]
+fn a_rings_tenant_is_removed_direct_or_queued() {
+    assert_eq!(Tenant::of(None, true), Tenant::Removed);
+    assert_eq!(Tenant::of(Some(3), true), Tenant::Direct { room: 3 });
+    assert_eq!(Tenant::of(Some(0), false), Tenant::Queued { room: 0 });
 }

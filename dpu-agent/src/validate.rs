@@ -1,4 +1,4 @@
-//! The request engine's decisions, with no I/O: is a ring entry allowed, and how is it
+//! Validation of ring entries, with no I/O: is a ring entry allowed, and how is it
 //! split into backend operations.
 //!
 //! Everything a host writes into its rings is untrusted. [`validate`] checks one decoded
@@ -32,6 +32,9 @@ pub struct RegionAccess {
 pub struct RegionInfo {
     pub length: u64,
     pub access: RegionAccess,
+    /// The agent has it mapped (shared memory): its I/O threads can write into it.
+    /// Not a check: validation is the same either way.
+    pub mapped: bool,
 }
 
 /// What the engine needs to know about an open handle.
@@ -175,8 +178,15 @@ mod tests {
             ]
             .into(),
             regions: [
-                (1, RegionInfo { length: 1 << 20, access: RW }),
-                (2, RegionInfo { length: 4096, access: RegionAccess { agent_writes: true, agent_reads: false } }),
+                (1, RegionInfo { length: 1 << 20, access: RW, mapped: false }),
+                (
+                    2,
+                    RegionInfo {
+                        length: 4096,
+                        access: RegionAccess { agent_writes: true, agent_reads: false },
+                        mapped: false,
+                    },
+                ),
             ]
             .into(),
         }

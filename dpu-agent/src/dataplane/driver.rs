@@ -1,0 +1,564 @@
+//! The engine thread, the data plane's driver: it reads doorbells, ring indices and
+//! entries (mapped loads or gets), hands what it read to the ring protocol
+//! ([`protocol`]) and to [`readiness`], and performs what they answer: backend calls
+//! ([`super::execute`]), completions, the polling and futex words ([`host_memory`]),
+//! mapped requests to the I/O threads ([`super::io`]) and queued ones to the QoS
+//! scheduler; then it waits on the transport.
+//!
+//! One engine thread owns the staging regions and does all ring work; nothing it reads
+//! from a host is trusted (see the ring protocol), and a host whose transfer fails has
+//! its data plane closed, never the agent's.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpuio_proto::wire::{self, MetaSubmission, Submission};
+use fabric::Transport;
+use fabric::any;
+
+use super::execute::Exec;
+use super::host_memory::{self, HostAccess, HostRing, Peer};
+use super::io::{self, Job, Mapped, OpenRead};
+use super::meta;
+use super::policy::{self, Placement};
+use super::protocol::{self, Action, Count, Ran, RingMemory};
+use super::readiness::{Idle, Readiness, RingKey};
+use super::registry::DataPlaneError;
+use super::sessions::{Agent, Session};
+use crate::metrics::{BackendTimes, Metrics, Op};
+use crate::qos::{Scheduler, TenantSlot};
+use crate::runtime::lock;
+
+/// How long the engine sleeps at a time while a transport whose event fd does not
+/// report doorbells (libfabric shm) has peers: their doorbells are seen by polling.
+const NO_FD_SLICE: Duration = Duration::from_millis(1);
+/// How long the engine keeps polling after its last piece of work while such a
+/// transport has peers (a host at queue depth 1 submits again within this).
+const NO_FD_SPIN: Duration = Duration::from_micros(500);
+/// Queued requests the engine runs before it looks at the rings again.
+const QUEUE_BATCH: usize = 64;
+
+/// The engine's view of one worker: its staging region for put/get, and whether any
+/// session uses it.
+pub(super) struct EngineLane {
+    pub(super) worker: Arc<any::Worker>,
+    pub(super) staging: any::Region,
+    pub(super) peers: Arc<AtomicU64>,
+}
+
+pub(super) struct Engine {
+    pub(super) agent: Arc<Agent>,
+    pub(super) lanes: Vec<EngineLane>,
+    pub(super) chunk_bytes: usize,
+    pub(super) stop: Arc<AtomicBool>,
+    /// Chunks of mapped requests, for the I/O workers (bounded: in-flight work is).
+    pub(super) jobs: crossbeam_channel::Sender<Job>,
+    /// The workers' queues keep many pieces in flight (the backend has asynchronous
+    /// I/O): hand them every piece, none inline.
+    pub(super) io_overlaps: bool,
+    pub(super) qos: Arc<Mutex<Scheduler<Queued>>>,
+    /// Cores to run a request's pieces on (the engine's and the I/O threads').
+    pub(super) cores: u64,
+    /// How long to keep polling after the last piece of work before sleeping (a
+    /// doorbell arriving meanwhile costs no wake-up): `[data_plane] idle_poll_us`.
+    pub(super) idle_poll: Duration,
+    /// Agent-wide figures (doorbells, rings, peers); requests count through their
+    /// session's tenant handle.
+    pub(super) metrics: Arc<Metrics>,
+    /// The backend calls the engine makes itself (inline requests).
+    pub(super) backend_times: BackendTimes,
+}
+
+/// A ring being served, with what its entries need: session, peer and tenant.
+struct Serving {
+    key: RingKey,
+    session: Arc<Session>,
+    peer: Arc<Peer>,
+    ring: Arc<HostRing>,
+    /// `None`: the session's tenant is no longer configured (removed at run time).
+    tenant: Option<Arc<TenantSlot>>,
+}
+
+/// A validated entry waiting in the scheduler; it already has its completion slot and
+/// counts in its tenant's in-flight requests.
+pub(super) struct Queued {
+    serving: Arc<Serving>,
+    /// Its wait in the queue, from when it was taken, is QoS throttling.
+    taken: Taken,
+}
+
+/// A validated entry taken off a ring: the request, its completion slot, and when it
+/// was taken (its latency counts from there).
+#[derive(Clone, Copy)]
+struct Taken {
+    sub: Submission,
+    cq_index: u64,
+    at: Instant,
+}
+
+impl Engine {
+    pub fn run(&mut self) {
+        let mut bells = Vec::new();
+        // Which rings to look at when; hot rings are polled directly while the engine
+        // spins, with agent_polling set so their hosts skip the doorbell.
+        let mut ready: Readiness<Arc<HostRing>, Arc<TenantSlot>> = Readiness::new(Instant::now());
+        while !self.stop.load(Ordering::SeqCst) {
+            bells.clear();
+            for lane in &self.lanes {
+                while lane.worker.progress() > 0 {}
+                if lane.worker.take_doorbells(&mut bells) > 0 {
+                    ready.lost_doorbells();
+                }
+            }
+            for bell in &bells {
+                match wire::Doorbell::decode(bell.as_bytes()) {
+                    Some(d) => ready.ready((d.session_id, d.ring_id)),
+                    None => {
+                        self.metrics.undecodable_doorbells.inc();
+                        tracing::debug!("malformed doorbell ignored");
+                    }
+                }
+            }
+            if ready.scan_due() {
+                for key in self.agent.all_rings() {
+                    ready.ready(key);
+                }
+                self.drop_removed_tenants();
+                ready.scanned(Instant::now());
+            }
+            ready.poll_hot(|ring| host_memory::ring_has_work(ring));
+            ready.unpark(|tenant| tenant.room());
+            let queued_wait = self.queued_wait();
+            let spin = if self.polls_for_doorbells() { NO_FD_SPIN.max(self.idle_poll) } else { self.idle_poll };
+            match ready.idle(Instant::now, queued_wait, spin) {
+                Idle::Work => {}
+                Idle::Spin => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Idle::Sleep => {
+                    // Going to sleep: hosts must ring again. Clear the flags, then look
+                    // once more (pairs with the host's fence after publishing sq_tail).
+                    for (_, ring) in ready.hot() {
+                        host_memory::set_polling(ring, false);
+                    }
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if ready.cool(|ring| host_memory::ring_has_work(ring)) {
+                        continue;
+                    }
+                    if let Err(e) = self.wait(ready.sleep_for(Instant::now(), queued_wait)) {
+                        tracing::error!(error = %e, "engine cannot wait on the transport; polling");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    ready.woke(Instant::now());
+                    continue;
+                }
+            }
+            let serving = self.resolve(ready.take_pending());
+            let tenants = serving.iter().map(|s| s.tenant.as_ref().map(|t| (Arc::as_ptr(t), t.is_unlimited())));
+            let direct = policy::runs_direct(queued_wait.is_none(), tenants);
+            for s in serving {
+                let key = s.key;
+                if let Some(tenant) = &s.tenant
+                    && tenant.room() == 0
+                {
+                    park(&mut ready, &s, tenant);
+                    continue;
+                }
+                if s.ring.region.mapped.is_some() && !ready.is_hot(key) {
+                    host_memory::set_polling(&s.ring, true);
+                    ready.heat(key, s.ring.clone());
+                }
+                match self.serve_ring(&s, direct) {
+                    Ok(true) => match &s.tenant {
+                        Some(tenant) if tenant.room() == 0 => park(&mut ready, &s, tenant),
+                        _ => ready.ready(key), // more waiting: come back after the others
+                    },
+                    Ok(false) => {}
+                    Err(e) => fail_peer(&self.metrics, &s, &e),
+                }
+            }
+            self.serve_queue(QUEUE_BATCH);
+        }
+        for (_, ring) in ready.hot() {
+            host_memory::set_polling(ring, false);
+        }
+    }
+
+    /// The engine's access to `peer`'s memory, through the staging region of its lane.
+    fn host<'a>(&'a mut self, peer: &'a Peer) -> HostAccess<'a> {
+        HostAccess { peer, staging: &mut self.lanes[peer.lane].staging }
+    }
+
+    /// What runs a request of `peer` here.
+    fn exec<'a>(&'a mut self, peer: &'a Peer) -> Exec<'a> {
+        Exec {
+            host: HostAccess { peer, staging: &mut self.lanes[peer.lane].staging },
+            agent: &*self.agent,
+            chunk_bytes: self.chunk_bytes,
+            times: &self.backend_times,
+        }
+    }
+
+    /// Whether a worker with peers does not wake the engine on their doorbells
+    /// (libfabric shm): the engine then polls for them.
+    fn polls_for_doorbells(&self) -> bool {
+        self.lanes.iter().any(|l| !l.worker.wakes_on_receive() && l.peers.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Sleep until a worker has work or is woken, or `timeout` passes (at most
+    /// [`NO_FD_SLICE`] while [`Engine::polls_for_doorbells`]).
+    fn wait(&self, mut timeout: Duration) -> Result<bool, fabric::Error> {
+        if self.polls_for_doorbells() {
+            timeout = timeout.min(NO_FD_SLICE);
+        }
+        let workers: Vec<&any::Worker> = self.lanes.iter().map(|l| &*l.worker).collect();
+        fabric::wait_any(&workers, timeout)
+    }
+
+    /// The rings behind `keys` that still exist and are served, with their tenants.
+    fn resolve(&self, keys: impl Iterator<Item = RingKey>) -> Vec<Arc<Serving>> {
+        let rings: Vec<_> = keys
+            .filter_map(|key| {
+                let (session, peer, ring) = self.agent.ring(key.0, key.1)?;
+                let served = !peer.failed.load(Ordering::Relaxed) && !ring.broken.load(Ordering::Relaxed);
+                served.then_some((key, session, peer, ring))
+            })
+            .collect();
+        if rings.is_empty() {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let mut scheduler = lock(&self.qos);
+        rings
+            .into_iter()
+            .map(|(key, session, peer, ring)| {
+                let tenant = scheduler.slot(&session.tenant, now, || self.agent.tenant(&session.tenant).map(|t| t.qos));
+                Arc::new(Serving { key, session, peer, ring, tenant })
+            })
+            .collect()
+    }
+
+    /// How long until a queued request may run (`None`: nothing queued).
+    fn queued_wait(&self) -> Option<Duration> {
+        let mut scheduler = lock(&self.qos);
+        if scheduler.is_empty() {
+            return None;
+        }
+        scheduler.next_ready_in(Instant::now())
+    }
+
+    /// Forget tenants removed from the agent; their queued requests complete as
+    /// cancelled.
+    fn drop_removed_tenants(&mut self) {
+        let dropped = lock(&self.qos).retain_tenants(|name| self.agent.has_tenant(name));
+        for q in dropped {
+            let s = &q.serving;
+            let Taken { sub, cq_index, .. } = q.taken;
+            s.session.metrics.completed(Op::of(sub.opcode), wire::Status::Cancelled);
+            let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
+            if let Some(tenant) = &s.tenant {
+                let _ = tenant.finish(1); // the tenant is gone: nobody waits for its room
+            }
+            match self.host(&s.peer).post_completion(&s.ring, cq_index, &completion) {
+                Ok(()) => host_memory::wake_waiters(&s.ring),
+                Err(e) => fail_peer(&self.metrics, s, &e.into()),
+            }
+        }
+    }
+
+    /// Run up to `budget` queued requests in the scheduler's order.
+    fn serve_queue(&mut self, budget: usize) {
+        let mut posted: Vec<Arc<HostRing>> = Vec::new();
+        for _ in 0..budget {
+            let next = {
+                let mut scheduler = lock(&self.qos);
+                if scheduler.is_empty() {
+                    break;
+                }
+                scheduler.pop(Instant::now())
+            };
+            let Some(q) = next else { break }; // every queued tenant is over its rate
+            let s = &q.serving;
+            let Some(tenant) = &s.tenant else { continue }; // only known tenants are queued
+            if s.peer.failed.load(Ordering::Relaxed) || s.ring.broken.load(Ordering::Relaxed) {
+                let _ = tenant.finish(1); // its host is gone; the engine is running anyway
+                continue;
+            }
+            let Taken { sub, cq_index, at } = q.taken;
+            s.session.metrics.throttled(at.elapsed());
+            let ran = self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.taken).and_then(|ran| {
+                let Ran::Done { status, result } = ran else { return Ok(false) };
+                let completion = protocol::completion(sub.user_data, cq_index, status, result);
+                self.host(&s.peer).post_completion(&s.ring, cq_index, &completion)?;
+                Ok(true)
+            });
+            match ran {
+                Ok(false) => {}
+                Ok(true) => {
+                    if !posted.iter().any(|r| Arc::ptr_eq(r, &s.ring)) {
+                        posted.push(s.ring.clone());
+                    }
+                }
+                Err(e) => fail_peer(&self.metrics, s, &e),
+            }
+        }
+        for ring in posted {
+            host_memory::wake_waiters(&ring);
+        }
+    }
+
+    /// Run one validated entry that counts in `tenant`'s in-flight requests: on the I/O
+    /// workers (they post its completion), or here (its completion is the caller's to
+    /// post).
+    fn run_entry(
+        &mut self,
+        session: &Session,
+        peer: &Peer,
+        ring: &Arc<HostRing>,
+        tenant: &Arc<TenantSlot>,
+        taken: &Taken,
+    ) -> Result<Ran, DataPlaneError> {
+        if self.hand_off(session, ring, taken, tenant) {
+            return Ok(Ran::OnWorkers);
+        }
+        let outcome = self.exec(peer).execute(session, &taken.sub);
+        // Parked rings are looked at by this thread on its next round: no wake needed.
+        let _ = tenant.finish(1);
+        let (status, result) = outcome?;
+        session.metrics.request(Op::of(taken.sub.opcode), status, result, taken.at.elapsed());
+        Ok(Ran::Done { status, result })
+    }
+
+    /// Serve one ring once through its protocol machine ([`protocol::Batch`]): take up
+    /// to [`protocol::RING_BATCH`] submissions (no more than its tenant has room for); invalid ones
+    /// complete with their error at once; valid ones run now (`direct`) or go to the
+    /// scheduler. Returns whether more remain.
+    fn serve_ring(&mut self, s: &Arc<Serving>, direct: bool) -> Result<bool, DataPlaneError> {
+        let (session, peer, ring) = (&*s.session, &*s.peer, &s.ring);
+        let base = ring.offset;
+        let sq_tail = self.host(peer).load_u64(&ring.region, base + wire::SQ_TAIL_OFFSET as u64)?;
+        let cq_head = self.host(peer).load_u64(&ring.region, base + wire::CQ_HEAD_OFFSET as u64)?;
+        let cursor = protocol::Cursor {
+            sq_head: ring.sq_head.load(Ordering::Relaxed),
+            cq_tail: ring.cq_tail.load(Ordering::Relaxed),
+        };
+        let tenant = protocol::Tenant::of(s.tenant.as_ref().map(|t| t.room()), direct);
+        let memory = if ring.region.is_mapped() { RingMemory::Mapped } else { RingMemory::Remote };
+        let mut batch = match cursor.serve(ring.entries, memory, protocol::HostIndices { sq_tail, cq_head }, tenant) {
+            protocol::Serve::Batch(batch) => batch,
+            protocol::Serve::Idle => return Ok(false),
+            protocol::Serve::Broken => {
+                ring.broken.store(true, Ordering::Relaxed);
+                self.metrics.broken_rings.inc();
+                tracing::warn!(
+                    session = format!("{:#018x}", session.id),
+                    ring = ring.id,
+                    sq_tail,
+                    cq_head,
+                    "ring indices out of range: the host broke the ring protocol; ring no longer served"
+                );
+                return Ok(false);
+            }
+        };
+        let mut entry = [0u8; wire::SQE_BYTES];
+        // This batch's open-reads on the I/O threads (see OpenRead::group).
+        let mut group: Option<Arc<AtomicUsize>> = None;
+        // Counted when pushed to the scheduler at the end: a transfer failure before
+        // then must not leave them counted.
+        let mut queued = Vec::new();
+        // The batch's entries were all waiting when it began: their latency counts from
+        // here (one clock read a batch, not one an entry).
+        let taken_at = Instant::now();
+        while let Some(action) = batch.poll() {
+            let performed = match (action, &s.tenant) {
+                (Action::Fetch { index }, _) => {
+                    let at = base + wire::sqe_offset(ring.entries, index) as u64;
+                    self.host(peer).read(&ring.region, at, &mut entry).map_err(DataPlaneError::from).map(|()| {
+                        batch.fetched(&entry, session, self.agent.limits().max_io_bytes);
+                    })
+                }
+                (Action::Run { sub, cq_index }, Some(tenant)) => {
+                    tenant.start(1);
+                    let taken = Taken { sub, cq_index, at: taken_at };
+                    self.run_entry(session, peer, ring, tenant, &taken).map(|ran| batch.ran(ran))
+                }
+                (Action::Queue { sub, cq_index }, Some(_)) => {
+                    queued.push(Queued { serving: s.clone(), taken: Taken { sub, cq_index, at: taken_at } });
+                    Ok(())
+                }
+                // Not given (a removed tenant is Tenant::Removed: its entries are
+                // cancelled), but if it were, the host still gets its completion.
+                (Action::Run { sub, .. }, None) => {
+                    session.metrics.completed(Op::of(sub.opcode), wire::Status::Cancelled);
+                    batch.ran(Ran::Done { status: wire::Status::Cancelled, result: 0 });
+                    Ok(())
+                }
+                (Action::Queue { sub, cq_index }, None) => {
+                    session.metrics.completed(Op::of(sub.opcode), wire::Status::Cancelled);
+                    let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
+                    self.host(peer).post_completion(ring, cq_index, &completion).map_err(DataPlaneError::from)
+                }
+                (Action::OpenRead { meta, cq_index }, _) => {
+                    batch.offloaded(self.hand_off_open_read(s, &meta, cq_index, &mut group));
+                    Ok(())
+                }
+                // Counted as it runs (run_meta).
+                (Action::Meta { meta, .. }, _) => self
+                    .exec(peer)
+                    .run_meta(session, &meta)
+                    .map(|(status, result)| batch.ran(Ran::Done { status, result })),
+                (Action::Complete { index, completion, count }, _) => {
+                    if let Count::Refused { opcode, status } = count {
+                        session.metrics.completed(opcode.map_or(Op::Unknown, Op::of), status);
+                    }
+                    self.host(peer).post_completion(ring, index, &completion).map_err(DataPlaneError::from)
+                }
+                (Action::Finish { cursor, wake, more }, _) => {
+                    ring.sq_head.store(cursor.sq_head, Ordering::Relaxed);
+                    ring.cq_tail.store(cursor.cq_tail, Ordering::Relaxed);
+                    // Open-reads still running on the I/O threads: the last of them wakes
+                    // the host, for the completions posted here too (one wake-up for the
+                    // batch). The fence orders this batch's completions before the load,
+                    // against the workers' decrements.
+                    let workers_wake = group.as_ref().is_some_and(|g| {
+                        std::sync::atomic::fence(Ordering::SeqCst);
+                        g.load(Ordering::SeqCst) > 0
+                    });
+                    return self.finish_batch(s, cursor.sq_head, queued, wake && !workers_wake, more);
+                }
+            };
+            if let Err(e) = performed {
+                // The host is gone: the batch asks for nothing more and the ring keeps
+                // its cursor; the caller closes the peer's data plane.
+                batch.transfer_failed();
+                return Err(e);
+            }
+        }
+        Ok(false) // not reached: a batch ends with Finish unless a transfer failed
+    }
+
+    /// The end of a ring's batch: queue its valid entries in the scheduler, store the
+    /// advisory `sq_head`, wake the host's waiters if a completion was posted.
+    fn finish_batch(
+        &mut self,
+        s: &Serving,
+        sq_head: u64,
+        queued: Vec<Queued>,
+        mut wake: bool,
+        more: bool,
+    ) -> Result<bool, DataPlaneError> {
+        let (peer, ring) = (&*s.peer, &s.ring);
+        if let (false, Some(tenant)) = (queued.is_empty(), &s.tenant) {
+            let mut refused = Vec::new();
+            {
+                let mut scheduler = lock(&self.qos);
+                for q in queued {
+                    let cost = q.taken.sub.length;
+                    match scheduler.push(tenant, q, cost) {
+                        Ok(()) => tenant.start(1),
+                        Err(q) => refused.push(q),
+                    }
+                }
+            }
+            // Only when the tenant's max_inflight was lowered below its queue at run
+            // time: the host may submit again.
+            for q in refused {
+                let Taken { sub, cq_index, .. } = q.taken;
+                s.session.metrics.completed(Op::of(sub.opcode), wire::Status::Busy);
+                let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Busy, 0);
+                self.host(peer).post_completion(ring, cq_index, &completion)?;
+                wake = true;
+            }
+        }
+        // Advisory for the host (it trusts the seq words, not this).
+        self.host(peer).store_u64(&ring.region, ring.offset + wire::SQ_HEAD_OFFSET as u64, sq_head)?;
+        if wake {
+            host_memory::wake_waiters(ring);
+        }
+        Ok(more)
+    }
+
+    /// Hand a request to the I/O threads where [`policy::place`] puts it (its region and
+    /// ring are mapped): they run its pieces and post its completion. False when it
+    /// runs here.
+    fn hand_off(&mut self, session: &Session, ring: &Arc<HostRing>, taken: &Taken, tenant: &Arc<TenantSlot>) -> bool {
+        let Taken { sub, cq_index, at: taken_at } = *taken;
+        let Some(region) = session.host_region(sub.region_id) else { return false };
+        let mapped = region.is_mapped() && ring.region.is_mapped();
+        let placement = policy::place(&sub, mapped, self.io_overlaps, self.cores, self.chunk_bytes as u64);
+        let Placement::Workers { pieces, engine_first } = placement else { return false };
+        let Ok(handle) = session.handle(sub.handle) else { return false };
+        let request = Mapped {
+            session_id: session.id,
+            ring: ring.clone(),
+            region,
+            handle,
+            sub,
+            cq_index,
+            tenant: tenant.clone(),
+            engine: self.lanes[0].worker.clone(),
+            metrics: session.metrics.clone(),
+            taken_at,
+        };
+        io::hand_off(&self.jobs, request, &pieces, engine_first, &self.backend_times);
+        true
+    }
+
+    /// Hand the open-read `m` to the I/O threads, as the ring protocol asked: its
+    /// request is copied out of host memory and decoded here. False when they cannot
+    /// take it (a range deregistered since, a request that does not decode): it then
+    /// runs here, and is refused with its reason.
+    fn hand_off_open_read(
+        &mut self,
+        s: &Serving,
+        m: &MetaSubmission,
+        cq_index: u64,
+        group: &mut Option<Arc<AtomicUsize>>,
+    ) -> bool {
+        let (Some(answer), Some(request)) =
+            (s.session.host_region(m.answer_region), s.session.host_region(m.request_region))
+        else {
+            return false;
+        };
+        let Some(mapped) = request.mapped.as_ref().filter(|_| answer.is_mapped() && s.ring.region.is_mapped()) else {
+            return false;
+        };
+        let bytes = mapped.bytes(m.request_offset as usize, m.request_length as usize).to_vec();
+        let Ok(asked) = meta::request(m, &bytes) else { return false };
+        let group = group.get_or_insert_with(Default::default).clone();
+        group.fetch_add(1, Ordering::AcqRel);
+        let job = OpenRead {
+            agent: self.agent.clone(),
+            session_id: s.session.id,
+            metrics: s.session.metrics.clone(),
+            ring: s.ring.clone(),
+            answer,
+            meta: *m,
+            asked,
+            cq_index,
+            chunk_bytes: self.chunk_bytes,
+            group,
+        };
+        io::hand_off_open_read(&self.jobs, job);
+        true
+    }
+}
+
+/// Leave a ring alone until its tenant has room: no polling (its host rings the
+/// doorbell again), and a wake from the request that makes room.
+fn park(ready: &mut Readiness<Arc<HostRing>, Arc<TenantSlot>>, s: &Serving, tenant: &Arc<TenantSlot>) {
+    tenant.park();
+    if let Some(ring) = ready.park(s.key, tenant.clone()) {
+        host_memory::set_polling(&ring, false);
+    }
+}
+
+/// A transfer to this host failed: its rings are not served again.
+fn fail_peer(metrics: &Metrics, s: &Serving, e: &DataPlaneError) {
+    s.peer.failed.store(true, Ordering::Relaxed);
+    metrics.failed_peers.inc();
+    tracing::warn!(session = format!("{:#018x}", s.session.id), error = %e,
+        "data plane to this host failed; its rings are no longer served");
+}

@@ -1,0 +1,290 @@
+//! The I/O threads: backend I/O of requests whose ring and region are mapped, so that
+//! the engine thread moves on to the next entry while storage works.
+//!
+//! The engine hands them [`Job`]s over a bounded channel: the pieces of a mapped
+//! request ([`Piece`], sharing one [`InFlight`]: the last piece to finish posts the
+//! request's completion straight into the mapped ring), and open-reads of a batch of
+//! samples ([`OpenRead`]). Each thread runs its pieces on its backend's [`IoQueue`]:
+//! over DAOS an event queue keeping many pieces in flight, over the local backend one
+//! `pread` or `pwrite` at a time.
+//!
+//! Not here: which requests come here and in how many pieces (the engine's decisions,
+//! [`super::policy`]), and requests whose memory is not mapped (the engine moves
+//! their payload itself, through its staging region).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use dpuio_backend::{IoOp, IoQueue, IoRequest, OneAtATime};
+use dpuio_proto::wire::{self, MetaSubmission, Opcode, Submission};
+use fabric::Transport;
+use fabric::any;
+
+use super::host_memory::{self, HostRegion, HostRing};
+use super::sessions::{self, Agent, Handle};
+use super::{meta, policy, protocol};
+use crate::metrics::{BackendTimes, Op, TenantMetrics, timed};
+use crate::qos::TenantSlot;
+use crate::validate;
+
+/// Jobs queued for the I/O threads at most; the engine waits when it is full.
+pub(super) const IO_QUEUE: usize = 1024;
+
+/// A validated request whose ring and region are mapped, as the engine hands it over.
+pub(super) struct Mapped {
+    pub session_id: u64,
+    pub ring: Arc<HostRing>,
+    pub region: Arc<HostRegion>,
+    pub handle: Arc<Handle>,
+    pub sub: Submission,
+    pub cq_index: u64,
+    /// Counts this request in flight until its completion is posted.
+    pub tenant: Arc<TenantSlot>,
+    /// Woken when finishing this request makes room for a parked tenant.
+    pub engine: Arc<any::Worker>,
+    /// The session's tenant counters, and when the request was taken off its ring.
+    pub metrics: Arc<TenantMetrics>,
+    pub taken_at: Instant,
+}
+
+/// A mapped request in flight on the I/O threads: how its pieces went so far.
+pub(super) struct InFlight {
+    request: Mapped,
+    pieces_left: AtomicUsize,
+    /// Lowest file offset where a read came up short (end of file); u64::MAX if none.
+    short_end: AtomicU64,
+    failed: AtomicBool,
+    /// A piece failed an integrity check (inline encryption): the completion says so.
+    integrity: AtomicBool,
+}
+
+/// Work for the I/O threads.
+pub(super) enum Job {
+    /// A piece of a mapped request.
+    Piece(Piece),
+    /// An open-read whose rings and regions are mapped: a batch of them (a loader's
+    /// samples) runs on all the threads at once rather than one after another on the
+    /// engine's.
+    OpenRead(Box<OpenRead>),
+}
+
+pub(super) struct Piece {
+    request: Arc<InFlight>,
+    piece: validate::Chunk,
+}
+
+/// An open-read entry taken off a mapped ring, run on an I/O thread: the namespace call,
+/// the file's bytes and header written into the mapped answer range, its completion
+/// posted as the last piece of a request posts its.
+pub(super) struct OpenRead {
+    pub agent: Arc<Agent>,
+    pub session_id: u64,
+    pub metrics: Arc<TenantMetrics>,
+    pub ring: Arc<HostRing>,
+    pub answer: Arc<HostRegion>,
+    pub meta: MetaSubmission,
+    pub asked: meta::Request,
+    pub cq_index: u64,
+    pub chunk_bytes: usize,
+    /// The open-reads of one ring batch still running: the last to finish wakes the
+    /// host (one wake-up for a loader's batch, not one per sample).
+    pub group: Arc<AtomicUsize>,
+}
+
+impl OpenRead {
+    pub fn run(self) {
+        let started = Instant::now();
+        let m = &self.meta;
+        let mapped = self.answer.mapped.as_ref().expect("only mapped open-reads are queued");
+        let answered = sessions::namespace_call(&*self.agent, self.session_id, self.asked).and_then(|reply| {
+            let meta::Reply::Object { object, attr } = reply else {
+                return Err(crate::error::Error::invalid("opcode", "an open-read answered without a file"));
+            };
+            let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
+            let want = attr.size.min(u64::from(m.answer_length).saturating_sub(header));
+            let done =
+                host_memory::read_object_mapped(&*object, mapped, m.answer_offset + header, want, self.chunk_bytes)?;
+            let head = meta::open_read_header(&attr, done);
+            mapped.bytes_mut(m.answer_offset as usize, head.len()).copy_from_slice(&head);
+            Ok(header + done)
+        });
+        meta::count(&self.metrics, m.opcode, &answered, started);
+        let (status, result) = match answered {
+            Ok(written) => (wire::Status::Ok, written),
+            Err(refused) => {
+                let record = meta::error_answer(&refused, m.answer_length as usize);
+                mapped.bytes_mut(m.answer_offset as usize, record.len()).copy_from_slice(&record);
+                (wire::Status::Refused, record.len() as u64)
+            }
+        };
+        let completion = protocol::completion(m.user_data, self.cq_index, status, result);
+        host_memory::post_mapped(&self.ring, self.cq_index, &completion);
+        if self.group.fetch_sub(1, Ordering::SeqCst) == 1 {
+            host_memory::wake_waiters(&self.ring);
+        }
+    }
+}
+
+/// An I/O thread: takes pieces of mapped requests and runs them on its backend's
+/// queue. With a queue that overlaps I/O (DAOS event queues) it takes every piece that
+/// is waiting, up to the queue's depth, and runs them as one batch, so one thread keeps
+/// many backend reads in flight; with a one-at-a-time queue (`local`) it takes one piece
+/// and leaves the rest to the other threads.
+pub(super) fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>, times: &BackendTimes) {
+    let mut batch: Vec<Piece> = Vec::with_capacity(io.depth());
+    while let Ok(job) = queue.recv() {
+        let mut after: Option<Box<OpenRead>> = None;
+        let first = match job {
+            Job::Piece(p) => p,
+            Job::OpenRead(o) => {
+                o.run();
+                continue;
+            }
+        };
+        let overlaps = io.overlaps(&*first.request.request.handle.object);
+        batch.push(first);
+        // A piece the queue would run on this thread ends the batch: it must not hold
+        // back the pieces gathered before it longer than it takes itself.
+        while overlaps && batch.len() < io.depth() {
+            match queue.try_recv() {
+                Ok(Job::Piece(p)) => {
+                    let stop = !io.overlaps(&*p.request.request.handle.object);
+                    batch.push(p);
+                    if stop {
+                        break;
+                    }
+                }
+                Ok(Job::OpenRead(o)) => {
+                    after = Some(o); // runs on this thread: after the batch
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        run_pieces(&mut *io, &batch, times);
+        batch.clear();
+        if let Some(o) = after {
+            o.run();
+        }
+    }
+}
+
+/// Run pieces of mapped requests; the last piece of each request posts its completion.
+///
+/// Each piece's backend time goes to `times`: on a queue that overlaps its pieces, from
+/// the batch's start to the piece's outcome (they were all submitted together); on one
+/// that runs them one after another, from the previous outcome.
+fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
+    let overlapped = io.depth() > 1;
+    let mut requests: Vec<IoRequest<'_>> = batch
+        .iter()
+        .map(|Piece { request, piece }| {
+            let r = &request.request;
+            let mapped = r.region.mapped.as_ref().expect("only mapped requests are queued");
+            let (at, len) = (piece.region_offset as usize, piece.length as usize);
+            IoRequest {
+                object: &*r.handle.object,
+                offset: piece.file_offset,
+                op: match r.sub.opcode {
+                    Opcode::Read => IoOp::Read(mapped.bytes_mut(at, len)),
+                    Opcode::Write => IoOp::Write(mapped.bytes(at, len)),
+                },
+            }
+        })
+        .collect();
+    let started = Instant::now();
+    let mut last = started;
+    io.run(&mut requests, &mut |i, outcome| {
+        let Piece { request: r, piece } = &batch[i];
+        let opcode = r.request.sub.opcode;
+        let now = Instant::now();
+        let h = if opcode == Opcode::Read { &times.read } else { &times.write };
+        h.observe(now.duration_since(if overlapped { started } else { last }).as_secs_f64());
+        last = now;
+        match outcome {
+            Ok(n) if opcode == Opcode::Read && (n as u64) < piece.length => {
+                r.short_end.fetch_min(piece.file_offset + n as u64, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = format!("{:#018x}", r.request.session_id), error = %e, "backend I/O failed");
+                if policy::failure_status(&e) == wire::Status::Integrity {
+                    r.integrity.store(true, Ordering::Relaxed);
+                }
+                r.failed.store(true, Ordering::Relaxed);
+            }
+        }
+        r.piece_done(times);
+    });
+}
+
+impl InFlight {
+    /// One of its pieces is done (its outcome noted): the last one finishes the request.
+    fn piece_done(&self, times: &BackendTimes) {
+        if self.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish(times);
+        }
+    }
+
+    /// The last piece is done: sync if asked, post the completion.
+    fn finish(&self, times: &BackendTimes) {
+        let r = &self.request;
+        let mut failed = self.failed.load(Ordering::Relaxed);
+        if !failed
+            && policy::syncs(&r.sub)
+            && let Err(e) = timed(&times.sync, || r.handle.object.sync())
+        {
+            tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
+            failed = true;
+        }
+        let (short_end, integrity) = (self.short_end.load(Ordering::Relaxed), self.integrity.load(Ordering::Relaxed));
+        let (status, result) = policy::pieces_outcome(&r.sub, failed, integrity, short_end);
+        let completion = protocol::completion(r.sub.user_data, r.cq_index, status, result);
+        host_memory::post_mapped(&r.ring, r.cq_index, &completion);
+        host_memory::wake_waiters(&r.ring);
+        r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
+        if r.tenant.finish(1) {
+            let _ = r.engine.wake();
+        }
+    }
+}
+
+/// Hand a mapped request, split in `pieces`, to the I/O threads; with `engine_first`
+/// the caller (the engine) runs the first piece itself, one backend call at a time. A
+/// piece the threads cannot take (they are gone: shutdown) fails.
+pub(super) fn hand_off(
+    jobs: &crossbeam_channel::Sender<Job>,
+    request: Mapped,
+    pieces: &[validate::Chunk],
+    engine_first: bool,
+    times: &BackendTimes,
+) {
+    let request = Arc::new(InFlight {
+        request,
+        pieces_left: AtomicUsize::new(pieces.len()),
+        short_end: AtomicU64::new(u64::MAX),
+        failed: AtomicBool::new(false),
+        integrity: AtomicBool::new(false),
+    });
+    let (first, rest) = match engine_first {
+        true => pieces.split_first().map_or((None, pieces), |(first, rest)| (Some(*first), rest)),
+        false => (None, pieces),
+    };
+    for &piece in rest {
+        if jobs.send(Job::Piece(Piece { request: request.clone(), piece })).is_err() {
+            request.failed.store(true, Ordering::Relaxed);
+            request.piece_done(times);
+        }
+    }
+    if let Some(piece) = first {
+        run_pieces(&mut OneAtATime, &[Piece { request, piece }], times);
+    }
+}
+
+/// Hand an open-read to the I/O threads; where they are gone (shutdown), run it here.
+pub(super) fn hand_off_open_read(jobs: &crossbeam_channel::Sender<Job>, job: OpenRead) {
+    if let Err(crossbeam_channel::SendError(Job::OpenRead(job))) = jobs.send(Job::OpenRead(Box::new(job))) {
+        job.run();
+    }
+}

@@ -1,0 +1,201 @@
+//! The agent's tenants and their containers: the table, changed at run time with
+//! `dpuctl` (and kept in the state file), each tenant's limits and QoS, and the
+//! containers mounted (and wrapped in inline encryption) once and shared.
+
+use std::sync::Arc;
+
+use dpuio_auth::qos::MAX_WEIGHT;
+use dpuio_backend::Container;
+
+use super::Agent;
+use crate::config::{QosConfig, TenantConfig};
+use crate::error::{Error, Result};
+use crate::metrics::TimedContainer;
+use crate::runtime::lock;
+
+impl Agent {
+    /// Make a change that persists: `change` applies it and records it in the state;
+    /// see [`crate::persist::store::Store::change`]. Without a state file the record
+    /// goes nowhere.
+    pub fn change_persisted<T>(
+        &self,
+        change: impl FnOnce(&mut crate::persist::PersistedState) -> Result<T>,
+    ) -> Result<T> {
+        match self.persisted() {
+            Some(store) => store.change(change),
+            None => change(&mut crate::persist::PersistedState::default()),
+        }
+    }
+
+    /// Where each tenant's settings came from, for `dpuctl status`.
+    pub fn setting_origins(&self) -> Vec<crate::persist::TenantOrigins> {
+        let state = self.persisted().map(|s| s.state()).unwrap_or_default();
+        crate::persist::origins(&self.config.tenants, &state, &self.tenant_list())
+    }
+
+    /// The session limits of `tenant` now: its own where set, else `[limits]`'s.
+    /// Returns (open handles per session, regions per session).
+    pub fn session_limits(&self, tenant: &str) -> (u32, u32) {
+        let l = self.limits();
+        let tenants = lock(&self.tenants);
+        let own = tenants.get(tenant);
+        (
+            own.and_then(|t| t.max_handles_per_session).unwrap_or(l.max_handles_per_session),
+            own.and_then(|t| t.max_regions_per_session).unwrap_or(l.max_regions_per_session),
+        )
+    }
+
+    /// Change a tenant's session limits from now on (`None` keeps [limits]'s);
+    /// sessions already attached are held to them at their next open or registration.
+    pub fn set_tenant_limits(
+        &self,
+        tenant: &str,
+        max_sessions: Option<u32>,
+        handles: Option<u32>,
+        regions: Option<u32>,
+    ) -> Result<()> {
+        let mut tenants = lock(&self.tenants);
+        let t = tenants
+            .get_mut(tenant)
+            .ok_or_else(|| Error::invalid("tenant", format!("tenant {tenant:?} is not configured on this agent")))?;
+        t.max_sessions = max_sessions;
+        t.max_handles_per_session = handles;
+        t.max_regions_per_session = regions;
+        Ok(())
+    }
+
+    /// Change a tenant's QoS (rates, bursts, weight, in-flight limit) now: in the
+    /// agent's tenant table and in the data-plane engine's buckets and queue. Requests
+    /// already admitted are not recalled; queued ones wait under the new limits.
+    pub fn set_qos(&self, tenant: &str, qos: QosConfig) -> Result<()> {
+        if !(1..=MAX_WEIGHT).contains(&qos.weight) {
+            return Err(Error::invalid("weight", format!("{}: a weight is from 1 to {MAX_WEIGHT}", qos.weight)));
+        }
+        if qos.max_inflight == 0 {
+            return Err(Error::invalid("max_inflight", "0: a tenant needs at least one request in flight"));
+        }
+        {
+            let mut tenants = lock(&self.tenants);
+            let Some(config) = tenants.get_mut(tenant) else {
+                return Err(Error::invalid(
+                    "tenant",
+                    format!("tenant {tenant:?} is not configured on this agent; add it first (dpuctl tenant add)"),
+                ));
+            };
+            config.qos = qos;
+        }
+        // After the table: an engine that meets the tenant for the first time meanwhile
+        // reads the new settings; one that already knows it is told here.
+        if let Some(dp) = self.dataplane() {
+            dp.set_qos(tenant, &qos);
+        }
+        Ok(())
+    }
+
+    /// Whether `tenant` is configured now.
+    pub fn has_tenant(&self, tenant: &str) -> bool {
+        lock(&self.tenants).contains_key(tenant)
+    }
+
+    /// The tenant's configuration now.
+    pub fn tenant(&self, tenant: &str) -> Option<TenantConfig> {
+        lock(&self.tenants).get(tenant).cloned()
+    }
+
+    /// Every tenant, by name.
+    pub fn tenant_list(&self) -> Vec<TenantConfig> {
+        let mut all: Vec<TenantConfig> = lock(&self.tenants).values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Add a tenant at run time and create its container. Its name and container must
+    /// be new: tenants never share a container.
+    pub fn add_tenant(&self, tenant: TenantConfig) -> Result<()> {
+        {
+            let mut tenants = lock(&self.tenants);
+            if tenants.contains_key(&tenant.name) {
+                return Err(Error::invalid("tenant.name", format!("tenant {:?} exists already", tenant.name)));
+            }
+            if let Some(owner) = tenants.values().find(|t| t.container == tenant.container) {
+                return Err(Error::invalid(
+                    "tenant.container",
+                    format!(
+                        "container {:?} belongs to tenant {:?}; tenants never share a container",
+                        tenant.container, owner.name
+                    ),
+                ));
+            }
+            tenants.insert(tenant.name.clone(), tenant.clone());
+        }
+        if let Err(e) = self.container(&tenant.container) {
+            lock(&self.tenants).remove(&tenant.name);
+            return Err(e);
+        }
+        self.metrics.tenant(&tenant.name);
+        Ok(())
+    }
+
+    /// Remove a tenant at run time: from now on its certificate and tokens are
+    /// refused, and its sessions are detached at once (their written files synced).
+    /// Its container's data stays on disk. Returns how many sessions were detached.
+    pub fn remove_tenant(&self, tenant: &str) -> Result<usize> {
+        if lock(&self.tenants).remove(tenant).is_none() {
+            return Err(Error::invalid("name", format!("tenant {tenant:?} is not configured on this agent")));
+        }
+        let ids: Vec<u64> = lock(&self.sessions).values().filter(|s| s.tenant == tenant).map(|s| s.id).collect();
+        let mut first_error = None;
+        for id in &ids {
+            if let Err(e) = self.detach(*id) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(ids.len()), Err)
+    }
+
+    /// Encrypt the files of `container` from now on (before the first mount of it).
+    pub fn set_encryption(&self, container: &str, settings: dpuio_encryption::EncryptionSettings) {
+        lock(&self.encryption).insert(container.to_owned(), settings);
+    }
+
+    /// Create every tenant's container that does not exist yet, so a fresh agent is
+    /// ready to use; called once at start.
+    pub fn prepare_containers(&self) -> Result<()> {
+        let tenants: Vec<TenantConfig> = lock(&self.tenants).values().cloned().collect();
+        for tenant in tenants {
+            self.container(&tenant.container)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn container(&self, name: &str) -> Result<Arc<dyn Container>> {
+        if let Some(c) = lock(&self.containers).get(name) {
+            return Ok(c.clone());
+        }
+        let mut mounted: Arc<dyn Container> =
+            Arc::new(TimedContainer::new(self.backend.mount(name, true)?, self.metrics.backend_times()));
+        // Wrapped once and cached: every open of a file must share the wrapper's
+        // per-file state and locks.
+        if let Some(settings) = lock(&self.encryption).get(name).cloned() {
+            mounted = Arc::new(
+                dpuio_encryption::EncryptedContainer::new(mounted, settings)
+                    .map_err(|e| Error::Internal(format!("container {name}: {e}")))?,
+            );
+        }
+        Ok(lock(&self.containers).entry(name.to_owned()).or_insert(mounted).clone())
+    }
+
+    pub(super) fn default_tenant(&self) -> Result<String> {
+        let tenants = lock(&self.tenants);
+        if tenants.len() == 1 {
+            return Ok(tenants.keys().next().cloned().unwrap_or_default());
+        }
+        if tenants.contains_key(crate::config::DEFAULT_TENANT) {
+            return Ok(crate::config::DEFAULT_TENANT.to_owned());
+        }
+        Err(Error::invalid(
+            "tenant",
+            "this agent serves several tenants and none is named \"default\": name the tenant to attach as",
+        ))
+    }
+}
