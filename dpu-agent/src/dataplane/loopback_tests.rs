@@ -1,8 +1,10 @@
 //! The ring engine, run for real (its thread, its I/O threads, the local backend in a
 //! temporary directory) over `fabric::testing`, the loopback test double of the
-//! transport: each test plays the host in this process, the way `host-shim` does over
-//! UCX (ring header, submission entries, a release store of `sq_tail`, a doorbell,
-//! completions found by their `seq` word), and checks bytes and statuses.
+//! transport: each test plays the host in this process with the host's own ring core,
+//! [`dpuio_proto::host_ring`], as `host-shim` does over UCX (ring header, submission
+//! entries, a release store of `sq_tail`, a doorbell, completions found by their `seq`
+//! word), and checks bytes and statuses. Hostile hosts store counters of their own
+//! making beside it.
 //!
 //! No UCX or libfabric worker is opened here: every worker is a `LoopbackWorker`, and
 //! the agent is [`TestAgent`], a test double of [`AgentView`].
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use dpuio_backend::local::LocalBackend;
 use dpuio_backend::{Attr, Backend, Container, NsPath, Object, OpenOptions};
+use dpuio_proto::host_ring::HostRing;
 use dpuio_proto::wire::{self, Completion, Opcode, Submission};
 use fabric::Transport;
 use fabric::any;
@@ -154,14 +157,12 @@ struct HostMemory {
     region: any::Region,
 }
 
-/// The host's side of one ring, as the shim keeps it.
+/// The host's side of one ring: the shim's ring core over the ring's memory.
 struct Ring {
     id: u32,
     session_id: u64,
     mem: HostMemory,
-    entries: u32,
-    sq_tail: u64,
-    cq_head: u64,
+    core: HostRing,
 }
 
 impl Host {
@@ -184,7 +185,7 @@ impl Host {
         let region = self.session.host_region(mem.id).unwrap();
         let ring = rig.dp.register_ring(&self.peer, id, region, 0, entries).unwrap();
         self.session.add_ring(ring, 64).unwrap();
-        Ring { id, session_id: self.session.id, mem, entries, sq_tail: 0, cq_head: 0 }
+        Ring { id, session_id: self.session.id, mem, core: HostRing::new(entries) }
     }
 
     fn handle(&self, object: Arc<dyn Object>) -> u64 {
@@ -204,26 +205,32 @@ impl Ring {
     }
 
     /// Writes the next entry (not yet visible to the agent: see [`Ring::publish`]).
+    /// The entry's `user_data` travels as a slot number, as from the shim; [`Ring::reap`]
+    /// gives it back.
     fn push(&mut self, sub: &Submission) {
-        assert!(self.sq_tail - self.cq_head < u64::from(self.entries), "the test overfilled its ring");
-        let at = wire::sqe_offset(self.entries, self.sq_tail);
-        self.mem.region.write_at(at, &sub.encode());
-        self.sq_tail += 1;
+        self.push_bytes(&sub.encode());
     }
 
-    fn publish(&self) {
-        self.mem().store_u64_release(wire::SQ_TAIL_OFFSET, self.sq_tail);
+    fn push_bytes(&mut self, entry: &[u8; wire::SQE_BYTES]) {
+        let pushed = self.core.push(entry, false).expect("the test overfilled its ring");
+        self.mem.region.write_at(pushed.offset, &pushed.bytes);
+    }
+
+    /// Makes the pushed entries visible (again, if a hostile store came between).
+    fn publish(&mut self) {
+        let submit = self.core.submit(Instant::now());
+        self.mem().store_u64_release(wire::SQ_TAIL_OFFSET, submit.sq_tail);
     }
 
     /// Publishes the entries pushed so far and rings the doorbell.
-    fn submit(&self, host: &Host) {
+    fn submit(&mut self, host: &Host) {
         self.publish();
         host.ring_doorbell(self);
     }
 
     /// The completion at `index` if the agent has posted it.
     fn posted(&self, index: u64) -> Option<Completion> {
-        let at = wire::cqe_offset(self.entries, index);
+        let at = wire::cqe_offset(self.core.entries(), index);
         if self.mem().load_u64_acquire(at + wire::CQE_SEQ_OFFSET) != index + 1 {
             return None;
         }
@@ -234,16 +241,19 @@ impl Ring {
 
     /// The next completion, waiting for it.
     fn reap(&mut self) -> Completion {
-        assert!(self.cq_head < self.sq_tail, "nothing submitted to reap");
-        let c = wait_for(|| self.posted(self.cq_head), "a completion");
-        self.cq_head += 1;
-        self.mem().store_u64_release(wire::CQ_HEAD_OFFSET, self.cq_head);
-        c
+        let next = self.core.next_completion().expect("nothing submitted to reap");
+        wait_for(|| (self.mem().load_u64_acquire(next.seq_offset) == next.seq).then_some(()), "a completion");
+        let mut bytes = [0u8; wire::CQE_BYTES];
+        self.mem().read_at(next.offset, &mut bytes);
+        let reaped = self.core.reap(&bytes).expect("the completion whose seq word was posted");
+        self.core.completed(Instant::now());
+        self.mem().store_u64_release(wire::CQ_HEAD_OFFSET, reaped.cq_head);
+        reaped.completion
     }
 
     /// Completions posted and not reaped, in ring order (some may still be missing).
     fn posted_count(&self) -> usize {
-        (self.cq_head..self.sq_tail).filter(|&i| self.posted(i).is_some()).count()
+        (self.core.cq_head()..self.core.sq_tail()).filter(|&i| self.posted(i).is_some()).count()
     }
 
     /// The agent's advisory `sq_head`: how many entries it has taken off the ring.
@@ -319,7 +329,7 @@ fn wrap_around(access: PeerAccess) {
     let shape = |i: u64| (i * 1237, i * 1536, 1000 + i); // file offset, region offset, length
     let (mut next, mut done) = (0u64, 0u64);
     while done < N {
-        while next < N && ring.sq_tail - ring.cq_head < u64::from(ring.entries) {
+        while next < N && ring.core.room() > 0 {
             let (file_offset, region_offset, length) = shape(next);
             let entry = if next % 3 == 2 {
                 data.region.write_at(region_offset as usize, &pattern(1000 + next, length as usize));
@@ -643,11 +653,14 @@ fn transfer_errors_stop_only_that_peer() {
             ring.submit(&host);
             submitted += 1;
             wait_for(
-                || (host.peer.failed.load(Ordering::Relaxed) || ring.posted(ring.cq_head).is_some()).then_some(()),
+                || {
+                    (host.peer.failed.load(Ordering::Relaxed) || ring.posted(ring.core.cq_head()).is_some())
+                        .then_some(())
+                },
                 "a completion or the peer's failure",
             );
-            if ring.posted(ring.cq_head).is_some() {
-                let i = ring.cq_head;
+            if ring.posted(ring.core.cq_head()).is_some() {
+                let i = ring.core.cq_head();
                 assert_ok(&ring.reap(), i, REQ);
                 assert!(copy(&data.region) == input[(i * REQ) as usize..][..REQ as usize], "budget {budget}");
             }
@@ -665,7 +678,7 @@ fn transfer_errors_stop_only_that_peer() {
         }
 
         // The healthy session is served all along.
-        let i = healthy_ring.sq_tail;
+        let i = healthy_ring.core.sq_tail();
         let offset = (budget % 4) * REQ;
         healthy_ring.push(&read(healthy_file, &healthy_data, offset, 0, REQ, i));
         healthy_ring.submit(&healthy);
@@ -680,7 +693,7 @@ fn transfer_errors_stop_only_that_peer() {
     let posted: Vec<usize> = failed_hosts.iter().map(|(_, ring, ..)| ring.posted_count()).collect();
     for (host, ring, file, data) in &mut failed_hosts {
         host.loopback.heal();
-        let i = ring.sq_tail;
+        let i = ring.core.sq_tail();
         ring.push(&read(*file, data, 0, 0, 512, i));
         ring.submit(host);
     }
@@ -821,9 +834,7 @@ fn metrics_count_completions(access: PeerAccess) {
     ring.push(&read(file, &data, size as u64 - 100, 0, 1000, 3));
     ring.push(&Submission { user_data: 4, ..sub(Opcode::Write, file, &data, 0, 0, 500) });
     ring.push(&read(file ^ 1, &data, 0, 0, 10, 5)); // a handle this session does not have
-    let at = wire::sqe_offset(ring.entries, ring.sq_tail); // garbage: no opcode to name
-    ring.mem.region.write_at(at, &[0xa5; wire::SQE_BYTES]);
-    ring.sq_tail += 1;
+    ring.push_bytes(&[0xa5; wire::SQE_BYTES]); // garbage (but for the slot): no opcode to name
     ring.submit(&host);
     let statuses: Vec<_> = (0..6).map(|_| wire::Status::from_i32(ring.reap().status)).collect();
     let ok = Some(wire::Status::Ok);

@@ -124,6 +124,16 @@ impl HostRing {
         self.entries
     }
 
+    /// Entries pushed so far: the `sq_tail` the next publication stores.
+    pub fn sq_tail(&self) -> u64 {
+        self.sq_tail
+    }
+
+    /// Completions reaped so far: the `cq_head` last stored.
+    pub fn cq_head(&self) -> u64 {
+        self.cq_head
+    }
+
     /// Entries pushed and not yet reaped (staged ones included).
     pub fn in_flight(&self) -> u64 {
         self.sq_tail.wrapping_sub(self.cq_head)
