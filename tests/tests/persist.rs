@@ -1,4 +1,4 @@
-//! Settings that persist (issue 16, item 5): what `dpuctl` changes (tenants, QoS,
+//! Settings that persist: what `dpuctl` changes (tenants, QoS,
 //! limits, rotated-in keys) is written to the state file in the data directory and in
 //! force again after the agent restarts, after SIGTERM and after SIGKILL; the config
 //! file wins for a setting it changed since; a corrupt state file stops the start with
