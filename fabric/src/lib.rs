@@ -52,7 +52,7 @@
 //! // Payload, flush, then the completion: the host never sees a completion
 //! // before its payload.
 //! let mut staging = agent.alloc_region(1 << 20)?;
-//! staging.as_mut_slice().fill(7);
+//! staging.write_at(0, &vec![7; 1 << 20]);
 //! ep.put(&staging, 0, 1 << 20, region_addr + 4096, &key)?;
 //! ep.flush(Duration::from_secs(5))?;
 //! ep.put_bytes(&1u64.to_le_bytes(), region_addr, &key)?;

@@ -16,14 +16,10 @@
 //! against the region's length; content read from a peer's memory is untrusted input,
 //! copied once before it is used (see the `host-bytes` crate docs).
 //!
-//! [`SharedMemory::as_slice`] and [`SharedMemory::as_mut_slice`] remain for memory the
-//! caller owns in practice (a staging region of its own, the host's view of its own
-//! region while no request on it is in flight): the data-plane protocol gives each
-//! byte range one owner at a time (the agent fills a payload range, *then* publishes a
-//! completion with release ordering; the host reads a payload range only after an
-//! acquire load saw that completion), so correct peers never race on a range such a
-//! slice covers. They are not for a peer's memory that the peer may be writing (a
-//! [`MappedRemote`] of an untrusted host): use the views there.
+//! [`SharedMemory::as_slice`] and [`SharedMemory::as_mut_slice`] are `unsafe`: a Rust
+//! slice is sound only while no other process or device writes the bytes, and nothing
+//! here can know that. Their callers promise it (this crate's tests, over memory their
+//! own completed transfers filled); the agent and the host's shim use the views only.
 //!
 //! Ring indices are words both sides access concurrently by design; read and write
 //! them only through the atomic accessors (`load_u64_acquire`, `store_u64_release`,
@@ -90,19 +86,32 @@ impl SharedMemory {
         self.ptr.as_ptr() as u64
     }
 
-    /// The bytes, for reading memory nobody writes meanwhile (see the module docs: a
-    /// staging region of one's own, or one's region once the peer has completed). For a
-    /// peer's memory it may be writing, use [`SharedMemory::bytes`].
-    pub fn as_slice(&self) -> &[u8] {
+    /// The bytes as a Rust slice. Prefer [`SharedMemory::bytes`] or
+    /// [`SharedMemory::read_at`], which need no promise.
+    ///
+    /// # Safety
+    ///
+    /// While the slice lives, no other process, device or peer writes these bytes (no
+    /// transfer into them is in flight, and none starts), and no view of them writes
+    /// in this process. A peer that holds the region's key may write it at any time:
+    /// a region registered with a peer qualifies only while the protocol gives it no
+    /// request on it.
+    pub unsafe fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr/len describe a live mapping (constructor contract); u8 has no
-        // invalid values; the module docs restrict this to memory no one writes while
-        // the slice lives (the protocol's one-owner-at-a-time rule).
+        // invalid values; the caller promises no one writes the bytes while the slice
+        // lives.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The bytes, for filling (e.g. a write payload before submission). `&mut self`
-    /// excludes other Rust access in this process; the peer is governed by the protocol.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The bytes as a mutable Rust slice. Prefer [`SharedMemory::write_at`] or
+    /// [`SharedMemory::bytes_mut`], which need no promise.
+    ///
+    /// # Safety
+    ///
+    /// As for [`SharedMemory::as_slice`], and no other process, device or peer reads
+    /// or writes these bytes while the slice lives. `&mut self` excludes other Rust
+    /// access in this process.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in as_slice, and &mut self guarantees no other Rust reference to
         // these bytes exists in this process for the lifetime of the result.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
@@ -382,9 +391,12 @@ mod tests {
         let mut out = [0u8; 5];
         m.read_at(16, &mut out);
         assert_eq!(&out, b"hello");
-        assert_eq!(&m.as_slice()[16..21], b"hello");
-        m.as_mut_slice()[31] = 9;
-        assert_eq!(m.as_slice()[31], 9);
+        // SAFETY: nothing but this test touches `buf` while the slices live.
+        assert_eq!(unsafe { &m.as_slice()[16..21] }, b"hello");
+        // SAFETY: as above.
+        unsafe { m.as_mut_slice()[31] = 9 };
+        // SAFETY: as above.
+        assert_eq!(unsafe { m.as_slice()[31] }, 9);
     }
 
     #[test]

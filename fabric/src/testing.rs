@@ -666,13 +666,13 @@ mod tests {
         staging.write_at(0, b"payload!");
         ep.put(&staging, 0, 8, target.addr() + 9, &key).unwrap();
         ep.put_bytes(b"seq", target.addr() + 100, &key).unwrap();
-        assert_eq!(&target.as_slice()[9..17], &[0; 8], "posted, not yet delivered");
+        assert_eq!(target.bytes(9, 8).to_vec(), [0; 8], "posted, not yet delivered");
         ep.flush(T).unwrap();
-        assert_eq!(&target.as_slice()[9..17], b"payload!");
-        assert_eq!(&target.as_slice()[100..103], b"seq");
+        assert_eq!(target.bytes(9, 8).to_vec(), b"payload!");
+        assert_eq!(target.bytes(100, 3).to_vec(), b"seq");
         ep.get(&staging, 100, 3, target.addr() + 100, &key).unwrap();
         ep.flush(T).unwrap();
-        assert_eq!(&staging.as_slice()[100..103], b"seq");
+        assert_eq!(staging.bytes(100, 3).to_vec(), b"seq");
 
         let outside = ep.put_bytes(b"x", target.addr() + 1008, &key).unwrap_err();
         assert!(matches!(outside, Error::OutOfRange { .. }), "{outside}");
@@ -712,7 +712,7 @@ mod tests {
         assert!(ep.get(&staging, 0, 8, target.addr(), &key).is_err(), "and every one after it");
         host.heal();
         ep.flush(T).unwrap();
-        assert_eq!(&target.as_slice()[..4], &[0; 4], "a failed flush delivered nothing");
+        assert_eq!(target.bytes(0, 4).to_vec(), [0; 4], "a failed flush delivered nothing");
     }
 
     #[test]

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{
     COMPLETION, COMPLETION_OFFSET, FLUSH_TIMEOUT, Host, MIB, PAYLOAD_OFFSET, arg, assert_ranges_refused, attach,
-    check_pattern, child_env, child_role, fill_pattern, get_flush, hex, no_extra, proc_stat, publish, put_flush,
-    ring_doorbell, self_cpu_us, serve_host,
+    check_pattern, child_env, child_role, copy_of, fill_memory, get_flush, hex, no_extra, proc_stat, publish,
+    put_flush, ring_doorbell, self_cpu_us, serve_host,
 };
 use fabric::ofi::{Completion, OfiConfig, Worker};
 use fabric::transport::{Endpoint as _, RemoteKey as _};
@@ -62,7 +62,7 @@ fn host_role() {
                     assert!(Instant::now() < deadline, "host: completion {value} never came");
                     std::hint::spin_loop();
                 }
-                match check_pattern(&region.as_slice()[off..off + n], seed) {
+                match check_pattern(&region.bytes(off, n).to_vec(), seed) {
                     None => publish("await", "ok"),
                     Some(at) => publish("await", format!("completion before payload: mismatch at byte {at}")),
                 }
@@ -134,14 +134,14 @@ fn put_get_roundtrip(test: &str, provider: &str, len: usize, host_progress: bool
 
     let seed = 0x5eed_0011;
     let mut staging = agent.alloc_region(len).unwrap();
-    fill_pattern(staging.as_mut_slice(), seed);
+    fill_memory(&mut staging, seed);
     let remote = host.region_addr + PAYLOAD_OFFSET as u64;
 
     let put_time = put_flush::<Worker>(&ep, &staging, len, remote, &key);
 
     let readback = agent.alloc_region(len).unwrap();
     let get_time = get_flush::<Worker>(&ep, &readback, len, remote, &key);
-    assert_eq!(check_pattern(readback.as_slice(), seed), None, "get returned other bytes");
+    assert_eq!(check_pattern(&copy_of(&readback), seed), None, "get returned other bytes");
     assert_eq!(host.check(seed, PAYLOAD_OFFSET, len), "ok");
     eprintln!("[{test}] {} MiB: put+flush {put_time:?}, get+flush {get_time:?}", len / MIB);
 
@@ -189,7 +189,7 @@ fn ofi_stopped_host_receives_payload_shm() {
     let Some((agent, mut host)) = connected(TEST, "shm", PAYLOAD_OFFSET + len, false) else { return };
     let seed = 0x5eed_0012;
     let mut staging = agent.alloc_region(len).unwrap();
-    fill_pattern(staging.as_mut_slice(), seed);
+    fill_memory(&mut staging, seed);
     let base = host.region_addr;
     let pid = host.child.pid();
 
@@ -232,13 +232,13 @@ fn ofi_host_progress_keeps_payload_shm() {
     let (ep, key) = attach(&agent, &host);
     let mut staging = agent.alloc_region(len).unwrap();
     let (seed_a, seed_b) = (0x5eed_000a, 0x5eed_000b);
-    fill_pattern(staging.as_mut_slice(), seed_a);
+    fill_memory(&mut staging, seed_a);
     for _ in 0..4 {
         put_flush::<Worker>(&ep, &staging, len, host.region_addr + PAYLOAD_OFFSET as u64, &key);
     }
     assert_eq!(host.check(seed_a, PAYLOAD_OFFSET, len), "ok");
     // The agent reuses its staging region; the host then progresses its queue.
-    fill_pattern(staging.as_mut_slice(), seed_b);
+    fill_memory(&mut staging, seed_b);
     host.child.send("progress");
     let progressed = host.child.recv("progress");
     eprintln!("[{TEST}] host progress after 4 x 4 MiB: entries, cpu_us = {progressed}");
@@ -306,7 +306,7 @@ fn ofi_stopped_host_stalls_flush_tcp() {
     let (ep, key) = attach(&agent, &host);
     let seed = 0x5eed_0013;
     let mut staging = agent.alloc_region(MIB).unwrap();
-    fill_pattern(staging.as_mut_slice(), seed);
+    fill_memory(&mut staging, seed);
     host.child.stop();
     ep.put(&staging, 0, MIB, host.region_addr + PAYLOAD_OFFSET as u64, &key).unwrap();
     let stopped = ep.flush(Duration::from_millis(500));
@@ -350,7 +350,7 @@ fn ordering_rounds(
     let mut outcomes = Vec::new();
     for round in 1..=rounds {
         let seed = 0x5eed_0100 + round;
-        fill_pattern(staging.as_mut_slice(), seed);
+        fill_memory(&mut staging, seed);
         host.child.send(&format!("await {round} {seed} {PAYLOAD_OFFSET} {len}"));
         assert_eq!(host.child.recv("awaiting"), round.to_string());
         put_flush::<Worker>(ep, &staging, len, base + PAYLOAD_OFFSET as u64, key);
@@ -512,7 +512,7 @@ fn ucx_host_role() {
 fn bench_puts<T: Transport>(agent: &T, host: &Host, len: usize, rounds: usize, depth: usize) -> String {
     let (ep, key) = attach(agent, host);
     let mut staging = agent.alloc_region(depth * len).unwrap();
-    fill_pattern(staging.as_mut_slice(), 7);
+    fill_memory(&mut staging, 7);
     let base = host.region_addr + PAYLOAD_OFFSET as u64;
     let done = std::cell::Cell::new(0usize);
     let run = |n: usize| {

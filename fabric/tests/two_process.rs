@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::{
     COMPLETION, COMPLETION_OFFSET, FLUSH_TIMEOUT, Host, MIB, PAYLOAD_OFFSET, assert_ranges_refused, attach,
-    check_pattern, child_env, child_role, fill_pattern, get_flush, no_extra, proc_stat, put_flush, ring_doorbell,
-    serve_host,
+    check_pattern, child_env, child_role, copy_of, fill_memory, fill_pattern, get_flush, no_extra, proc_stat,
+    put_flush, ring_doorbell, serve_host,
 };
 use fabric::transport::{Endpoint as _, RemoteKey as _};
 use fabric::ucx::Worker;
@@ -60,7 +60,7 @@ fn agent_put_get<T: Transport>(agent: &T, mut host: Host, test: &str, len: usize
 
     let seed = 0x5eed_0001;
     let mut staging = agent.alloc_region(len).unwrap();
-    fill_pattern(staging.as_mut_slice(), seed);
+    fill_memory(&mut staging, seed);
     let remote = host.region_addr + PAYLOAD_OFFSET as u64;
 
     let put_time = put_flush::<T>(&ep, &staging, len, remote, &key);
@@ -69,7 +69,7 @@ fn agent_put_get<T: Transport>(agent: &T, mut host: Host, test: &str, len: usize
 
     let readback = agent.alloc_region(len).unwrap();
     let get_time = get_flush::<T>(&ep, &readback, len, remote, &key);
-    assert_eq!(check_pattern(readback.as_slice(), seed), None, "get returned other bytes");
+    assert_eq!(check_pattern(&copy_of(&readback), seed), None, "get returned other bytes");
     assert_eq!(host.check(seed, PAYLOAD_OFFSET, len), "ok");
     eprintln!("[{test}] {} MiB: put+flush {put_time:?} (again: {put_again_time:?}), get+flush {get_time:?}", len / MIB);
 
@@ -125,7 +125,7 @@ fn stop_scenario(
     let agent = open(tls);
     let seed = 0x5eed_0002;
     let mut staging = agent.alloc_region(len).unwrap();
-    fill_pattern(staging.as_mut_slice(), seed);
+    fill_memory(&mut staging, seed);
     let base = host.region_addr;
     let pid = host.child.pid();
 
@@ -284,7 +284,9 @@ fn mapped_remote_shm() {
     let mut map = key.map(host.region_addr, PAYLOAD_OFFSET + len).unwrap().expect("shared memory maps directly");
     let seed = 0x5eed_0003;
     // What the agent does on a read: file bytes straight into host memory...
-    fill_pattern(&mut map.as_mut_slice()[PAYLOAD_OFFSET..], seed);
+    let mut payload = vec![0u8; map.len() - PAYLOAD_OFFSET];
+    fill_pattern(&mut payload, seed);
+    map.write_at(PAYLOAD_OFFSET, &payload);
     // ...then the completion, published with release ordering.
     map.store_u64_release(COMPLETION_OFFSET, COMPLETION);
     assert_eq!(host.word(COMPLETION_OFFSET), COMPLETION);
@@ -292,7 +294,7 @@ fn mapped_remote_shm() {
 
     // A sub-range maps too, at the right offset.
     let sub = key.map(host.region_addr + PAYLOAD_OFFSET as u64, 8).unwrap().unwrap();
-    assert_eq!(sub.as_slice(), &map.as_slice()[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8]);
+    assert_eq!(copy_of(&sub), map.bytes(PAYLOAD_OFFSET, 8).to_vec());
     // Outside the declared range is refused.
     assert!(matches!(key.map(host.region_addr, PAYLOAD_OFFSET + len + 1), Err(Error::OutOfRange { .. })));
     drop((sub, map, key, ep));

@@ -208,6 +208,33 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         add("ring_indices", name, b);
     }
 
+    // The host's side of a ring: a ring size (log2) and where its counters start, then
+    // operations, each a clock step (us) and an opcode with its arguments (see
+    // fuzz_targets/host_ring.rs): 0 push, 1 submit, 2 an honest completion, 3 any
+    // completion, 4 raw bytes in the CQ, 5 poll, 6 withdraw or move, 7 a wait.
+    let (push, submit, honest, poll, wait) = ([1, 0, 0], [1, 1], [1, 2], [1, 5], [1, 7, 0x10, 0x27, 50, 1]);
+    let honest_round: Vec<u8> =
+        [&push[..], &push, &push, &submit, &honest, &honest, &poll, &honest, &poll, &wait].concat();
+    add("host_ring", "honest", [&[2u8, 0][..], &honest_round].concat());
+    add("host_ring", "wrap", [&[1u8, 1][..], &honest_round, &honest_round].concat());
+    let hostile: Vec<u8> = [
+        &[2u8, 0][..],
+        &push,
+        &submit,
+        &push,
+        &[1, 3, 0, 77, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        &poll,
+        &[1, 6, 0],
+        &push,
+        &push,
+        &submit,
+        &[1, 6, 1, 1],
+        &honest,
+        &poll,
+    ]
+    .concat();
+    add("host_ring", "hostile", hostile);
+
     add("doorbell", "bell", Doorbell { session_id: 0x1234_5678, ring_id: 3 }.encode().to_vec());
 
     // Metadata requests: a count byte, then the strings.

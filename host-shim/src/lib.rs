@@ -20,13 +20,13 @@ pub mod posix;
 mod put;
 pub mod resume;
 
-pub use client::{
-    Access, Attr, Buffer, Client, ConnectOptions, DEFAULT_AGENT, DirEntry, EntryKind, File, RegionPool, TlsOptions,
-};
+pub use client::{Access, Buffer, Client, ConnectOptions, DEFAULT_AGENT, File, RegionPool, TlsOptions};
 pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request, TransportInfo};
+pub use dpuio_proto::attr::{Attr, DirEntry, EntryKind};
 pub use dpuio_proto::v1::RegionAccess;
 pub use dpuio_proto::wire::{Opcode, Status as IoStatus};
 pub use error::{Error, Result};
+pub use host_bytes::{HostBytes, HostBytesMut};
 pub use put::{Put, temp_path as put_temp_path};
 pub use resume::ResumeOptions;
 

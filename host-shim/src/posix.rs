@@ -267,7 +267,7 @@ impl Mount {
     /// for them. 0 turns it off. Default [`SNAPSHOT_BYTES`]; at most 512 KiB - 64 (one
     /// answer area).
     pub fn set_snapshot_bytes(&self, bytes: usize) {
-        let bytes = bytes.min(crate::dataplane::META_ANSWER_BYTES - 64);
+        let bytes = bytes.min(dpuio_proto::host_ring::meta::OPEN_READ_BYTES);
         self.snapshot_bytes.store(bytes as u64, Ordering::Relaxed);
     }
 
@@ -437,7 +437,7 @@ impl Mount {
             let moved = self.one(f, "read", request)? as usize;
             let moved = moved.min(want);
             // The one copy: from the region the agent wrote into the caller's buffer.
-            buffer.memory().read_at(0, &mut out[done..done + moved]);
+            buffer.read_at(0, &mut out[done..done + moved]);
             done += moved;
             if moved < want {
                 break;
@@ -462,7 +462,7 @@ impl Mount {
         let mut done = 0;
         while done < data.len() {
             let n = (data.len() - done).min(buffer.len());
-            buffer.memory_mut().as_mut_slice()[..n].copy_from_slice(&data[done..done + n]);
+            buffer.write_at(0, &data[done..done + n]);
             let request = f.handle()?.write_request(&buffer, 0, n as u64, offset + done as u64);
             let moved = self.one(f, "write", request)? as usize;
             done += moved.min(n);

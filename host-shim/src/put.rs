@@ -152,7 +152,7 @@ impl Put {
         let mut region = self.client.register_region(chunk, pb::RegionAccess::ReadByAgent).await?;
         let mut result = Ok(());
         for (k, piece) in data.chunks(chunk).enumerate() {
-            region.memory_mut().as_mut_slice()[..piece.len()].copy_from_slice(piece);
+            region.write_at(0, piece);
             let file = self.file();
             let requests = vec![file.write_request(&region, 0, piece.len() as u64, (k * chunk) as u64)];
             let done = match self.client.submit(requests).await {

@@ -5,14 +5,22 @@
 //!   that the agent serves through gRPC reflection.
 //! - [`reason`]: the stable reason tokens the agent sends in metadata beside a coarse
 //!   gRPC code (ENOTDIR, EISDIR, ENOTEMPTY, ENOSPC for POSIX clients).
+//! - [`attr`]: the attributes of a namespace entry ([`attr::Attr`], [`attr::DirEntry`]),
+//!   the one definition the agent's backends and the host's shim share.
 //! - [`put`]: the temporary file name of a whole-file put, which the agent recognises.
 //! - [`wire`]: the data plane's fixed-layout ring entries, with a decoder that refuses
 //!   any malformed bytes (the host is untrusted).
+//! - [`host_ring`]: the host's side of a ring as state machines without I/O (slots,
+//!   `seq` checks, waits, session moves), which the shim drives.
 //!
 //! File data never crosses the control plane: payload moves only on the data plane.
-//! This crate holds no I/O and no policy; the agent and the shim bring both.
+//! This crate holds no I/O; the agent and the shim bring it. Its one policy is the host's
+//! side of the ring (how long a waiter spins, what moves after an agent restart), kept
+//! here without I/O so that it is tested, and fuzzed, apart from the shim's memory.
 #![forbid(unsafe_code)]
 
+pub mod attr;
+pub mod host_ring;
 pub mod put;
 pub mod reason;
 pub mod wire;

@@ -128,7 +128,7 @@ pub async fn hostile_entries(a: &Client, b: &Client, path: &str) -> Vec<Check> {
         let req = file.read_request(&buf, 0, 8192, 1000);
         let done = tokio::task::spawn_blocking(move || c.submit_blocking(&[req])).await.expect("the reading thread");
         let name = format!("session {session} still reads");
-        let bytes_ok = buf.memory().as_slice().iter().enumerate().all(|(i, &x)| x == pattern(1000 + i as u64));
+        let bytes_ok = buf.bytes(0, buf.len()).to_vec().iter().enumerate().all(|(i, &x)| x == pattern(1000 + i as u64));
         checks.push(match done {
             Ok(done) if done[0].result == Ok(8192) && bytes_ok => check(&name, true, "8192 bytes, as written".into()),
             Ok(done) => check(&name, false, format!("result {:?}, bytes as written: {bytes_ok}", done[0].result)),

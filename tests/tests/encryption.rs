@@ -258,7 +258,7 @@ async fn read_blocks(agent: &AgentProcess, path: &str, file: u64, block: u64, ol
         match done[0].result {
             Ok(n) => {
                 assert_eq!(n, block, "block at {at}");
-                let got = &region.memory().as_slice()[..block as usize];
+                let got = &region.bytes(0, block as usize).to_vec()[..];
                 if got == &old[range.clone()] {
                     seen.old += 1;
                 } else if got == &new[range] {

@@ -63,7 +63,7 @@ async fn metadata_over_the_ring_matches_grpc() {
         let (attr, n) = ring.read_sample("/data/sample", &region, 4096, 200 * 1024).unwrap();
         assert_eq!((attr.size, n), (sample.len() as u64, sample.len() as u64), "{transport}");
         let mut got = vec![0u8; sample.len()];
-        region.memory().read_at(4096 + 64, &mut got);
+        region.read_at(4096 + 64, &mut got);
         assert_eq!(got, sample, "{transport}: read_sample bytes");
         assert_eq!(
             text(ring.read_file("/data/nope")),
@@ -106,7 +106,7 @@ async fn metadata_over_the_ring_matches_grpc() {
         let done = b.wait(1, std::time::Duration::from_secs(10)).unwrap();
         assert_eq!(done[0].result, Err(IoStatus::Refused));
         let mut rec = vec![0u8; 4096];
-        region.memory().read_at(0, &mut rec);
+        region.read_at(0, &mut rec);
         let rec = wire::MetaError::decode(&rec).unwrap();
         assert_eq!(
             (rec.code.code, rec.message.as_str()),
@@ -114,7 +114,7 @@ async fn metadata_over_the_ring_matches_grpc() {
             "{transport}"
         );
         // Hostile metadata entries: bad region, range, request bytes; the ring goes on.
-        region.memory_mut().write_at(8192, &[3, 0, b'/', 0xff, b'x']);
+        region.write_at(8192, &[3, 0, b'/', 0xff, b'x']);
         let utf8 = wire::MetaSubmission {
             opcode: wire::MetaOpcode::Stat,
             handle: 0,
@@ -247,7 +247,7 @@ async fn a_batch_of_samples_reads_each_into_its_range_with_a_result_of_its_own()
             let (attr, n) = r.unwrap_or_else(|e| panic!("{transport}: sample {i}: {e}"));
             assert_eq!((attr.size, n), (contents[i].len() as u64, contents[i].len() as u64), "{transport}: {i}");
             let mut got = vec![0u8; contents[i].len()];
-            region.memory().read_at(i * slot as usize + 64, &mut got);
+            region.read_at(i * slot as usize + 64, &mut got);
             assert_eq!(got, contents[i], "{transport}: sample {i}'s bytes");
         }
         // A range too small for its header is refused by the agent, for that sample only.

@@ -322,7 +322,7 @@ fn write_in_place(agent: &AgentProcess, path: &str, data: &[u8]) {
         let options = dpuio_shim::ConnectOptions { data_plane: Some(Default::default()), ..agent.connect_options() };
         let client = dpuio_shim::Client::connect(options).await.unwrap();
         let mut region = client.register_region(4096, dpuio_shim::RegionAccess::ReadWrite).await.unwrap();
-        region.memory_mut().write_at(0, data);
+        region.write_at(0, data);
         let file = client.open(path, dpuio_shim::Access::ReadWrite).await.unwrap();
         assert_eq!(file.write_at(&region, data.len() as u64, 0).unwrap(), data.len() as u64);
         file.close().await.unwrap();

@@ -46,14 +46,14 @@ fn io_loop(client: &Client, runtime: &tokio::runtime::Runtime, stop: &AtomicBool
         let at = (i % CHUNKS) * CHUNK;
         let n = input.read_at(&region, at).unwrap_or_else(|e| panic!("iteration {i}: read: {e}"));
         assert_eq!(n, CHUNK, "iteration {i}: a short read");
-        region.memory().read_at(0, &mut chunk);
+        region.read_at(0, &mut chunk);
         assert!(
             chunk.iter().enumerate().all(|(k, b)| *b == pattern(0, at + k as u64)),
             "iteration {i}: /input reads back wrong at {at}"
         );
         let seed = i + 1;
         let data: Vec<u8> = (0..CHUNK).map(|k| pattern(seed, at + k)).collect();
-        region.memory_mut().write_at(0, &data);
+        region.write_at(0, &data);
         let request = dpuio_shim::Request { sync: true, ..output.write_request(&region, 0, CHUNK, at) };
         let done = client.submit_blocking(&[request]).unwrap_or_else(|e| panic!("iteration {i}: write: {e}"));
         assert_eq!(done[0].result, Ok(CHUNK), "iteration {i}: write");

@@ -34,6 +34,7 @@ pub mod local;
 mod path;
 mod rename;
 
+pub use dpuio_proto::attr::{Attr, DirEntry, EntryKind};
 pub use host_bytes::{HostBytes, HostBytesMut};
 pub use path::{MAX_NAME_BYTES, MAX_PATH_BYTES, NsPath, validate_name};
 pub use rename::{INTO_OWN_SUBTREE, check_rename, check_replace, invalid_rename};
@@ -130,35 +131,6 @@ fn integrity_place(block_index: &Option<u64>) -> String {
 
 /// Result with the backend [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
-
-/// Kind of an entry in a container.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryKind {
-    File,
-    Directory,
-}
-
-/// Attributes of one entry, as `stat` returns them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attr {
-    pub kind: EntryKind,
-    /// File size in bytes (0 for directories).
-    pub size: u64,
-    /// Permission bits (`0o755` style); informational, the agent enforces access itself.
-    pub mode: u32,
-    /// Last modification, nanoseconds since the Unix epoch.
-    pub mtime_ns: i64,
-    /// A number that identifies the entry within its container while it exists
-    /// (the inode number for `local`, the object id for DAOS).
-    pub object_id: u64,
-}
-
-/// One entry of a directory listing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirEntry {
-    pub name: String,
-    pub attr: Attr,
-}
 
 /// How a file is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -95,8 +95,8 @@ impl Exec<'_> {
             match step {
                 Step::Read { chunk, half } => {
                     let at = SCRATCH_BYTES + half * half_bytes;
-                    let dst = &mut staging.as_mut_slice()[at..][..chunk.length as usize];
-                    let read = timed(&self.times.read, || object.read_at(dst, chunk.file_offset));
+                    let dst = staging.bytes_mut(at, chunk.length as usize);
+                    let read = timed(&self.times.read, || object.read_into(dst, chunk.file_offset));
                     transfer.read(read.map_err(failure));
                 }
                 Step::Put { half, len, region_offset } => {
@@ -109,8 +109,8 @@ impl Exec<'_> {
                 }
                 Step::Flush => peer.endpoint.flush(FLUSH_TIMEOUT)?,
                 Step::Write { chunk } => {
-                    let src = &staging.as_slice()[SCRATCH_BYTES..][..chunk.length as usize];
-                    let wrote = timed(&self.times.write, || object.write_at(src, chunk.file_offset));
+                    let src = staging.bytes(SCRATCH_BYTES, chunk.length as usize);
+                    let wrote = timed(&self.times.write, || object.write_from(src, chunk.file_offset));
                     transfer.wrote(wrote.map_err(failure));
                 }
                 Step::Sync => transfer.synced(timed(&self.times.sync, || object.sync()).map_err(failure)),

@@ -204,8 +204,8 @@ impl HostAccess<'_> {
         }
         let mut done = 0u64;
         for c in validate::chunks(0, at, length, chunk_bytes as u64) {
-            let dst = &mut self.staging.as_mut_slice()[SCRATCH_BYTES..][..c.length as usize];
-            let read = object.read_at(dst, c.file_offset);
+            let dst = self.staging.bytes_mut(SCRATCH_BYTES, c.length as usize);
+            let read = object.read_into(dst, c.file_offset);
             if let Ok(n @ 1..) = read {
                 self.peer.endpoint.put(self.staging, SCRATCH_BYTES, n, region.addr + c.region_offset, &region.key)?;
                 self.peer.endpoint.flush(FLUSH_TIMEOUT)?;

@@ -1,8 +1,10 @@
 //! The ring engine, run for real (its thread, its I/O threads, the local backend in a
 //! temporary directory) over `fabric::testing`, the loopback test double of the
-//! transport: each test plays the host in this process, the way `host-shim` does over
-//! UCX (ring header, submission entries, a release store of `sq_tail`, a doorbell,
-//! completions found by their `seq` word), and checks bytes and statuses.
+//! transport: each test plays the host in this process with the host's own ring core,
+//! [`dpuio_proto::host_ring`], as `host-shim` does over UCX (ring header, submission
+//! entries, a release store of `sq_tail`, a doorbell, completions found by their `seq`
+//! word), and checks bytes and statuses. Hostile hosts store counters of their own
+//! making beside it.
 //!
 //! No UCX or libfabric worker is opened here: every worker is a `LoopbackWorker`, and
 //! the agent is [`TestAgent`], a test double of [`AgentView`].
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use dpuio_backend::local::LocalBackend;
 use dpuio_backend::{Attr, Backend, Container, NsPath, Object, OpenOptions};
+use dpuio_proto::host_ring::HostRing;
 use dpuio_proto::wire::{self, Completion, Opcode, Submission};
 use fabric::Transport;
 use fabric::any;
@@ -154,14 +157,12 @@ struct HostMemory {
     region: any::Region,
 }
 
-/// The host's side of one ring, as the shim keeps it.
+/// The host's side of one ring: the shim's ring core over the ring's memory.
 struct Ring {
     id: u32,
     session_id: u64,
     mem: HostMemory,
-    entries: u32,
-    sq_tail: u64,
-    cq_head: u64,
+    core: HostRing,
 }
 
 impl Host {
@@ -184,7 +185,7 @@ impl Host {
         let region = self.session.host_region(mem.id).unwrap();
         let ring = rig.dp.register_ring(&self.peer, id, region, 0, entries).unwrap();
         self.session.add_ring(ring, 64).unwrap();
-        Ring { id, session_id: self.session.id, mem, entries, sq_tail: 0, cq_head: 0 }
+        Ring { id, session_id: self.session.id, mem, core: HostRing::new(entries) }
     }
 
     fn handle(&self, object: Arc<dyn Object>) -> u64 {
@@ -204,26 +205,32 @@ impl Ring {
     }
 
     /// Writes the next entry (not yet visible to the agent: see [`Ring::publish`]).
+    /// The entry's `user_data` travels as a slot number, as from the shim; [`Ring::reap`]
+    /// gives it back.
     fn push(&mut self, sub: &Submission) {
-        assert!(self.sq_tail - self.cq_head < u64::from(self.entries), "the test overfilled its ring");
-        let at = wire::sqe_offset(self.entries, self.sq_tail);
-        self.mem.region.write_at(at, &sub.encode());
-        self.sq_tail += 1;
+        self.push_bytes(&sub.encode());
     }
 
-    fn publish(&self) {
-        self.mem().store_u64_release(wire::SQ_TAIL_OFFSET, self.sq_tail);
+    fn push_bytes(&mut self, entry: &[u8; wire::SQE_BYTES]) {
+        let pushed = self.core.push(entry, false).expect("the test overfilled its ring");
+        self.mem.region.write_at(pushed.offset, &pushed.bytes);
+    }
+
+    /// Makes the pushed entries visible (again, if a hostile store came between).
+    fn publish(&mut self) {
+        let submit = self.core.submit(Instant::now());
+        self.mem().store_u64_release(wire::SQ_TAIL_OFFSET, submit.sq_tail);
     }
 
     /// Publishes the entries pushed so far and rings the doorbell.
-    fn submit(&self, host: &Host) {
+    fn submit(&mut self, host: &Host) {
         self.publish();
         host.ring_doorbell(self);
     }
 
     /// The completion at `index` if the agent has posted it.
     fn posted(&self, index: u64) -> Option<Completion> {
-        let at = wire::cqe_offset(self.entries, index);
+        let at = wire::cqe_offset(self.core.entries(), index);
         if self.mem().load_u64_acquire(at + wire::CQE_SEQ_OFFSET) != index + 1 {
             return None;
         }
@@ -234,16 +241,19 @@ impl Ring {
 
     /// The next completion, waiting for it.
     fn reap(&mut self) -> Completion {
-        assert!(self.cq_head < self.sq_tail, "nothing submitted to reap");
-        let c = wait_for(|| self.posted(self.cq_head), "a completion");
-        self.cq_head += 1;
-        self.mem().store_u64_release(wire::CQ_HEAD_OFFSET, self.cq_head);
-        c
+        let next = self.core.next_completion().expect("nothing submitted to reap");
+        wait_for(|| (self.mem().load_u64_acquire(next.seq_offset) == next.seq).then_some(()), "a completion");
+        let mut bytes = [0u8; wire::CQE_BYTES];
+        self.mem().read_at(next.offset, &mut bytes);
+        let reaped = self.core.reap(&bytes).expect("the completion whose seq word was posted");
+        self.core.completed(Instant::now());
+        self.mem().store_u64_release(wire::CQ_HEAD_OFFSET, reaped.cq_head);
+        reaped.completion
     }
 
     /// Completions posted and not reaped, in ring order (some may still be missing).
     fn posted_count(&self) -> usize {
-        (self.cq_head..self.sq_tail).filter(|&i| self.posted(i).is_some()).count()
+        (self.core.cq_head()..self.core.sq_tail()).filter(|&i| self.posted(i).is_some()).count()
     }
 
     /// The agent's advisory `sq_head`: how many entries it has taken off the ring.
@@ -319,7 +329,7 @@ fn wrap_around(access: PeerAccess) {
     let shape = |i: u64| (i * 1237, i * 1536, 1000 + i); // file offset, region offset, length
     let (mut next, mut done) = (0u64, 0u64);
     while done < N {
-        while next < N && ring.sq_tail - ring.cq_head < u64::from(ring.entries) {
+        while next < N && ring.core.room() > 0 {
             let (file_offset, region_offset, length) = shape(next);
             let entry = if next % 3 == 2 {
                 data.region.write_at(region_offset as usize, &pattern(1000 + next, length as usize));
@@ -342,7 +352,7 @@ fn wrap_around(access: PeerAccess) {
             assert_eq!(written, pattern(1000 + done, len), "write {done} put the region's bytes in the file");
         } else {
             let want = &input[file_offset as usize..][..len];
-            assert_eq!(&data.region.as_slice()[at..at + len], want, "read {done} landed where asked");
+            assert_eq!(&copy(&data.region)[at..at + len], want, "read {done} landed where asked");
         }
         done += 1;
     }
@@ -410,7 +420,7 @@ fn hostile_indices(access: PeerAccess) {
         wait_for(|| rig.ring_state(&host, ring).1.then_some(()), name);
         assert_eq!(ring.posted_count(), 0, "{name}: no completion posted");
         let cq = wire::cqe_offset(8, 0);
-        assert!(ring.mem().as_slice()[cq..cq + 8 * wire::CQE_BYTES].iter().all(|&b| b == 0), "{name}: CQ untouched");
+        assert!(copy(ring.mem())[cq..cq + 8 * wire::CQE_BYTES].iter().all(|&b| b == 0), "{name}: CQ untouched");
         assert_eq!(ring.agent_sq_head(), 0, "{name}: nothing taken");
     }
     assert_eq!(rig.ring_state(&host, &full), (false, false));
@@ -432,7 +442,7 @@ fn hostile_indices(access: PeerAccess) {
         assert_eq!(ring.posted_count(), 0);
         assert_eq!(ring.agent_sq_head(), 0);
     }
-    assert_eq!(&data.region.as_slice()[1024..1324], &input[200..500]);
+    assert_eq!(&copy(&data.region)[1024..1324], &input[200..500]);
 }
 
 #[test]
@@ -476,7 +486,7 @@ fn batching(access: PeerAccess) {
     assert!(took < one_lap_per_scan / 2, "{N} entries took {took:?}: the engine waited between batches");
     for i in 0..u64::from(N) {
         let (file_offset, region_offset) = shape(i);
-        let got = &data.region.as_slice()[region_offset as usize..][..LEN];
+        let got = &copy(&data.region)[region_offset as usize..][..LEN];
         assert_eq!(got, &input[file_offset as usize..][..LEN], "entry {i}");
     }
 }
@@ -602,7 +612,7 @@ fn qos_parks_a_tenant_at_max_inflight_until_room_frees() {
         let c = ring.reap();
         assert_ok(&c, i, req);
         let range = (i * req) as usize..((i + 1) * req) as usize;
-        assert!(data.region.as_slice()[range.clone()] == input[range], "request {i}'s bytes");
+        assert!(copy(&data.region)[range.clone()] == input[range], "request {i}'s bytes");
     }
 }
 
@@ -643,19 +653,22 @@ fn transfer_errors_stop_only_that_peer() {
             ring.submit(&host);
             submitted += 1;
             wait_for(
-                || (host.peer.failed.load(Ordering::Relaxed) || ring.posted(ring.cq_head).is_some()).then_some(()),
+                || {
+                    (host.peer.failed.load(Ordering::Relaxed) || ring.posted(ring.core.cq_head()).is_some())
+                        .then_some(())
+                },
                 "a completion or the peer's failure",
             );
-            if ring.posted(ring.cq_head).is_some() {
-                let i = ring.cq_head;
+            if ring.posted(ring.core.cq_head()).is_some() {
+                let i = ring.core.cq_head();
                 assert_ok(&ring.reap(), i, REQ);
-                assert!(data.region.as_slice() == &input[(i * REQ) as usize..][..REQ as usize], "budget {budget}");
+                assert!(copy(&data.region) == input[(i * REQ) as usize..][..REQ as usize], "budget {budget}");
             }
         }
         let unfinished = submitted - 1;
         if ring.posted(unfinished).is_none() {
             let want = &input[(unfinished * REQ) as usize..][..REQ as usize];
-            let landed = data.region.as_slice().iter().zip(want).filter(|(a, b)| a == b).count();
+            let landed = copy(&data.region).iter().zip(want).filter(|(a, b)| a == b).count();
             // Chance matches aside (1 in 256 per byte), none of it or part of it.
             match landed as u64 {
                 n if n < REQ / 64 => before_payload |= unfinished == 0,
@@ -665,12 +678,12 @@ fn transfer_errors_stop_only_that_peer() {
         }
 
         // The healthy session is served all along.
-        let i = healthy_ring.sq_tail;
+        let i = healthy_ring.core.sq_tail();
         let offset = (budget % 4) * REQ;
         healthy_ring.push(&read(healthy_file, &healthy_data, offset, 0, REQ, i));
         healthy_ring.submit(&healthy);
         assert_ok(&healthy_ring.reap(), i, REQ);
-        assert!(healthy_data.region.as_slice() == &input[offset as usize..][..REQ as usize], "budget {budget}");
+        assert!(copy(&healthy_data.region) == input[offset as usize..][..REQ as usize], "budget {budget}");
         failed_hosts.push((host, ring, file, data));
     }
     assert!(before_payload, "some host failed before any payload moved");
@@ -680,7 +693,7 @@ fn transfer_errors_stop_only_that_peer() {
     let posted: Vec<usize> = failed_hosts.iter().map(|(_, ring, ..)| ring.posted_count()).collect();
     for (host, ring, file, data) in &mut failed_hosts {
         host.loopback.heal();
-        let i = ring.sq_tail;
+        let i = ring.core.sq_tail();
         ring.push(&read(*file, data, 0, 0, 512, i));
         ring.submit(host);
     }
@@ -765,7 +778,7 @@ fn fairness(access: PeerAccess, tenants: [&str; 2]) {
         }
     }
     for (tag, (_, _, data, input)) in sides.iter().enumerate() {
-        assert!(data.region.as_slice() == &input[..], "ring {tag}'s bytes");
+        assert!(copy(&data.region) == input[..], "ring {tag}'s bytes");
     }
 
     let log = lock(&log).clone();
@@ -821,9 +834,7 @@ fn metrics_count_completions(access: PeerAccess) {
     ring.push(&read(file, &data, size as u64 - 100, 0, 1000, 3));
     ring.push(&Submission { user_data: 4, ..sub(Opcode::Write, file, &data, 0, 0, 500) });
     ring.push(&read(file ^ 1, &data, 0, 0, 10, 5)); // a handle this session does not have
-    let at = wire::sqe_offset(ring.entries, ring.sq_tail); // garbage: no opcode to name
-    ring.mem.region.write_at(at, &[0xa5; wire::SQE_BYTES]);
-    ring.sq_tail += 1;
+    ring.push_bytes(&[0xa5; wire::SQE_BYTES]); // garbage (but for the slot): no opcode to name
     ring.submit(&host);
     let statuses: Vec<_> = (0..6).map(|_| wire::Status::from_i32(ring.reap().status)).collect();
     let ok = Some(wire::Status::Ok);
@@ -859,4 +870,10 @@ fn metrics_count_completions_mapped() {
 #[test]
 fn metrics_count_completions_put_get() {
     metrics_count_completions(PeerAccess::PutGet);
+}
+
+/// A copy of the memory `m` (shared with the engine, which may write it: read with a
+/// copy, never through a Rust slice).
+fn copy(m: &fabric::SharedMemory) -> Vec<u8> {
+    m.bytes(0, m.len()).to_vec()
 }

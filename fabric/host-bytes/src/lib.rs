@@ -32,9 +32,11 @@
 //!
 //! Why a crate of its own: both the data plane (`fabric`, which maps the memory) and
 //! the storage backends (`dpuio-backend` and the crates that implement it, which fill
-//! and drain it) need the type, and neither may depend on the other. It is the only
-//! `unsafe` below them: the constructor from a raw pointer, the copies, and the two
-//! system calls on the pointer.
+//! and drain it) need the type, and neither may depend on the other. The host's shim
+//! uses it too, for its own registered regions, which the agent writes while a request
+//! on them is in flight: the same shape on both sides of the ring. It is the only
+//! `unsafe` below them: the constructor from a raw pointer, the copies, and the system
+//! calls on the pointer.
 //!
 //! What it deliberately does not do: atomics or ordering (ring indices are words read
 //! and written with `fabric::SharedMemory`'s atomic accessors), mapping or keeping
@@ -167,6 +169,15 @@ impl<'a> HostBytes<'a> {
         let n = unsafe { libc::pwrite(fd.as_fd().as_raw_fd(), self.ptr.as_ptr().cast(), self.len, offset) };
         syscall_result(n)
     }
+
+    /// One `write(2)` of the bytes to `fd` at its file position (a pipe, a terminal, a
+    /// socket); returns the bytes written (possibly fewer: the caller loops, as with
+    /// [`std::io::Write::write`]). The kernel reads the memory directly.
+    pub fn write(&self, fd: impl AsFd) -> io::Result<usize> {
+        // SAFETY: as in pwrite.
+        let n = unsafe { libc::write(fd.as_fd().as_raw_fd(), self.ptr.as_ptr().cast(), self.len) };
+        syscall_result(n)
+    }
 }
 
 impl<'a> HostBytesMut<'a> {
@@ -284,6 +295,15 @@ impl<'a> HostBytesMut<'a> {
         // and the kernel writes at most len bytes through it; fd is a borrowed, open
         // descriptor for the call.
         let n = unsafe { libc::pread(fd.as_fd().as_raw_fd(), self.ptr.as_ptr().cast(), self.len, offset) };
+        syscall_result(n)
+    }
+
+    /// One `read(2)` from `fd` at its file position into the bytes (a pipe, a terminal,
+    /// a socket); returns the bytes read (possibly fewer; 0 at the end: the caller loops,
+    /// as with [`std::io::Read::read`]). The kernel writes the memory directly.
+    pub fn read(&mut self, fd: impl AsFd) -> io::Result<usize> {
+        // SAFETY: as in pread.
+        let n = unsafe { libc::read(fd.as_fd().as_raw_fd(), self.ptr.as_ptr().cast(), self.len) };
         syscall_result(n)
     }
 }
@@ -466,6 +486,20 @@ mod tests {
         let mut one = [0u8; 1];
         let err = HostBytesMut::from(&mut one[..]).pread(&file, u64::MAX).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn read_and_write_at_the_file_position() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        assert_eq!(HostBytes::from(&b"hello"[..]).slice(1..).write(&writer).unwrap(), 4);
+        drop(writer);
+        let mut buf = [0u8; 8];
+        let mut view = HostBytesMut::from(&mut buf[..]);
+        assert_eq!(view.slice_mut(2..).read(&reader).unwrap(), 4);
+        assert_eq!(view.read(&reader).unwrap(), 0, "the end");
+        assert_eq!(&buf, b"\0\0ello\0\0");
+        let err = HostBytes::from(&b"x"[..]).write(&reader).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF), "the read end of a pipe");
     }
 
     #[test]

@@ -218,6 +218,19 @@ pub fn unhex(s: &str) -> Vec<u8> {
 }
 
 /// Deterministic test payload: word k of a buffer is a hash of (seed, k).
+/// Fill all of `mem` with the pattern of `seed`, through a copy: the memory is shared
+/// with a peer, so it is written with copies, never through a Rust slice.
+pub fn fill_memory(mem: &mut fabric::SharedMemory, seed: u64) {
+    let mut bytes = vec![0u8; mem.len()];
+    fill_pattern(&mut bytes, seed);
+    mem.write_at(0, &bytes);
+}
+
+/// A copy of all of `mem` (shared with a peer: read with a copy, never a Rust slice).
+pub fn copy_of(mem: &fabric::SharedMemory) -> Vec<u8> {
+    mem.bytes(0, mem.len()).to_vec()
+}
+
 pub fn fill_pattern(buf: &mut [u8], seed: u64) {
     for (k, chunk) in buf.chunks_mut(8).enumerate() {
         let w = pattern_word(seed, k as u64).to_le_bytes();
@@ -293,7 +306,7 @@ pub fn serve_host<T: Transport + Clone + 'static>(t: T, mut extra: impl FnMut(&[
         match cmd[0].as_str() {
             "check" => {
                 let (seed, off, n) = (arg(&cmd, 1), arg(&cmd, 2) as usize, arg(&cmd, 3) as usize);
-                match check_pattern(&region.as_slice()[off..off + n], seed) {
+                match check_pattern(&region.bytes(off, n).to_vec(), seed) {
                     None => publish("check", "ok"),
                     Some(at) => publish("check", format!("mismatch at byte {at}")),
                 }

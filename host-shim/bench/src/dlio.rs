@@ -28,7 +28,9 @@ async fn prepare(client: &Client, sizes: &[u64]) -> dpuio_shim::Result<()> {
     }
     client.mkdir(&format!("{BENCH_DIR}/{DATASET}"), true).await?;
     let mut region = client.register_region(READ_CHUNK as usize, RegionAccess::ReadByAgent).await?;
-    rand::rngs::StdRng::seed_from_u64(4).fill(region.memory_mut().as_mut_slice());
+    let mut bytes = vec![0u8; region.len()];
+    rand::rngs::StdRng::seed_from_u64(4).fill(&mut bytes[..]);
+    region.write_at(0, &bytes);
     for (path, &size) in paths.iter().zip(sizes) {
         let file = client.create(path, false).await?;
         let requests: Vec<_> = (0..size.div_ceil(READ_CHUNK))

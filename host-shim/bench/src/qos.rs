@@ -114,7 +114,9 @@ async fn prepare(client: &Client, path: &str, bytes: u64) -> dpuio_shim::Result<
     let file = client.create(path, false).await?;
     const CHUNK: u64 = 1 << 20;
     let mut region = client.register_region(CHUNK as usize, RegionAccess::ReadByAgent).await?;
-    rand::rngs::StdRng::seed_from_u64(5).fill(region.memory_mut().as_mut_slice());
+    let mut random = vec![0u8; region.len()];
+    rand::rngs::StdRng::seed_from_u64(5).fill(&mut random[..]);
+    region.write_at(0, &random);
     let requests: Vec<_> = (0..bytes / CHUNK).map(|i| file.write_request(&region, 0, CHUNK, i * CHUNK)).collect();
     let c = client.clone();
     tokio::task::spawn_blocking(move || -> dpuio_shim::Result<()> {

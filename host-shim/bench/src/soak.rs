@@ -95,7 +95,7 @@ async fn round(c: &Client, dir: &str, k: u64, rng: &mut rand::rngs::StdRng, coun
     let mut region = c.register_region(1 << 20, RegionAccess::ReadWrite).await?;
     let mut outcome = Ok(());
     for (i, piece) in data.chunks(1 << 20).enumerate() {
-        region.memory_mut().as_mut_slice()[..piece.len()].copy_from_slice(piece);
+        region.write_at(0, piece);
         if let Err(e) = file.write_at(&region, piece.len() as u64, (i << 20) as u64) {
             outcome = Err(e);
             break;
@@ -104,7 +104,7 @@ async fn round(c: &Client, dir: &str, k: u64, rng: &mut rand::rngs::StdRng, coun
     if outcome.is_ok() {
         for (i, piece) in data.chunks(1 << 20).enumerate() {
             match file.read_at(&region, (i << 20) as u64) {
-                Ok(n) if n as usize == piece.len() && &region.memory().as_slice()[..piece.len()] == piece => {}
+                Ok(n) if n as usize == piece.len() && region.bytes(0, piece.len()).to_vec() == piece => {}
                 Ok(n) => {
                     outcome = Err(err(format!("{path}: block {i} read back {n} bytes that differ from those written")));
                     break;

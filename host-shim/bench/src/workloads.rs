@@ -368,7 +368,7 @@ async fn metadata(setup: &Setup, files: usize, seconds: f64, sample_batch: usize
         // Small-file samples: one open-read submission each, into a registered region
         // (no byte through this process's CPU).
         let mut region = client.register_region(SAMPLE_BYTES + 4096, dpuio_shim::RegionAccess::ReadWrite).await?;
-        region.memory_mut().write_at(0, &sample_bytes());
+        region.write_at(0, &sample_bytes());
         let samples: Vec<String> = (0..sample_count(files)).map(|i| format!("{dir}/s{i:05}")).collect();
         for n in &samples {
             let f = client.create(n, true).await?;
@@ -488,7 +488,7 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
         let mut regions = Vec::new();
         for _ in 0..DEPTH {
             let mut r = client.register_region(CHUNK as usize, RegionAccess::ReadWrite).await?;
-            r.memory_mut().write_at(0, &data);
+            r.write_at(0, &data);
             regions.push(r);
         }
         let meter = Meter::start(setup, name);
@@ -540,7 +540,9 @@ async fn prepare_file(client: &Client, file_bytes: u64) -> dpuio_shim::Result<()
     let file = client.create(BENCH_FILE, false).await?;
     const CHUNK: u64 = 4 << 20;
     let mut region = client.register_region(CHUNK as usize, RegionAccess::ReadByAgent).await?;
-    rand::rngs::StdRng::seed_from_u64(1).fill(region.memory_mut().as_mut_slice());
+    let mut bytes = vec![0u8; region.len()];
+    rand::rngs::StdRng::seed_from_u64(1).fill(&mut bytes[..]);
+    region.write_at(0, &bytes);
     let mut at = 0;
     while at < file_bytes {
         let n = CHUNK.min(file_bytes - at);

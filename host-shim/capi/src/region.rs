@@ -49,7 +49,7 @@ pub unsafe extern "C" fn dpuio_region_ptr(region: *const dpuio_region) -> *mut c
     ffi_value("dpuio_region_ptr", std::ptr::null_mut(), || {
         // SAFETY: see the header's rules.
         let r = unsafe { handles::get(region) }?;
-        Ok(r.region.get()?.memory().as_ptr().cast())
+        Ok(r.region.get()?.as_ptr().cast())
     })
 }
 

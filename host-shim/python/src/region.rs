@@ -59,7 +59,7 @@ pub struct PyRegion {
 
 impl PyRegion {
     pub(crate) fn new(session: Arc<Session>, region: RegisteredRegion) -> PyRegion {
-        let (ptr, len, id) = (region.memory().as_ptr() as usize, region.len(), region.id());
+        let (ptr, len, id) = (region.as_ptr() as usize, region.len(), region.id());
         PyRegion {
             inner: Arc::new(RegionInner { session, region: ProcessLocal::new(region) }),
             freed: AtomicBool::new(false),

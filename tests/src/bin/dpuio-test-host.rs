@@ -124,7 +124,9 @@ async fn stopped_read(agent: &str, transport: &str, path: &str, bytes: usize) ->
     let cpu_ns = (process_cpu_time() - cpu_before).as_nanos();
     let present = done.len() == 1;
     let result = done.first().map(|d| d.result);
-    let payload_ok = region.memory().as_slice().iter().enumerate().all(|(i, &b)| b == pattern(i as u64));
+    // A copy: if the completion is not there, the agent may still be writing the region.
+    let payload = region.bytes(0, region.len()).to_vec();
+    let payload_ok = payload.iter().enumerate().all(|(i, &b)| b == pattern(i as u64));
     println!("present={present} result={result:?} payload_ok={payload_ok} cpu_ns={cpu_ns}");
     if !present {
         // Let the request finish before the region goes away.
@@ -158,9 +160,9 @@ async fn integrity(
         let len = rng.random_range(1..=MAX_IO.min(file_bytes));
         let off = rng.random_range(0..=file_bytes - len);
         if rng.random_bool(0.5) {
-            let data = &mut region.memory_mut().as_mut_slice()[..len as usize];
+            let data = &mut model[off as usize..][..len as usize];
             rng.fill(data);
-            model[off as usize..][..len as usize].copy_from_slice(data);
+            region.write_at(0, data);
             let req = file.write_request(&region, 0, len, off);
             let done = tokio::task::block_in_place(|| c.submit_blocking(&[req])).map_err(|e| e.to_string())?;
             if done[0].result != Ok(len) {
@@ -172,7 +174,7 @@ async fn integrity(
             let got = done[0].result.map_err(|s| format!("read {len} at {off}: {s:?}"))?;
             // The file only grows through our writes; past its end a read is short.
             let want = &model[off as usize..][..got as usize];
-            if &region.memory().as_slice()[..got as usize] != want {
+            if region.bytes(0, got as usize).to_vec() != want {
                 return Err(format!("read {len} at {off}: data differs from what was written"));
             }
             checked += got;
@@ -188,7 +190,7 @@ async fn integrity(
         let req = file.read_request(&region, 0, len, reread);
         let done = tokio::task::block_in_place(|| c.submit_blocking(&[req])).map_err(|e| e.to_string())?;
         let got = done[0].result.map_err(|s| format!("final read at {reread}: {s:?}"))?;
-        digest_file = fnv(digest_file, &region.memory().as_slice()[..got as usize]);
+        digest_file = fnv(digest_file, &region.bytes(0, got as usize).to_vec());
         let expect_len = got as usize;
         digest_model = fnv(digest_model, &model[reread as usize..][..expect_len]);
         if got == 0 {
@@ -228,9 +230,8 @@ async fn overwrite_stream(agent: &str, path: &str, file_bytes: u64, seed: u64) -
         client.register_region(MAX_IO as usize, RegionAccess::ReadWrite).await.map_err(|e| e.to_string())?;
     let c = client.clone();
     let fill = |region: &mut dpuio_shim::RegisteredRegion, g: u64, off: u64, len: u64| {
-        for (k, b) in region.memory_mut().as_mut_slice()[..len as usize].iter_mut().enumerate() {
-            *b = generation_byte(g, off + k as u64);
-        }
+        let bytes: Vec<u8> = (0..len).map(|k| generation_byte(g, off + k)).collect();
+        region.write_at(0, &bytes);
     };
     let write = |region: &dpuio_shim::RegisteredRegion, off: u64, len: u64| {
         let req = file.write_request(region, 0, len, off);

@@ -8,10 +8,11 @@ mod forward;
 mod fuse;
 mod inodes;
 
-use std::io::{Read, Write};
+use std::io::Write;
+use std::os::fd::AsFd;
 
 use dpuio_shim::cli::ConnectArgs;
-use dpuio_shim::{Access, Attr, Client, ConnectOptions, DataPlaneOptions, EntryKind};
+use dpuio_shim::{Access, Attr, Client, ConnectOptions, DataPlaneOptions, EntryKind, HostBytes, HostBytesMut};
 
 /// Bytes per data-plane request of put/get/cat.
 const TRANSFER_CHUNK_BYTES: usize = 4 << 20;
@@ -341,7 +342,8 @@ async fn write_from(
         let mut requests = Vec::new();
         for _ in 0..TRANSFER_DEPTH {
             let mut buf = pool.get();
-            let n = read_full(input, buf.memory_mut().as_mut_slice()).map_err(|e| local_error(local, e))?;
+            let len = buf.len();
+            let n = read_full(input, buf.bytes_mut(0, len)).map_err(|e| local_error(local, e))?;
             if n == 0 {
                 break;
             }
@@ -367,9 +369,11 @@ async fn write_from(
     }
 }
 
-/// Have the agent read a file into registered buffers, then copy them to `out`.
-async fn get(client: &Client, remote: &str, mut out: impl Write, name: &str) -> Result<(), Failure> {
+/// Have the agent read a file into registered buffers, then write them to `out`
+/// (straight from the buffers: `write(2)` on them).
+async fn get(client: &Client, remote: &str, mut out: impl Write + AsFd, name: &str) -> Result<(), Failure> {
     let output = |error| Failure::Output { name: name.to_owned(), error };
+    out.flush().map_err(output)?; // nothing buffered may come after the file's bytes
     let file = client.open(remote, Access::ReadOnly).await?;
     let size = file.attr().size;
     let pool = client.region_pool(TRANSFER_CHUNK_BYTES, TRANSFER_DEPTH).await?;
@@ -387,7 +391,7 @@ async fn get(client: &Client, remote: &str, mut out: impl Write, name: &str) -> 
         let done = client.submit(requests).await?;
         for ((_, buf), d) in buffers.iter().zip(&done) {
             let n = d.result.map_err(|status| dpuio_shim::Error::Io { op: format!("read {remote}"), status })?;
-            if let Err(e) = out.write_all(&buf.memory().as_slice()[..n as usize]) {
+            if let Err(e) = write_all(&out, buf.bytes(0, n as usize)) {
                 let _ = file.close().await;
                 return Err(output(e));
             }
@@ -401,13 +405,30 @@ async fn get(client: &Client, remote: &str, mut out: impl Write, name: &str) -> 
     Ok(file.close().await?)
 }
 
-fn read_full(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Fill `buf` from `input` (`read(2)` straight into the region); fewer bytes only at
+/// the end of the input.
+fn read_full(input: &impl AsFd, mut buf: HostBytesMut<'_>) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
-        match input.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
+        match buf.slice_mut(n..).read(input) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(n)
+}
+
+/// Write all of `bytes` to `out` (`write(2)` straight from the region).
+fn write_all(out: &impl AsFd, mut bytes: HostBytes<'_>) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match bytes.write(out) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(k) => bytes = bytes.slice(k..),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,174 @@
+//! An open file: its handle, the calls on it, and its requests on the data plane.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use dpuio_proto::attr::Attr;
+use dpuio_proto::v1 as pb;
+use dpuio_proto::wire::Opcode;
+
+use super::namespace::Opened;
+use super::{Inner, ring};
+use crate::dataplane::{DataPlane, RegisteredRegion, Request};
+use crate::error::{Error, Result};
+use crate::resume::FileRecord;
+
+/// An open file handle.
+pub struct File {
+    inner: Arc<Inner>,
+    handle: u64,
+    path: String,
+    attr: Attr,
+    chunk_bytes: u64,
+}
+
+impl File {
+    /// A file the agent opened as `handle`: kept in the session's registry, to be
+    /// opened again under the same handle after an agent restart.
+    pub(super) fn opened(inner: &Arc<Inner>, opened: Opened, path: &str, write: bool) -> File {
+        let Opened { handle, attr, chunk_bytes } = opened;
+        inner.registry.add_file(handle, FileRecord { path: path.to_owned(), write });
+        File { inner: inner.clone(), handle, path: path.to_owned(), attr, chunk_bytes }
+    }
+
+    /// A control-plane call on this file's handle (see [`Client::call`]).
+    async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T>
+    where
+        F: Fn(u64) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.inner.control.call(op, true, f).await
+    }
+
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+    /// Attributes as of open.
+    pub fn attr(&self) -> &Attr {
+        &self.attr
+    }
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
+    /// Current attributes (over the ring when the session has a data plane).
+    pub async fn stat(&self) -> Result<Attr> {
+        let op = format!("stat {}", self.path);
+        self.inner.handle_namespace().stat_handle(&op, self.handle).await
+    }
+
+    /// Set the size through the handle (needs write access).
+    pub async fn truncate(&self, size: u64) -> Result<()> {
+        self.call(&format!("truncate {}", self.path), |session_id| {
+            let mut ns = self.inner.control.ns();
+            let request = pb::TruncateRequest {
+                session_id,
+                target: Some(pb::truncate_request::Target::Handle(self.handle)),
+                size,
+            };
+            async move { ns.truncate(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Make this file durable.
+    pub async fn sync(&self) -> Result<()> {
+        self.call(&format!("sync {}", self.path), |session_id| {
+            let mut ns = self.inner.control.ns();
+            let handle = self.handle;
+            async move { ns.sync(pb::SyncRequest { session_id, handle }).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// A request reading `length` bytes at `file_offset` into `region` at `region_offset`.
+    pub fn read_request(
+        &self,
+        region: &RegisteredRegion,
+        region_offset: u64,
+        length: u64,
+        file_offset: u64,
+    ) -> Request {
+        Request {
+            opcode: Opcode::Read,
+            handle: self.handle,
+            region_id: region.id(),
+            region_offset,
+            file_offset,
+            length,
+            sync: false,
+            user_data: file_offset,
+        }
+    }
+
+    /// A request writing `length` bytes from `region` at `region_offset` to `file_offset`.
+    pub fn write_request(
+        &self,
+        region: &RegisteredRegion,
+        region_offset: u64,
+        length: u64,
+        file_offset: u64,
+    ) -> Request {
+        Request { opcode: Opcode::Write, ..self.read_request(region, region_offset, length, file_offset) }
+    }
+
+    fn one(&self, op: &str, request: Request) -> Result<u64> {
+        let data = self.inner.data().ok_or_else(|| Error::DataPlane {
+            op: op.into(),
+            reason: "this client attached without a data plane; set ConnectOptions::data_plane".into(),
+        })?;
+        let done = data.run(&[request])?;
+        let d = done.first().ok_or_else(|| Error::Protocol { op: op.into(), reason: "no completion".into() })?;
+        d.result.map_err(|status| Error::Io { op: format!("{op} {}", self.path), status })
+    }
+
+    /// Read into the whole region at `file_offset`; returns the bytes read (short only
+    /// at end of file). Blocking: the agent puts the bytes straight into the region.
+    pub fn read_at(&self, region: &RegisteredRegion, file_offset: u64) -> Result<u64> {
+        self.one("read", self.read_request(region, 0, region.len() as u64, file_offset))
+    }
+
+    /// Write `length` bytes from the start of the region at `file_offset`. Blocking.
+    pub fn write_at(&self, region: &RegisteredRegion, length: u64, file_offset: u64) -> Result<u64> {
+        self.one("write", self.write_request(region, 0, length, file_offset))
+    }
+
+    /// Read from `data.len()` up to `size` bytes into `data` (the rest of a file
+    /// larger than one open-read answer).
+    pub(super) fn read_rest(&self, dp: &Arc<DataPlane>, data: &mut Vec<u8>, size: u64) -> Result<()> {
+        dp.read_through_ring(&format!("read {}", self.path), self.handle, data, size)
+    }
+
+    /// Close the handle over the ring, blocking (for calls that are blocking already).
+    pub(super) fn close_blocking(self, dp: &Arc<DataPlane>) -> Result<()> {
+        ring::close(dp, &format!("close {}", self.path), self.handle)
+    }
+
+    /// Close the handle; a written file is durable once this returns (over the ring
+    /// when the session has a data plane).
+    pub async fn close(self) -> Result<()> {
+        let op = format!("close {}", self.path);
+        self.inner.handle_namespace().close(&op, self.handle).await
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        // Closed, or no longer anyone's to use: not to be opened again on a resume.
+        self.inner.registry.remove_file(self.handle);
+    }
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("handle", &format_args!("{:#018x}", self.handle))
+            .field("path", &self.path)
+            .finish()
+    }
+}
