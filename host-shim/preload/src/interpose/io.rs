@@ -98,27 +98,28 @@ interpose_as! {
 }
 
 /// readv/preadv: one read per vector, stopping at a short one.
-fn do_readv(n: &Node, iov: &[libc::iovec], mut at: Option<u64>) -> Result<isize, PosixError> {
-    let mut total = 0isize;
-    for v in iov {
-        // SAFETY: each iovec names `iov_len` writable bytes (readv(2)'s contract).
-        let b = unsafe { buffer(v.iov_base, v.iov_len) };
-        let done = do_read(n, b, at)?;
-        total += done;
-        at = at.map(|a| a + done as u64);
-        if (done as usize) < v.iov_len {
-            break;
-        }
-    }
-    Ok(total)
+fn do_readv(n: &Node, iov: &[libc::iovec], at: Option<u64>) -> Result<isize, PosixError> {
+    vectored(iov, at, |b, at| do_read(n, b, at))
 }
 
-fn do_writev(n: &Node, iov: &[libc::iovec], mut at: Option<u64>) -> Result<isize, PosixError> {
+/// writev/pwritev: one write per vector, stopping at a short one.
+fn do_writev(n: &Node, iov: &[libc::iovec], at: Option<u64>) -> Result<isize, PosixError> {
+    vectored(iov, at, |b, at| do_write(n, b, at))
+}
+
+/// `op` on each vector in turn at `at` (advanced by what each moved), stopping at the
+/// first short one; the bytes moved.
+fn vectored(
+    iov: &[libc::iovec],
+    mut at: Option<u64>,
+    mut op: impl FnMut(&mut [u8], Option<u64>) -> Result<isize, PosixError>,
+) -> Result<isize, PosixError> {
     let mut total = 0isize;
     for v in iov {
-        // SAFETY: each iovec names `iov_len` readable bytes (writev(2)'s contract).
+        // SAFETY: each iovec names `iov_len` bytes the caller lets the call write (readv(2))
+        // or read (writev(2)).
         let b = unsafe { buffer(v.iov_base, v.iov_len) };
-        let done = do_write(n, b, at)?;
+        let done = op(b, at)?;
         total += done;
         at = at.map(|a| a + done as u64);
         if (done as usize) < v.iov_len {
