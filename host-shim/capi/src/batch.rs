@@ -88,14 +88,21 @@ pub unsafe extern "C" fn dpuio_batch_prep_read(
     file_offset: u64,
     user_data: u64,
 ) -> c_int {
-    ffi("dpuio_batch_prep_read", || {
-        // SAFETY: see the header's rules.
-        let (b, f, r) = unsafe { (handles::get_mut(batch)?, handles::get(file)?, handles::get(region)?) };
-        let req = request(DPUIO_OP_READ, 0, f, r, region_offset, length, file_offset, user_data)?;
-        same_client(b, f)?;
-        b.push(&req)?;
-        Ok(0)
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        prep_one(
+            "dpuio_batch_prep_read",
+            batch,
+            file,
+            region,
+            DPUIO_OP_READ,
+            0,
+            region_offset,
+            length,
+            file_offset,
+            user_data,
+        )
+    }
 }
 
 /// Prepare a write of `length` bytes from the region at `region_offset` to
@@ -114,10 +121,45 @@ pub unsafe extern "C" fn dpuio_batch_prep_write(
     flags: u32,
     user_data: u64,
 ) -> c_int {
-    ffi("dpuio_batch_prep_write", || {
+    // SAFETY: forwarded contract.
+    unsafe {
+        prep_one(
+            "dpuio_batch_prep_write",
+            batch,
+            file,
+            region,
+            DPUIO_OP_WRITE,
+            flags,
+            region_offset,
+            length,
+            file_offset,
+            user_data,
+        )
+    }
+}
+
+/// The body of `dpuio_batch_prep_read` and `dpuio_batch_prep_write` (`name`): one
+/// request of `opcode` pushed onto the batch.
+///
+/// # Safety
+/// As `dpuio_batch_prep_read`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn prep_one(
+    name: &str,
+    batch: *mut dpuio_batch,
+    file: *const dpuio_file,
+    region: *const dpuio_region,
+    opcode: u32,
+    flags: u32,
+    region_offset: u64,
+    length: u64,
+    file_offset: u64,
+    user_data: u64,
+) -> c_int {
+    ffi(name, || {
         // SAFETY: see the header's rules.
         let (b, f, r) = unsafe { (handles::get_mut(batch)?, handles::get(file)?, handles::get(region)?) };
-        let req = request(DPUIO_OP_WRITE, flags, f, r, region_offset, length, file_offset, user_data)?;
+        let req = request(opcode, flags, f, r, region_offset, length, file_offset, user_data)?;
         same_client(b, f)?;
         b.push(&req)?;
         Ok(0)

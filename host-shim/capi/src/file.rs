@@ -207,17 +207,8 @@ pub unsafe extern "C" fn dpuio_pread(
     file_offset: u64,
     bytes: *mut u64,
 ) -> c_int {
-    ffi("dpuio_pread", || {
-        // SAFETY: see the header's rules.
-        let (f, r) = unsafe { (handles::get(file)?, handles::get(region)?) };
-        let req = request(DPUIO_OP_READ, 0, f, r, region_offset, length, file_offset, 0)?;
-        let n = blocking_io(req, &f.session, f.file.get()?.path())?;
-        if !bytes.is_null() {
-            // SAFETY: non-null; the caller guarantees it is writable.
-            unsafe { put(bytes, n, "bytes") }?;
-        }
-        Ok(0)
-    })
+    // SAFETY: forwarded contract.
+    unsafe { blocking_call("dpuio_pread", file, region, DPUIO_OP_READ, 0, region_offset, length, file_offset, bytes) }
 }
 
 /// Write `length` bytes from the region at `region_offset` to `file_offset` and wait.
@@ -235,10 +226,33 @@ pub unsafe extern "C" fn dpuio_pwrite(
     flags: u32,
     bytes: *mut u64,
 ) -> c_int {
-    ffi("dpuio_pwrite", || {
+    // SAFETY: forwarded contract.
+    unsafe {
+        blocking_call("dpuio_pwrite", file, region, DPUIO_OP_WRITE, flags, region_offset, length, file_offset, bytes)
+    }
+}
+
+/// The body of `dpuio_pread` and `dpuio_pwrite` (`name`): one request of `opcode`, waited
+/// for, its byte count into `*bytes`.
+///
+/// # Safety
+/// As `dpuio_pread`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocking_call(
+    name: &str,
+    file: *const dpuio_file,
+    region: *const dpuio_region,
+    opcode: u32,
+    flags: u32,
+    region_offset: u64,
+    length: u64,
+    file_offset: u64,
+    bytes: *mut u64,
+) -> c_int {
+    ffi(name, || {
         // SAFETY: see the header's rules.
         let (f, r) = unsafe { (handles::get(file)?, handles::get(region)?) };
-        let req = request(DPUIO_OP_WRITE, flags, f, r, region_offset, length, file_offset, 0)?;
+        let req = request(opcode, flags, f, r, region_offset, length, file_offset, 0)?;
         let n = blocking_io(req, &f.session, f.file.get()?.path())?;
         if !bytes.is_null() {
             // SAFETY: non-null; the caller guarantees it is writable.
