@@ -76,18 +76,6 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("tests/src/lib.rs", &["arm64 daos_server", "daos netns hostile programs"]),
 ];
 
-/// Loops among the modules of an undeclared floor that are known and not yet broken,
-/// each with the modules it runs through: their owner is to break them (then the test
-/// fails until the entry goes). Arrows among these modules are left out of the loop
-/// check; every other arrow of the floor is checked as usual.
-const KNOWN_LOOPS: &[(&str, &str)] = &[
-    // entry and metadata share the entry head (entry_head, check_head), and their tests
-    // each other's samples; ring's and metadata's tests glob crate::wire::*.
-    ("proto/src/wire", "entry metadata ring"),
-    // ring names client::File (file's), file the ring module's functions.
-    ("host-shim/src/client", "file ring"),
-];
-
 /// One code token (comments and literals dropped) and the line it is on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Token {
@@ -582,18 +570,6 @@ fn floor_key(krate: &Crate, module: &[String]) -> String {
 fn check_floor(key: &str, g: &BTreeMap<String, BTreeMap<String, String>>, declared: Option<&[&str]>) -> Vec<String> {
     let mut problems = Vec::new();
     let Some(order) = declared else {
-        let mut g = g.clone();
-        if let Some((_, known)) = KNOWN_LOOPS.iter().find(|(k, _)| *k == key) {
-            if find_cycle(&g).is_none() {
-                problems.push(format!("{key}: its known loop ({known}) is gone: drop it from KNOWN_LOOPS"));
-            }
-            let known: Vec<&str> = known.split_whitespace().collect();
-            for (from, edges) in g.iter_mut().filter(|(m, _)| known.contains(&m.as_str())) {
-                println!("{key}: known loop, not checked: {from} -> {:?}", edges.keys().collect::<Vec<_>>());
-                edges.retain(|to, _| !known.contains(&to.as_str()));
-            }
-        }
-        let g = &g;
         if let Some(cycle) = find_cycle(g) {
             let steps: Vec<String> =
                 cycle.windows(2).map(|w| format!("    {} -> {} ({})", w[0], w[1], g[&w[0]][&w[1]])).collect();
@@ -689,9 +665,6 @@ fn every_crate_imports_downwards_only() {
             seen.insert(key.clone());
             problems.extend(check_floor(&key, g, order));
         }
-    }
-    for (key, _) in KNOWN_LOOPS.iter().filter(|(k, _)| !seen.contains(*k)) {
-        problems.push(format!("KNOWN_LOOPS names {key}, which is no module folder of the workspace: drop it"));
     }
     for key in declared.keys().filter(|k| !seen.contains(**k)) {
         problems.push(format!("FLOORS declares {key}, which is no crate root or module folder of the workspace"));

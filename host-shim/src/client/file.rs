@@ -4,11 +4,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 use dpuio_proto::attr::Attr;
+use dpuio_proto::host_ring::meta::OPEN_READ_BYTES;
 use dpuio_proto::v1 as pb;
-use dpuio_proto::wire::Opcode;
+use dpuio_proto::wire::{MetaOpcode, Opcode};
 
 use super::namespace::Opened;
-use super::{Inner, ring};
+use super::{Client, Inner, ring};
 use crate::dataplane::{DataPlane, RegisteredRegion, Request};
 use crate::error::{Error, Result};
 use crate::resume::FileRecord;
@@ -170,5 +171,26 @@ impl std::fmt::Debug for File {
             .field("handle", &format_args!("{:#018x}", self.handle))
             .field("path", &self.path)
             .finish()
+    }
+}
+
+impl Client {
+    /// The whole file at `path` in one submission where it fits the ring's answer
+    /// area (512 KiB): the agent opens it, reads it into this process's memory and
+    /// closes it. A larger file goes on with an open, reads and a close. Blocking on
+    /// the ring; without a data plane this fails like any data-plane call.
+    pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        let dp = self.data()?;
+        let (attr, mut data) = self.read_head(path, OPEN_READ_BYTES)?;
+        if (data.len() as u64) < attr.size && data.len() == OPEN_READ_BYTES {
+            // Longer than the answer area: read the rest through a handle.
+            let opened = ring::open(dp, &format!("open {path}"), path, MetaOpcode::Open, 0)?;
+            let file = File::opened(&self.inner, opened, path, false);
+            let rest = file.read_rest(dp, &mut data, attr.size);
+            let closed = file.close_blocking(dp);
+            rest?;
+            closed?;
+        }
+        Ok(data)
     }
 }

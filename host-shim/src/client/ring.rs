@@ -17,7 +17,7 @@ use tokio::runtime::RuntimeFlavor;
 
 use super::control::Control;
 use super::namespace::{Call, Listing, Namespace, Opened};
-use super::{Access, Client, File};
+use super::{Access, Client};
 use crate::dataplane::{AnswerTo, DataPlane, RegisteredRegion};
 use crate::error::{Error, Result};
 
@@ -270,7 +270,7 @@ fn readdir(
 }
 
 /// Open or create over the ring: the handle is an ordinary session handle.
-fn open(dp: &Arc<DataPlane>, op: &str, path: &str, opcode: MetaOpcode, flags: u16) -> Result<Opened> {
+pub(super) fn open(dp: &Arc<DataPlane>, op: &str, path: &str, opcode: MetaOpcode, flags: u16) -> Result<Opened> {
     let paths = [path];
     let call = on_path(opcode, flags, &paths);
     let header = dp.metadata(op, &call, AnswerTo::RING, |answer| meta_header(op, answer))?;
@@ -283,25 +283,6 @@ pub(super) fn close(dp: &Arc<DataPlane>, op: &str, handle: u64) -> Result<()> {
 
 /// What only a ring carries: a whole file, or a training sample, in one submission.
 impl Client {
-    /// The whole file at `path` in one submission where it fits the ring's answer
-    /// area (512 KiB): the agent opens it, reads it into this process's memory and
-    /// closes it. A larger file goes on with an open, reads and a close. Blocking on
-    /// the ring; without a data plane this fails like any data-plane call.
-    pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let dp = self.data()?;
-        let (attr, mut data) = self.read_head(path, meta::OPEN_READ_BYTES)?;
-        if (data.len() as u64) < attr.size && data.len() == meta::OPEN_READ_BYTES {
-            // Longer than the answer area: read the rest through a handle.
-            let opened = open(dp, &format!("open {path}"), path, MetaOpcode::Open, 0)?;
-            let file = File::opened(&self.inner, opened, path, false);
-            let rest = file.read_rest(dp, &mut data, attr.size);
-            let closed = file.close_blocking(dp);
-            rest?;
-            closed?;
-        }
-        Ok(data)
-    }
-
     /// The attributes of the file at `path` and its first bytes, at most `max_bytes`
     /// (up to 512 KiB - 64), in one submission: the agent opens it, reads them into this
     /// process's memory and closes it. The whole file when `attr.size` is the length

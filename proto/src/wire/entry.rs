@@ -1,7 +1,6 @@
 //! Submission entries (64 bytes: a read or write, or a metadata operation) and
 //! completion entries (32 bytes), with the statuses a completion carries.
 
-use super::metadata::{MetaOpcode, MetaSubmission};
 use super::{CQE_BYTES, SQE_BYTES, WIRE_VERSION, WireError, u16_at, u32_at, u64_at};
 
 /// What a submission asks for.
@@ -114,25 +113,6 @@ impl Submission {
     /// The user_data field of any 64 bytes, valid entry or not.
     pub fn peek_user_data(b: &[u8]) -> u64 {
         if b.len() >= 16 { u64_at(b, 8) } else { 0 }
-    }
-}
-
-/// One submission entry of either kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    /// A read or write of an open handle.
-    Io(Submission),
-    /// A namespace operation.
-    Meta(MetaSubmission),
-}
-
-impl Entry {
-    /// Decode any entry strictly (the opcode says which kind).
-    pub fn decode(b: &[u8]) -> Result<Entry, WireError> {
-        match b.get(2) {
-            Some(op) if MetaOpcode::from_u8(*op).is_some() => MetaSubmission::decode(b).map(Entry::Meta),
-            _ => Submission::decode(b).map(Entry::Io),
-        }
     }
 }
 
@@ -256,7 +236,9 @@ impl Completion {
 
 #[cfg(test)]
 pub(super) mod tests {
-    use crate::wire::*;
+    use super::super::WireError;
+    use super::super::ring::RingHeader;
+    use super::*;
 
     pub(crate) fn sample() -> Submission {
         Submission {

@@ -1,8 +1,9 @@
 //! Metadata entries: namespace operations whose request (paths) and answer
 //! (attributes, a handle, directory entries, file bytes) live in host regions the
-//! entry names, and the formats of both.
+//! entry names, and the formats of both; and [`Entry`], an entry of either kind (this
+//! room sits above `entry`, whose head it shares).
 
-use super::entry::{check_head, entry_head};
+use super::entry::{Submission, check_head, entry_head};
 use super::{SQE_BYTES, WireError, u16_at, u32_at, u64_at};
 use crate::reason::Reason;
 
@@ -81,6 +82,25 @@ pub struct MetaSubmission {
     pub request_length: u32,
     pub answer_length: u32,
     pub arg: u32,
+}
+
+/// One submission entry of either kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A read or write of an open handle.
+    Io(Submission),
+    /// A namespace operation.
+    Meta(MetaSubmission),
+}
+
+impl Entry {
+    /// Decode any entry strictly (the opcode says which kind).
+    pub fn decode(b: &[u8]) -> Result<Entry, WireError> {
+        match b.get(2) {
+            Some(op) if MetaOpcode::from_u8(*op).is_some() => MetaSubmission::decode(b).map(Entry::Meta),
+            _ => Submission::decode(b).map(Entry::Io),
+        }
+    }
 }
 
 impl MetaOpcode {

@@ -135,7 +135,7 @@ impl RingHeader {
 
 #[cfg(test)]
 mod tests {
-    use crate::wire::*;
+    use super::*;
 
     #[test]
     fn ring_windows_refuse_impossible_host_indices_across_the_wrap() {
