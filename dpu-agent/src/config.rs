@@ -32,6 +32,8 @@
 //! # create_containers = false           # true: a missing tenant container is created (POSIX)
 //! # chunk_bytes = 1048576               # chunk size of new files
 //! # object_class = ""                   # e.g. "SX", "RP_2G1"; empty: the container's default
+//! # retry_seconds = 120                 # how long a DAOS call failing transiently (an engine
+//! #                                     # gone, the pool map moving) is made again; 0: never
 //!
 //! [limits]
 //! max_sessions = 1024
@@ -293,10 +295,17 @@ pub struct DaosConfig {
     pub chunk_bytes: u64,
     /// Object class name of new files and directories; empty: the container's default.
     pub object_class: String,
+    /// How long a DAOS call that fails transiently is made again before the client
+    /// hears of it (0: never).
+    pub retry_seconds: u64,
 }
 
 /// The DAOS system name DAOS uses unless its servers are configured otherwise.
 pub const DEFAULT_DAOS_SYSTEM: &str = "daos_server";
+/// How long DAOS calls failing transiently are retried unless the config says: past
+/// DAOS's own RPC timeout (60 s) plus the time the system takes to exclude a dead engine
+/// (about 20 s), with room to spare. The shim waits longer than this for a completion.
+pub const DEFAULT_RETRY_SECONDS: u64 = 120;
 /// DFS's default chunk size.
 pub const DEFAULT_DAOS_CHUNK_BYTES: u64 = 1 << 20;
 

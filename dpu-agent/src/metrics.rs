@@ -604,6 +604,10 @@ pub trait Gauges: Send + Sync {
     fn tenants(&self) -> Vec<TenantGauges>;
     /// Every data-plane transport's figures now.
     fn transports(&self) -> Vec<TransportGauges>;
+    /// The DAOS client's retried calls since start (DAOS backend only).
+    fn daos_retries(&self) -> Option<dpuio_daos::RetryStats> {
+        None
+    }
 }
 
 /// One tenant's figures now.
@@ -679,7 +683,36 @@ impl Collector for GaugeCollector {
             "transport_malformed_doorbells",
             "Doorbells that failed the transport's own framing (ignored)",
             &malformed,
-        )
+        )?;
+        if let Some(r) = gauges.daos_retries() {
+            let counter = |n: u64| {
+                let c = Counter::<u64>::default();
+                c.inc_by(n);
+                c
+            };
+            let families = [
+                (
+                    "daos_retried_calls",
+                    "DAOS calls that failed transiently (engine gone, pool map moving) and were retried",
+                    r.retried_calls,
+                ),
+                ("daos_retries", "Retries of those calls (one call may be retried many times)", r.retries),
+                (
+                    "daos_recovered_calls",
+                    "Retried DAOS calls that then returned (succeeded, or failed for good)",
+                    r.recovered,
+                ),
+                (
+                    "daos_gave_up_calls",
+                    "Retried DAOS calls still failing at [backend] retry_seconds: answered UNAVAILABLE",
+                    r.gave_up,
+                ),
+            ];
+            for (name, help, n) in families {
+                encode_family(e, name, help, &counter(n))?;
+            }
+        }
+        Ok(())
     }
 }
 

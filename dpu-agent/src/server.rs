@@ -29,6 +29,7 @@ pub fn daos_options(daos: &DaosConfig) -> DaosOptions {
         create_containers: daos.create_containers,
         chunk_bytes: daos.chunk_bytes,
         object_class: daos.object_class.clone(),
+        retry: std::time::Duration::from_secs(daos.retry_seconds),
     }
 }
 

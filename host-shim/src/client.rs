@@ -403,7 +403,7 @@ impl Client {
 
     /// A batch of data-plane requests on a ring of its own (blocking calls).
     pub fn batch(&self) -> Result<Batch> {
-        Ok(self.data()?.batch())
+        self.data()?.batch()
     }
 
     fn data(&self) -> Result<&Arc<DataPlane>> {

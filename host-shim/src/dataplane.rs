@@ -66,6 +66,9 @@ pub(crate) struct DataPlane {
     /// Free rings of the current generation.
     rings: Mutex<Vec<Ring>>,
     ring_freed: Condvar,
+    /// Rings of the current generation given up by a batch whose requests the agent never
+    /// completed (it may still write into them): never handed out again.
+    abandoned: std::sync::atomic::AtomicUsize,
     options: DataPlaneOptions,
     /// Set when the keep-alive learns the session is gone: why (the agent's answer).
     ended: Mutex<Option<tonic::Status>>,
@@ -140,6 +143,7 @@ impl DataPlane {
     pub(crate) fn install(&self, new: Reattached) {
         let old = std::mem::replace(&mut *self.conn.write().unwrap_or_else(|p| p.into_inner()), Arc::new(new.conn));
         let stale = std::mem::replace(&mut *self.rings.lock().unwrap_or_else(|p| p.into_inner()), new.rings);
+        self.abandoned.store(0, std::sync::atomic::Ordering::Release);
         *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.live.resumed();
         self.ring_freed.notify_all();
@@ -152,14 +156,37 @@ impl DataPlane {
         &self.registry
     }
 
-    fn take_ring(&self) -> Ring {
+    fn take_ring(&self) -> Result<Ring> {
         let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(r) = rings.pop() {
-                return r;
+                return Ok(r);
+            }
+            if self.abandoned.load(std::sync::atomic::Ordering::Acquire) >= self.options.rings {
+                // Waiting would be for ever: no ring will come back.
+                return Err(Error::DataPlane {
+                    op: "take a ring".into(),
+                    reason: format!(
+                        "all {} rings of this session hold requests the agent never completed (see the earlier \
+                         timeouts); attach again (a new client or process) to go on",
+                        self.options.rings
+                    ),
+                });
             }
             rings = self.ring_freed.wait(rings).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// A batch gives up its ring for good (see [`DataPlane::abandoned`]); waiters for a
+    /// ring learn whether any is left.
+    fn abandon_ring(&self, ring: Ring) {
+        let rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        if ring.generation == self.conn().generation {
+            self.abandoned.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        std::mem::forget(ring);
+        drop(rings);
+        self.ring_freed.notify_all();
     }
 
     fn give_ring(&self, ring: Ring) {
@@ -203,9 +230,9 @@ impl DataPlane {
     }
 
     /// A batch on a ring of its own (see [`Batch`]).
-    pub(crate) fn batch(self: &Arc<Self>) -> Batch {
-        let ring = self.take_ring();
-        Batch { dp: self.clone(), ring: Some(ring), lost: Vec::new(), quiet: Default::default() }
+    pub(crate) fn batch(self: &Arc<Self>) -> Result<Batch> {
+        let ring = self.take_ring()?;
+        Ok(Batch { dp: self.clone(), ring: Some(ring), lost: Vec::new(), quiet: Default::default() })
     }
 
     /// Submit `requests` (any number: they go in ring-sized waves) and wait for all of
@@ -214,7 +241,7 @@ impl DataPlane {
         if let Some(status) = self.ended() {
             return Err(Error::from_status("submit", status));
         }
-        let mut batch = self.batch();
+        let mut batch = self.batch()?;
         let mut done = Vec::with_capacity(requests.len());
         let mut next = 0;
         while done.len() < requests.len() {

@@ -76,6 +76,8 @@ fn mount(args: &LibdfsArgs) -> Result<Arc<dyn Container>, String> {
         create_containers: false,
         chunk_bytes: dpuio_daos::DEFAULT_CHUNK_BYTES,
         object_class: String::new(),
+        // libdfs as a job would call it: no retries of its own.
+        retry: std::time::Duration::ZERO,
     })
     .map_err(|e| e.to_string())?;
     backend.mount(&args.container, false).map_err(|e| e.to_string())

@@ -22,6 +22,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use dpuio_backend::{
     Attr, Backend, Container, DirEntry, EntryKind, Error, HostBytes, HostBytesMut, INTO_OWN_SUBTREE, IoOp, IoQueue,
@@ -31,6 +32,7 @@ use dpuio_backend::{
 use crate::anchor::AnchorKey;
 use crate::dfs::{AsyncIo, EventQueue, Fs, Obj, Pool, Runtime, SetupError, Stat};
 use crate::error::{CallError, Code, der};
+use crate::retry::{self, Retry, Tries};
 use crate::sys::daos_anchor_t;
 
 /// DFS's default chunk size (`DFS_DEFAULT_CHUNK_SIZE`), also the data plane's split size.
@@ -65,6 +67,9 @@ pub struct DaosOptions {
     /// Object class name of new files and directories (`SX`, `RP_2G1`...); empty for
     /// the container's default.
     pub object_class: String,
+    /// How long a DAOS call that fails transiently (an engine gone, a pool map moving)
+    /// is made again before the client hears of it; zero: never.
+    pub retry: Duration,
 }
 
 /// Why a DAOS backend could not be opened.
@@ -147,7 +152,8 @@ impl Backend for DaosBackend {
     fn mount(&self, container: &str, create: bool) -> Result<Arc<dyn Container>> {
         let pool = &self.options.pool;
         let create = create && self.options.create_containers;
-        let fs = self.pool.mount(container, create).map_err(|e| {
+        let retry = Retry { deadline: self.options.retry };
+        let fs = retry.run(container, || self.pool.mount(container, create)).map_err(|e| {
             let what = format!("DAOS container {container:?} of pool {pool:?}");
             match e.code {
                 Code::Der(der::NONEXIST | der::NONEXIST_CONT) => Error::NoSuchContainer {
@@ -183,6 +189,7 @@ impl Backend for DaosBackend {
             chunk_bytes: self.options.chunk_bytes,
             object_class: self.object_class,
             anchors: self.anchors.clone(),
+            retry,
         }))
     }
 }
@@ -194,6 +201,7 @@ pub struct DaosContainer {
     chunk_bytes: u64,
     object_class: u32,
     anchors: Arc<AnchorKey>,
+    retry: Retry,
 }
 
 /// A DAOS failure at `path` as a backend error, with the DAOS name in the message.
@@ -210,9 +218,12 @@ fn map(path: &str, e: CallError) -> Error {
         Code::Errno(libc::EPERM | libc::EACCES) | Code::Der(der::NO_PERM) => {
             Error::Denied { what: path, reason: format!("{e}: check the container's ACL (daos container get-acl)") }
         }
-        Code::Errno(libc::EHOSTUNREACH | libc::ETIMEDOUT) | Code::Der(der::UNREACH | der::TIMEDOUT) => {
-            Error::Unavailable { what: path, reason: format!("{e}: check `dmg system query`") }
-        }
+        _ if retry::is_transient(&e) => Error::Unavailable {
+            what: path,
+            reason: format!(
+                "{e}, still failing at the retry deadline ([backend] retry_seconds): check `dmg system query`"
+            ),
+        },
         _ => io_error(&path, e),
     }
 }
@@ -263,7 +274,8 @@ impl DaosContainer {
     /// The open directory `path` (its stat checked to be a directory), opened
     /// read-write: DFS refuses entries made or removed through a read-only parent.
     fn dir(&self, path: &NsPath) -> Result<Obj> {
-        let (obj, st) = self.fs.lookup(path.as_str(), true).map_err(|e| map(path.as_str(), e))?;
+        let (obj, st) =
+            self.retry.run(path.as_str(), || self.fs.lookup(path.as_str(), true)).map_err(|e| map(path.as_str(), e))?;
         match kind_of(path.as_str(), &st)? {
             EntryKind::Directory => Ok(obj),
             EntryKind::File => Err(Error::NotADirectory { path: path.to_string() }),
@@ -281,7 +293,7 @@ impl DaosContainer {
 
     /// Stat of `name` in `parent`; `None` when it does not exist.
     fn probe(&self, parent: Option<&Obj>, name: &str, path: &NsPath) -> Result<Option<Stat>> {
-        match self.fs.stat(parent, name) {
+        match self.retry.run(path.as_str(), || self.fs.stat(parent, name)) {
             Ok(st) => Ok(Some(st)),
             Err(e) if e.code == Code::Errno(libc::ENOENT) => Ok(None),
             Err(e) => Err(map(path.as_str(), e)),
@@ -336,10 +348,12 @@ impl DaosContainer {
         let object_class = if layout.object_class != 0 { layout.object_class } else { self.object_class };
         let chunk_bytes = if layout.chunk_bytes != 0 { layout.chunk_bytes } else { self.chunk_bytes };
         let obj = self
-            .fs
-            .open(parent.as_ref(), name, libc::S_IFREG | (mode & 0o7777), flags, object_class, chunk_bytes)
+            .retry
+            .run(path.as_str(), || {
+                self.fs.open(parent.as_ref(), name, libc::S_IFREG | (mode & 0o7777), flags, object_class, chunk_bytes)
+            })
             .map_err(|e| map(path.as_str(), e))?;
-        Ok(DaosObject { obj, path: path.clone(), writable: options.write })
+        Ok(DaosObject { obj, path: path.clone(), writable: options.write, retry: self.retry })
     }
 }
 
@@ -353,7 +367,10 @@ impl Container for DaosContainer {
     }
 
     fn stat(&self, path: &NsPath) -> Result<Attr> {
-        let (obj, st) = self.fs.lookup(path.as_str(), false).map_err(|e| map(path.as_str(), e))?;
+        let (obj, st) = self
+            .retry
+            .run(path.as_str(), || self.fs.lookup(path.as_str(), false))
+            .map_err(|e| map(path.as_str(), e))?;
         with_object_id(attr(path.as_str(), &st)?, &obj, path)
     }
 
@@ -362,7 +379,9 @@ impl Container for DaosContainer {
             return Err(Error::AlreadyExists { path: path.to_string() });
         }
         let (parent, name) = self.parent(path)?;
-        self.fs.mkdir(parent.as_ref(), name, mode & 0o7777, self.object_class).map_err(|e| map(path.as_str(), e))?;
+        self.retry
+            .run(path.as_str(), || self.fs.mkdir(parent.as_ref(), name, mode & 0o7777, self.object_class))
+            .map_err(|e| map(path.as_str(), e))?;
         self.stat(path)
     }
 
@@ -382,7 +401,8 @@ impl Container for DaosContainer {
         let mut entries = Vec::new();
         while entries.len() < max && !position.is_eof() {
             let want = (max - entries.len()).min(READDIR_CALL_ENTRIES) as u32;
-            for (name, st) in self.fs.readdir(&dir, &mut position, want).map_err(|e| map(path.as_str(), e))? {
+            let batch = self.retry.run(path.as_str(), || self.fs.readdir(&dir, &mut position, want));
+            for (name, st) in batch.map_err(|e| map(path.as_str(), e))? {
                 let Ok(child) = path.join(&name) else {
                     tracing::warn!(container = self.name, dir = %path, name, "readdir: skipping a name dpuio cannot serve");
                     continue;
@@ -406,7 +426,9 @@ impl Container for DaosContainer {
             return Err(Error::InvalidArgument("/: the container root cannot be removed".to_owned()));
         }
         let (parent, name) = self.parent(path)?;
-        self.fs.remove(parent.as_ref(), name, recursive).map_err(|e| map(path.as_str(), e))
+        self.retry
+            .run(path.as_str(), || self.fs.remove(parent.as_ref(), name, recursive))
+            .map_err(|e| map(path.as_str(), e))
     }
 
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
@@ -422,7 +444,9 @@ impl Container for DaosContainer {
         if self.probe(dst_parent.as_ref(), dst_name, to)?.is_some() {
             return Err(Error::AlreadyExists { path: to.to_string() });
         }
-        self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name).map_err(|e| map(from.as_str(), e))
+        self.retry
+            .run(from.as_str(), || self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name))
+            .map_err(|e| map(from.as_str(), e))
     }
 
     fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
@@ -446,7 +470,9 @@ impl Container for DaosContainer {
         // environment both happen in one DAOS transaction; without it a crash between
         // the two leaves no entry at `to` (the new data stays under `from`): see
         // docs/daos.md.
-        self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name).map_err(|e| map(from.as_str(), e))
+        self.retry
+            .run(from.as_str(), || self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name))
+            .map_err(|e| map(from.as_str(), e))
     }
 
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
@@ -455,7 +481,7 @@ impl Container for DaosContainer {
     }
 
     fn sync(&self) -> Result<()> {
-        self.fs.sync().map_err(|e| map("/", e))
+        self.retry.run("/", || self.fs.sync()).map_err(|e| map("/", e))
     }
 }
 
@@ -518,11 +544,17 @@ impl IoQueue for DaosIoQueue {
             })
             .collect();
         let mut short = Vec::new();
+        let mut again = Vec::new();
         self.eq.run(&mut ops, &mut |k, result| {
             let (i, object) = (indices[k], objects[k]);
             match result {
                 Ok(n) if n > 0 && read_lens[k].is_some_and(|len| n < len) => short.push((k, n)),
                 Ok(n) => done(i, Ok(n)),
+                // An engine gone or the pool map moving: made again below, as blocking
+                // calls, until DAOS serves it or the retry deadline passes.
+                Err(e) if retry::is_transient(&e) && !object.retry.deadline.is_zero() => {
+                    again.push((k, Tries::start(object.path.as_str(), &e)))
+                }
                 Err(e) => done(i, Err(map(object.path.as_str(), e))),
             }
         });
@@ -535,6 +567,25 @@ impl IoQueue for DaosIoQueue {
             };
             done(i, rest.map(|m| n + m));
         }
+        for (k, tries) in again {
+            let (i, object) = (indices[k], objects[k]);
+            let offset = batch[i].offset;
+            let result = match &mut batch[i].op {
+                IoOp::Read(buf) => object.retry.resume(tries, || object.obj.read_at(buf.reborrow(), offset)),
+                IoOp::Write(buf) => {
+                    object.retry.resume(tries, || object.obj.write_at(*buf, offset).map(|()| buf.len()))
+                }
+            };
+            let result = result.map_err(|e| map(object.path.as_str(), e));
+            // A read that comes back short before the end of the file is finished as above.
+            let result = match (result, &mut batch[i].op) {
+                (Ok(n), IoOp::Read(buf)) if n > 0 && n < buf.len() => {
+                    object.read_into(buf.slice_mut(n..), offset + n as u64).map(|m| n + m)
+                }
+                (result, _) => result,
+            };
+            done(i, result);
+        }
         for i in others {
             done(i, batch[i].run_blocking());
         }
@@ -546,6 +597,7 @@ pub struct DaosObject {
     obj: Obj,
     path: NsPath,
     writable: bool,
+    retry: Retry,
 }
 
 impl DaosObject {
@@ -581,8 +633,8 @@ impl Object for DaosObject {
         // many chunks ever comes back short before it.
         while done < buf.len() {
             let n = self
-                .obj
-                .read_at(buf.slice_mut(done..), offset + done as u64)
+                .retry
+                .run(self.path.as_str(), || self.obj.read_at(buf.slice_mut(done..), offset + done as u64))
                 .map_err(|e| map(self.path.as_str(), e))?;
             if n == 0 {
                 break;
@@ -595,11 +647,11 @@ impl Object for DaosObject {
     /// `dfs_write` straight from the view: DAOS reads each byte once.
     fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         self.check_write(buf.len(), offset)?;
-        self.obj.write_at(buf, offset).map_err(|e| map(self.path.as_str(), e))
+        self.retry.run(self.path.as_str(), || self.obj.write_at(buf, offset)).map_err(|e| map(self.path.as_str(), e))
     }
 
     fn stat(&self) -> Result<Attr> {
-        let st = self.obj.stat().map_err(|e| map(self.path.as_str(), e))?;
+        let st = self.retry.run(self.path.as_str(), || self.obj.stat()).map_err(|e| map(self.path.as_str(), e))?;
         with_object_id(attr(self.path.as_str(), &st)?, &self.obj, &self.path)
     }
 
@@ -607,7 +659,7 @@ impl Object for DaosObject {
         if !self.writable {
             return Err(self.read_only("truncate"));
         }
-        self.obj.truncate(size).map_err(|e| map(self.path.as_str(), e))
+        self.retry.run(self.path.as_str(), || self.obj.truncate(size)).map_err(|e| map(self.path.as_str(), e))
     }
 
     fn sync(&self) -> Result<()> {

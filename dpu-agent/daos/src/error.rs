@@ -17,8 +17,17 @@ pub mod der {
     pub const UNREACH: i32 = 1006;
     pub const NOSPACE: i32 = 1007;
     pub const TIMEDOUT: i32 = 1011;
+    pub const BUSY: i32 = 1012;
+    pub const AGAIN: i32 = 1013;
+    pub const HG: i32 = 1020;
+    pub const EXCLUDED: i32 = 1032;
+    pub const GRPVER: i32 = 1036;
+    pub const STALE: i32 = 2007;
+    pub const NOTLEADER: i32 = 2008;
+    pub const TX_RESTART: i32 = 2025;
     pub const AGENT_INCOMPAT: i32 = 2029;
     pub const AGENT_COMM: i32 = 2034;
+    pub const NO_SERVICE: i32 = 2039;
     pub const NONEXIST_CONT: i32 = 2050;
 }
 

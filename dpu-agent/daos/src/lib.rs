@@ -12,6 +12,9 @@
 //!   `dfs_read`/`dfs_write` calls in flight for the duration of one batch.
 //! - [`error`]: DER codes (`daos_*`, negative) and errno (`dfs_*`, positive), kept with
 //!   the call and the DAOS name of the error.
+//! - `retry`: which DAOS failures are transient (an engine gone, a pool map moving) and
+//!   how long a call is made again before the client hears of it, with counts for the
+//!   agent's metrics.
 //! - `anchor`: readdir anchors handed to clients, authenticated DFS positions.
 //! - [`DaosBackend`]: the `dpuio_backend` traits over all of the above.
 //!
@@ -26,12 +29,14 @@ mod anchor;
 mod backend;
 mod dfs;
 pub mod error;
+mod retry;
 mod sys;
 
 // Public for the fuzz targets (fuzz/): a token is bytes from an untrusted host.
 pub use anchor::AnchorKey;
 pub use backend::{DEFAULT_CHUNK_BYTES, DaosBackend, DaosContainer, DaosOptions, OpenError};
 pub use dfs::{DEFAULT_AGENT_SOCKET_DIR, SetupError, default_agent_socket_dir, load_libraries, prefix_from_env};
+pub use retry::{RetryStats, retry_stats};
 pub use sys::{DAOS_ANCHOR_BYTES, daos_anchor_t};
 
 /// For tests: the DAOS name of a DER code (positive), as the loaded libgurt spells it.

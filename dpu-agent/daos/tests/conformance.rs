@@ -68,6 +68,7 @@ fn daos_backend() -> &'static DaosBackend {
             create_containers: true,
             chunk_bytes: dpuio_daos::DEFAULT_CHUNK_BYTES,
             object_class: String::new(),
+            retry: std::time::Duration::from_secs(120),
         })
         .unwrap_or_else(|e| panic!("DAOS is reachable but the backend did not open: {e}"))
     })
@@ -600,6 +601,15 @@ fn der_numbers_match_libgurt() {
         (der::UNREACH, "DER_UNREACH"),
         (der::NOSPACE, "DER_NOSPACE"),
         (der::TIMEDOUT, "DER_TIMEDOUT"),
+        (der::BUSY, "DER_BUSY"),
+        (der::AGAIN, "DER_AGAIN"),
+        (der::HG, "DER_HG"),
+        (der::EXCLUDED, "DER_EXCLUDED"),
+        (der::GRPVER, "DER_GRPVER"),
+        (der::STALE, "DER_STALE"),
+        (der::NOTLEADER, "DER_NOTLEADER"),
+        (der::TX_RESTART, "DER_TX_RESTART"),
+        (der::NO_SERVICE, "DER_NO_SERVICE"),
         (der::AGENT_INCOMPAT, "DER_AGENT_INCOMPAT"),
         (der::AGENT_COMM, "DER_AGENT_COMM"),
         (der::NONEXIST_CONT, "DER_CONT_NONEXIST"),

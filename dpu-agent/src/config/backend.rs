@@ -3,10 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use super::check::{Checker, check_daos_label, join};
-use super::{BackendConfig, DEFAULT_DAOS_CHUNK_BYTES, DEFAULT_DAOS_SYSTEM, DaosConfig};
+use super::{BackendConfig, DEFAULT_DAOS_CHUNK_BYTES, DEFAULT_DAOS_SYSTEM, DEFAULT_RETRY_SECONDS, DaosConfig};
 
 const LOCAL_KEYS: &[&str] = &["path"];
-const DAOS_KEYS: &[&str] = &["pool", "system", "agent_socket_dir", "create_containers", "chunk_bytes", "object_class"];
+const DAOS_KEYS: &[&str] =
+    &["pool", "system", "agent_socket_dir", "create_containers", "chunk_bytes", "object_class", "retry_seconds"];
 
 impl Checker {
     /// `[backend]` (absent: the local backend under `data_dir`). Keys of the other
@@ -114,6 +115,8 @@ impl Checker {
                 ),
             );
         }
+        let retry_seconds =
+            self.integer(t, "backend", "retry_seconds", 0, 3600).map_or(DEFAULT_RETRY_SECONDS, |n| n as u64);
         (self.issues.len() == issues).then(|| DaosConfig {
             pool: pool.unwrap_or_default(),
             system,
@@ -121,6 +124,7 @@ impl Checker {
             create_containers,
             chunk_bytes,
             object_class,
+            retry_seconds,
         })
     }
 }

@@ -153,6 +153,7 @@ fn daos_backend_parses_with_defaults_and_every_key() {
             create_containers: false,
             chunk_bytes: 1 << 20,
             object_class: String::new(),
+            retry_seconds: crate::config::DEFAULT_RETRY_SECONDS,
         })
     );
     let config = Config::parse(

@@ -93,4 +93,8 @@ impl Gauges for Agent {
     fn transports(&self) -> Vec<TransportGauges> {
         self.dataplane().map(|dp| dp.transport_gauges()).unwrap_or_default()
     }
+
+    fn daos_retries(&self) -> Option<dpuio_daos::RetryStats> {
+        (self.backend.kind() == "daos").then(dpuio_daos::retry_stats)
+    }
 }

@@ -202,7 +202,7 @@ impl Batch {
     /// Returns how many were submitted.
     pub fn submit(&mut self) -> Result<usize> {
         if self.ring().generation != self.dp.live.generation() {
-            self.move_to_new_session();
+            self.move_to_new_session()?;
         }
         let dp = self.dp.clone();
         let ring = self.ring();
@@ -217,11 +217,11 @@ impl Batch {
     /// submit there every entry this one had not completed (entries pushed and not
     /// yet submitted go too); those that cannot move complete with
     /// [`wire::Status::Lost`].
-    fn move_to_new_session(&mut self) {
-        let Some(mut old) = self.ring.take() else { return };
+    fn move_to_new_session(&mut self) -> Result<()> {
+        let Some(mut old) = self.ring.take() else { return Ok(()) };
         let pending = old.core.drain();
         drop(old); // the agent that served it is gone
-        let mut ring = self.dp.take_ring();
+        let mut ring = self.dp.take_ring()?;
         let moved = session::resubmit(pending, &mut ring.core);
         tracing::info!(moved = moved.writes.len(), lost = moved.lost.len(), "resubmitting on the resumed session");
         for write in moved.writes {
@@ -233,6 +233,7 @@ impl Batch {
             let _ = self.dp.ring_doorbell(&ring, submit.sq_tail);
         }
         self.ring = Some(ring);
+        Ok(())
     }
 
     /// Completions available now, without waiting.
@@ -332,7 +333,7 @@ impl Batch {
                 return Err(Error::DataPlane { op: "wait for completions".into(), reason: why });
             }
             if self.ring().generation != live.generation() {
-                self.move_to_new_session();
+                self.move_to_new_session()?;
                 return Ok(true);
             }
             // Quiet for a while: is the agent there?
@@ -354,7 +355,9 @@ impl Drop for Batch {
         let submitted = self.ring.as_ref().map_or(0, |r| r.core.submitted() as usize);
         if submitted > 0 && self.wait(submitted, self.dp.options.timeout).is_err() {
             // The agent may still write into this ring: never hand it out again.
-            let _ = self.ring.take().map(std::mem::forget);
+            if let Some(ring) = self.ring.take() {
+                self.dp.abandon_ring(ring);
+            }
             return;
         }
         if let Some(mut ring) = self.ring.take() {

@@ -88,7 +88,7 @@ impl DataPlane {
         if let Some(status) = self.ended() {
             return Err(Error::from_status(op, status)); // before taking a ring it would lose
         }
-        let mut batch = self.batch();
+        let mut batch = self.batch()?;
         let mut attempts = 0;
         let (answer_to, result) = loop {
             let ring = batch.ring();
@@ -146,7 +146,7 @@ impl DataPlane {
         }
         let lengths: Vec<usize> = requests.iter().map(Vec::len).collect();
         let mut results: Vec<Option<std::result::Result<u64, wire::Status>>> = vec![None; calls.len()];
-        let mut batch = self.batch();
+        let mut batch = self.batch()?;
         let mut next = 0;
         while next < calls.len() {
             let end = next + meta::group(&lengths[next..], batch.room() as u64);
@@ -206,7 +206,7 @@ impl DataPlane {
         data: &mut Vec<u8>,
         size: u64,
     ) -> Result<()> {
-        let mut batch = self.batch();
+        let mut batch = self.batch()?;
         while (data.len() as u64) < size {
             let ring = batch.ring();
             let at = meta::answer_offset(ring.core.entries());

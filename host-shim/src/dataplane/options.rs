@@ -42,7 +42,11 @@ impl Default for DataPlaneOptions {
             transports: std::env::var("DPUIO_TRANSPORT").unwrap_or_else(|_| "auto".into()),
             rings: std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(2, 16),
             ring_entries: 128,
-            timeout: Duration::from_secs(60),
+            // Longer than the agent takes to answer when its storage stalls: over DAOS
+            // it retries a call through an engine's loss for up to its retry_seconds
+            // (120 s by default) after DAOS's own 60 s RPC timeout. An agent that is
+            // gone is found by the keep-alive long before this.
+            timeout: Duration::from_secs(300),
             interface: std::env::var("DPUIO_INTERFACE").ok().filter(|i| !i.is_empty()),
         }
     }
@@ -213,6 +217,7 @@ impl Prepared {
             memory: MemoryClient::new(channel),
             rings: Mutex::new(Vec::new()),
             ring_freed: Condvar::new(),
+            abandoned: Default::default(),
             options: self.options,
             ended: Mutex::new(None),
             live,
