@@ -149,6 +149,15 @@ pub struct Client {
     limits: pb::Limits,
 }
 
+/// A task stopped when this is dropped (on every way out of a function).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl Client {
     /// Connect, attach and mount the tenant's container.
     pub async fn connect(options: ConnectOptions) -> Result<Client> {
@@ -194,6 +203,10 @@ impl Client {
             }
         };
         let session_id = attached.session_id;
+        // Until the supervisor runs, keep the lease: the mount waits on the storage, which
+        // may take minutes while DAOS rides out the loss of an engine.
+        let early_lease =
+            AbortOnDrop(tokio::spawn(supervise::keep_lease(session.clone(), session_id, attached.lease_ms)));
         let mounted = namespace
             .mount(pb::MountRequest { session_id, container: attached.container.clone() })
             .await
@@ -225,6 +238,7 @@ impl Client {
             offer,
             container: attached.container,
         });
+        drop(early_lease);
         Ok(Client {
             inner,
             tenant: attached.tenant,

@@ -6,6 +6,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use dpuio_proto::v1 as pb;
+use pb::session_client::SessionClient;
+use tonic::transport::Channel;
 
 use super::Inner;
 use crate::dataplane;
@@ -86,6 +88,18 @@ pub(super) async fn supervise(inner: Weak<Inner>, live: Arc<Liveness>, lease_ms:
             }
         }
         live.probed();
+    }
+}
+
+/// Renew the lease of `session_id` at a third of it, for ever (the caller aborts the
+/// task): while a new client mounts and sets up its data plane, before [`supervise`]
+/// runs. A failed renewal is left to the calls under way, which say why.
+pub(super) async fn keep_lease(mut session: SessionClient<Channel>, session_id: u64, lease_ms: u64) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(lease_ms.max(300) / 3)).await;
+        if let Err(e) = session.keep_alive(pb::KeepAliveRequest { session_id }).await {
+            tracing::debug!(error = %e, "keeping the lease while connecting");
+        }
     }
 }
 
