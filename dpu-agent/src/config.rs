@@ -42,6 +42,7 @@
 //! name = "default"
 //! container = "default"
 //! max_sessions = 64           # default: [limits] max_sessions
+//! object_class = "RP_2G1"     # DAOS only: this tenant's new files; default [backend] object_class
 //! [tenants.qos]               # 0 or absent: unlimited
 //! bytes_per_s = 1073741824
 //! ops_per_s = 100000
@@ -351,6 +352,9 @@ pub struct TenantConfig {
     /// Registered regions (and rings) per session of this tenant (`None`: `[limits]`).
     pub max_regions_per_session: Option<u32>,
     pub qos: QosConfig,
+    /// DAOS object class of this tenant's new files and directories (`RP_2G1`, `EC_2P1G1`);
+    /// empty: `[backend] object_class`.
+    pub object_class: String,
 }
 
 impl TenantConfig {
@@ -364,6 +368,7 @@ impl TenantConfig {
             max_handles_per_session: None,
             max_regions_per_session: None,
             qos: QosConfig::default(),
+            object_class: String::new(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Engine faults under a job: a real `dpu-agent` on a DAOS pool over three engines
 //! (`tests/daos-engines.sh up RUNDIR 3`, which `./x test`'s DAOS tier starts for this test
 //! after its one-engine system is down), a container with redundancy factor 1 at the rank
-//! level and replicated objects (`RP_2G1`), and a host job that reads a dataset and writes
+//! level and the tenant's files replicated (`[[tenants]] object_class = "RP_2G1"`), and a host job that reads a dataset and writes
 //! checkpoints through the shim while one engine is SIGKILLed, then started again and
 //! reintegrated. The job must see no error and no wrong byte; the stall is printed.
 //!
@@ -127,8 +127,9 @@ fn a_job_rides_out_the_loss_and_return_of_an_engine() {
     std::fs::write(
         &config,
         format!(
-            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\nobject_class = \"RP_2G1\"\n\n\
-             [metrics]\nlisten = \"127.0.0.1:0\"\n\n[[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n",
+            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\n\n\
+             [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
+             [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\nobject_class = \"RP_2G1\"\n",
             d.pool,
             d.socket_dir.display()
         ),
@@ -204,6 +205,14 @@ fn a_job_rides_out_the_loss_and_return_of_an_engine() {
         let path = format!("/ckpt/slot{}", step % CHECKPOINT_SLOTS);
         assert!(client.read_file(&path).unwrap() == checkpoint(step), "{path} is not step {step}'s checkpoint");
     }
+    // The tenant's object class, as DAOS itself reports it for a file the agent made.
+    let attr = Command::new("daos")
+        .args(["filesystem", "get-attr", &d.pool, &container, "--dfs-path=/ckpt/slot0"])
+        .output()
+        .expect("run daos");
+    let attr = String::from_utf8_lossy(&attr.stdout);
+    assert!(attr.contains("RP_2G1"), "a checkpoint's object class, says daos filesystem get-attr: {attr}");
+
     // What the agent says happened: its DAOS retry counters.
     let metrics = scrape(agent.process.metrics_addr().expect("[metrics] listen is set"));
     let figures: Vec<&str> = metrics.lines().filter(|l| l.starts_with("dpuio_daos_")).collect();

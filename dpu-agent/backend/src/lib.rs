@@ -163,6 +163,18 @@ pub trait Backend: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
     /// Open a container by name, creating it first if `create` is set.
     fn mount(&self, container: &str, create: bool) -> Result<Arc<dyn Container>>;
+    /// [`Backend::mount`], with the object class of the container's new files and
+    /// directories named (`RP_2G1`...; empty: the backend's default). A backend without
+    /// object classes refuses a name.
+    fn mount_with_class(&self, container: &str, create: bool, object_class: &str) -> Result<Arc<dyn Container>> {
+        if object_class.is_empty() {
+            return self.mount(container, create);
+        }
+        Err(Error::InvalidArgument(format!(
+            "container {container:?}: object class {object_class:?} is DAOS's; the {} backend has no object classes",
+            self.kind()
+        )))
+    }
     /// A queue for one I/O thread. The default runs each piece in turn with
     /// [`Object::read_at`] / [`Object::write_at`]; a backend with asynchronous I/O
     /// returns one that keeps a batch in flight.

@@ -150,6 +150,19 @@ impl Backend for DaosBackend {
     }
 
     fn mount(&self, container: &str, create: bool) -> Result<Arc<dyn Container>> {
+        self.mount_with_class(container, create, "")
+    }
+
+    fn mount_with_class(&self, container: &str, create: bool, object_class: &str) -> Result<Arc<dyn Container>> {
+        let object_class = match object_class {
+            "" => self.object_class,
+            name => self.pool.object_class(name).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "container {container:?}: object class {name:?} is not one this libdaos knows: use a name such as \
+                     SX, S1, RP_2G1 or EC_2P1G1 (see `daos container create --help`)"
+                ))
+            })?,
+        };
         let pool = &self.options.pool;
         let create = create && self.options.create_containers;
         let retry = Retry { deadline: self.options.retry };
@@ -187,7 +200,7 @@ impl Backend for DaosBackend {
             fs,
             name: container.to_owned(),
             chunk_bytes: self.options.chunk_bytes,
-            object_class: self.object_class,
+            object_class,
             anchors: self.anchors.clone(),
             retry,
         }))

@@ -272,6 +272,11 @@ fn is_nonexist(rc: c_int) -> bool {
 }
 
 impl Pool {
+    /// The DAOS object class id of a name such as `SX` or `RP_2G1`, if DAOS knows it.
+    pub fn object_class(&self, name: &str) -> Option<u32> {
+        self.rt.object_class(name)
+    }
+
     /// A new event queue of this process's DAOS runtime, for one I/O thread.
     pub fn event_queue(&self, depth: usize) -> Result<EventQueue, CallError> {
         EventQueue::new(self.rt.clone(), depth)

@@ -104,17 +104,7 @@ impl Checker {
             self.issue("backend.chunk_bytes", format!("{chunk_bytes} is not a multiple of 4096"));
         }
         let object_class = self.string(t, "backend", "object_class").unwrap_or_default();
-        if object_class.len() > 32
-            || !object_class.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-        {
-            self.issue(
-                "backend.object_class",
-                format!(
-                    "{object_class:?} is not a DAOS object class name such as \"SX\", \"S1\" or \"RP_2G1\" \
-                     (upper-case letters, digits and '_'); leave it out for the container's default"
-                ),
-            );
-        }
+        self.object_class("backend.object_class", &object_class, "the container's default");
         let retry_seconds =
             self.integer(t, "backend", "retry_seconds", 0, 3600).map_or(DEFAULT_RETRY_SECONDS, |n| n as u64);
         (self.issues.len() == issues).then(|| DaosConfig {
@@ -126,5 +116,19 @@ impl Checker {
             object_class,
             retry_seconds,
         })
+    }
+
+    /// Check the shape of an object class name at `key` (DAOS checks that it knows it
+    /// when the agent starts); `fallback` says what leaving it out means.
+    pub(super) fn object_class(&mut self, key: &str, name: &str, fallback: &str) {
+        if name.len() > 32 || !name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
+            self.issue(
+                key,
+                format!(
+                    "{name:?} is not a DAOS object class name such as \"SX\", \"S1\", \"RP_2G1\" or \"EC_2P1G1\" \
+                     (upper-case letters, digits and '_'); leave it out for {fallback}"
+                ),
+            );
+        }
     }
 }

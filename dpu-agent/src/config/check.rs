@@ -107,6 +107,21 @@ impl Checker {
                 self.issue("tenants", format!("expected an array of tables ([[tenants]]), found {}", other.type_str()))
             }
         }
+        // From the text, not `config.backend`: a DAOS section with mistakes of its own
+        // leaves the local default there.
+        let daos = root.get("backend").and_then(|b| b.get("kind")).and_then(toml::Value::as_str) == Some("daos");
+        if !daos {
+            for (i, t) in config.tenants.iter().enumerate().filter(|(_, t)| !t.object_class.is_empty()) {
+                self.issue(
+                    format!("tenants[{i}].object_class"),
+                    format!(
+                        "{:?}: object classes are DAOS's; the local backend has none (set [backend] kind = \"daos\", or \
+                         leave it out)",
+                        t.object_class
+                    ),
+                );
+            }
+        }
         config
     }
 

@@ -32,6 +32,7 @@ impl Checker {
                     "max_handles_per_session",
                     "max_regions_per_session",
                     "qos",
+                    "object_class",
                 ],
             );
             let max_sessions = self.integer(t, &prefix, "max_sessions", 1, 1 << 20).map(|n| n as u32);
@@ -55,6 +56,8 @@ impl Checker {
                     None
                 }
             };
+            let object_class = self.string(t, &prefix, "object_class").unwrap_or_default();
+            self.object_class(&join(&prefix, "object_class"), &object_class, "[backend] object_class");
             let name = self.string(t, &prefix, "name");
             let container = self.string(t, &prefix, "container");
             let (Some(name), Some(container)) = (name, container) else {
@@ -94,6 +97,7 @@ impl Checker {
                     max_handles_per_session,
                     max_regions_per_session,
                     qos,
+                    object_class,
                 });
             }
         }

@@ -175,6 +175,49 @@ fn daos_backend_parses_with_defaults_and_every_key() {
 }
 
 #[test]
+fn a_tenant_names_its_object_class_and_retries_have_a_bound() {
+    let config = Config::parse(
+        r#"
+        [backend]
+        kind = "daos"
+        pool = "tank"
+        retry_seconds = 30
+        [[tenants]]
+        name = "replicated"
+        container = "r"
+        object_class = "RP_2G1"
+        [[tenants]]
+        name = "plain"
+        container = "p"
+        "#,
+    )
+    .unwrap();
+    let BackendConfig::Daos(d) = &config.backend else { panic!("not daos") };
+    assert_eq!(d.retry_seconds, 30);
+    let classes: Vec<&str> = config.tenants.iter().map(|t| t.object_class.as_str()).collect();
+    assert_eq!(classes, ["RP_2G1", ""]);
+
+    let found = issues(
+        r#"
+        [backend]
+        kind = "daos"
+        pool = "tank"
+        retry_seconds = -1
+        [[tenants]]
+        name = "a"
+        container = "a"
+        object_class = "rp2"
+        "#,
+    );
+    let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["backend.retry_seconds", "tenants[0].object_class"], "{found:?}");
+    let local = issues("[[tenants]]\nname = \"a\"\ncontainer = \"a\"\nobject_class = \"RP_2G1\"\n");
+    assert_eq!(local.len(), 1, "{local:?}");
+    assert_eq!(local[0].key, "tenants[0].object_class");
+    assert!(local[0].reason.contains("local backend has none"), "{local:?}");
+}
+
+#[test]
 fn daos_backend_mistakes_are_all_named() {
     let found = issues(
         r#"

@@ -172,8 +172,14 @@ impl Agent {
         if let Some(c) = lock(&self.containers).get(name) {
             return Ok(c.clone());
         }
-        let mut mounted: Arc<dyn Container> =
-            Arc::new(TimedContainer::new(self.backend.mount(name, true)?, self.metrics.backend_times()));
+        // Tenants never share a container: its tenant's object class, if it names one.
+        let object_class = lock(&self.tenants)
+            .values()
+            .find(|t| t.container == name)
+            .map(|t| t.object_class.clone())
+            .unwrap_or_default();
+        let backend = self.backend.mount_with_class(name, true, &object_class)?;
+        let mut mounted: Arc<dyn Container> = Arc::new(TimedContainer::new(backend, self.metrics.backend_times()));
         // Wrapped once and cached: every open of a file must share the wrapper's
         // per-file state and locks.
         if let Some(settings) = lock(&self.encryption).get(name).cloned() {
