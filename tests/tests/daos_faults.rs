@@ -135,7 +135,19 @@ fn a_job_rides_out_the_loss_and_return_of_an_engine() {
         ),
     )
     .unwrap();
-    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    // The DAOS client's RPC timeout, 60 s by default, is how long a call to the dead
+    // engine waits before the client goes to a replica under the new pool map: most of
+    // the job's stall. A DPU deployment may set it lower; so does this test (the tier's
+    // time), and the stall it prints is with it. `DPUIO_FAULT_CRT_TIMEOUT=60` measures the default.
+    let crt_timeout = std::env::var("DPUIO_FAULT_CRT_TIMEOUT").unwrap_or_else(|_| "20".into());
+    let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
+    program.env("CRT_TIMEOUT", &crt_timeout);
+    let agent = AgentProcess::start_program(
+        program,
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let options = dpuio_shim::ConnectOptions { data_plane: Some(Default::default()), ..agent.connect_options() };
     let client = runtime.block_on(dpuio_shim::Client::connect(options)).unwrap();
@@ -188,8 +200,9 @@ fn a_job_rides_out_the_loss_and_return_of_an_engine() {
     let slowest = steps.iter().map(|s| s.took).max().unwrap_or_default();
     let typical = before.iter().map(|s| s.took).max().unwrap_or_default();
     eprintln!(
-        "engine fault: {} steps ({} before the kill, slowest of those {typical:.2?}); slowest step {slowest:.2?}; \
-         three degraded steps done {degraded:.1?} after the kill; rank {victim} back and rebuilt {:.1?} after it",
+        "engine fault (CRT_TIMEOUT={crt_timeout} s): {} steps ({} before the kill, slowest of those {typical:.2?}); \
+         slowest step {slowest:.2?}; three degraded steps done {degraded:.1?} after the kill; rank {victim} back and \
+         rebuilt {:.1?} after it",
         steps.len(),
         before.len(),
         back.duration_since(killed)
