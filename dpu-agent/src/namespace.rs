@@ -163,10 +163,16 @@ pub fn open_read(session: &Session, raw: &str) -> Result<(Arc<dyn Object>, Attr)
 
 /// Open (or create, as `options` say) the file at `raw` as a handle of the session:
 /// creating needs Create, and the access asked for needs Read or Write; a session has
-/// at most `max_handles` open. `claim`: the handle id to open it under (a resuming
-/// client's; 0 for a fresh one). Returns the handle, the file's attributes and its
-/// chunk size.
+/// at most `max_handles` open, and as many unfinished puts. `claim`: the handle id to
+/// open it under (a resuming client's; 0 for a fresh one). Returns the handle, the
+/// file's attributes and its chunk size.
+///
+/// A put's temporary file a session creates is noted before it is made, and a noted one
+/// it opens for writing is taken over (a client resuming its put after an agent
+/// restart): the agent removes it if the session ends before renaming it
+/// ([`crate::leftovers`]).
 pub fn open(
+    agent: &Agent,
     session: &Session,
     raw: &str,
     options: OpenOptions,
@@ -180,35 +186,55 @@ pub fn open(
     }
     let chunk_bytes =
         if options.layout.chunk_bytes == 0 { container.chunk_bytes() } else { options.layout.chunk_bytes };
-    let object = container.open(&p, options, mode)?;
-    let attr = object.stat()?;
+    let noted = options.create && agent.put_temp_creating(session, &p, max_handles)?;
+    let opened = container.open(&p, options, mode).and_then(|object| Ok((object.stat()?, object)));
+    let (attr, object) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            if noted {
+                agent.put_temp_gone(session, &p);
+            }
+            return Err(e.into());
+        }
+    };
+    if options.write && !options.create {
+        agent.put_temp_opened(session, &p);
+    }
     let handle = session.add_handle(object, max_handles, claim)?;
     Ok((handle, attr, chunk_bytes))
 }
 
 /// Remove the file or directory at `raw` (needs Delete); a directory with entries only
 /// when `recursive`.
-pub fn remove(session: &Session, raw: &str, recursive: bool) -> Result<()> {
+pub fn remove(agent: &Agent, session: &Session, raw: &str, recursive: bool) -> Result<()> {
     let container = session.container()?;
     let p = path("path", raw)?;
     session.rights.check(Op::Delete, &p)?;
-    Ok(container.remove(&p, recursive)?)
+    container.remove(&p, recursive)?;
+    agent.put_temp_gone(session, &p);
+    Ok(())
 }
 
 /// Rename `from` to `to`: Delete on the old name, Create on the new one. With
 /// `replace`, a file at `to` is replaced in one step (see [`replace_rights`]).
-pub fn rename(session: &Session, from: &str, to: &str, replace: bool) -> Result<()> {
+pub fn rename(agent: &Agent, session: &Session, from: &str, to: &str, replace: bool) -> Result<()> {
     let container = session.container()?;
     let (from, to) = (path("from", from)?, path("to", to)?);
     if !replace {
         session.rights.check(Op::Delete, &from)?;
         session.rights.check(Op::Create, &to)?;
-        return Ok(container.rename(&from, &to)?);
+        container.rename(&from, &to)?;
+    } else {
+        for (op, p) in replace_rights(&from, &to) {
+            session.rights.check(op, p)?;
+        }
+        container.replace(&from, &to)?;
     }
-    for (op, p) in replace_rights(&from, &to) {
-        session.rights.check(op, p)?;
-    }
-    Ok(container.replace(&from, &to)?)
+    // A put published (or a temporary file moved away, or replaced by another file):
+    // neither name holds a temporary file of the session's any more.
+    agent.put_temp_gone(session, &from);
+    agent.put_temp_gone(session, &to);
+    Ok(())
 }
 
 /// What a replacing rename of `from` onto `to` needs, in the order checked.
@@ -271,11 +297,11 @@ impl meta::Namespace for Agent {
             Request::Stat { path } => Reply::Attr(stat(&session, &path)?),
             Request::StatHandle { handle } => Reply::Attr(stat_handle(&session, handle)?),
             Request::Open { path, write, truncate } => {
-                opened(open(&session, &path, open_options(write, truncate)?, 0, max_handles, 0)?)
+                opened(open(self, &session, &path, open_options(write, truncate)?, 0, max_handles, 0)?)
             }
             Request::Create { path, exclusive, mode } => {
                 let (options, mode) = create_options(exclusive, mode, Layout::default());
-                opened(open(&session, &path, options, mode, max_handles, 0)?)
+                opened(open(self, &session, &path, options, mode, max_handles, 0)?)
             }
             Request::Close { handle } => {
                 session.io.close_handle(handle)?;

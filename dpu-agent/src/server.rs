@@ -15,6 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use crate::config::{BackendConfig, Config, DaosConfig};
 use crate::connection::{ClosedConnections, Tracked};
 use crate::dataplane::DataPlane;
+use crate::leftovers::{Leftovers, Register};
 use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::serve_error::ServeError;
 use crate::service::{MemoryService, NamespaceService, SessionService};
@@ -60,9 +61,17 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
             encryption.insert(tenant.container.clone(), settings);
         }
     }
+    let leftovers = recovered_leftovers(&config)?;
     let data_plane = config.data_plane.clone();
-    let agent =
-        Agent::assemble(Parts { config, tenants: merged.tenants, backend, tokens, persisted: Some(store), encryption });
+    let agent = Agent::assemble(Parts {
+        config,
+        tenants: merged.tenants,
+        backend,
+        tokens,
+        persisted: Some(store),
+        encryption,
+        leftovers,
+    });
     agent.prepare_containers().map_err(ServeError::Containers)?;
     if data_plane.enabled {
         if let Some(name) = &data_plane.interface {
@@ -121,6 +130,28 @@ fn persisted_settings(config: &Config) -> Result<(crate::persist::store::Store, 
         tracing::info!(state_file = %path.display(), tenants = changes, "applied the changes made with dpuctl");
     }
     Ok((store, merged))
+}
+
+/// The temporary files of puts the previous run noted and did not see end
+/// ([`crate::leftovers`]): unclaimed for one lease from now (a resumed session claims
+/// its own), then removed; the journal rewritten to list just them.
+fn recovered_leftovers(config: &Config) -> Result<Leftovers, ServeError> {
+    use crate::leftovers::journal::{self, Journal};
+    let path = journal::journal_file(&config.data_dir);
+    let (records, torn) = journal::load(&path).map_err(|e| ServeError::PutJournal(Box::new(e)))?;
+    if torn {
+        tracing::warn!(journal = %path.display(), "the last line of the journal of unfinished puts was cut short (a \
+            crash of the machine while it was written); dropped: that put's temporary file, if any, is not removed");
+    }
+    let register = Register::recovered(records, Instant::now() + Duration::from_millis(config.lease_ms));
+    let journal = Journal::create(&path, &register.records())
+        .map_err(|source| ServeError::PutJournalWrite { path: path.display().to_string(), source })?;
+    let (_, unclaimed) = register.counts();
+    if unclaimed > 0 {
+        tracing::info!(journal = %path.display(), temporary_files = unclaimed, lease_ms = config.lease_ms,
+            "puts the previous run left unfinished: their temporary files wait a lease for their clients to resume, then go");
+    }
+    Ok(Leftovers::with_journal(register, journal))
 }
 
 /// Where a started agent listens, for [`serve`]'s caller to report.
