@@ -328,6 +328,55 @@ impl meta::Namespace for Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::SessionRights;
+
+    /// An agent over the local backend in `dir`, serving tenant "a", with a mounted session.
+    fn agent_with_session(dir: &std::path::Path) -> (Agent, Arc<Session>) {
+        let config = crate::config::Config {
+            tenants: vec![crate::config::TenantConfig::new("a", "a")],
+            ..crate::config::Config::default()
+        };
+        let backend = dpuio_backend::local::LocalBackend::open(dir.to_owned()).unwrap();
+        let agent = Agent::new(config, Arc::new(backend));
+        let session = agent.attach("a", "test", SessionRights::full()).unwrap();
+        mount(&agent, &session, "").unwrap();
+        (agent, session)
+    }
+
+    #[test]
+    fn a_session_that_ends_takes_its_unfinished_puts_temporary_files_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (agent, session) = agent_with_session(dir.path());
+        let (create, mode) = create_options(false, 0, Layout::default());
+        let made = |path: &str| open(&agent, &session, path, create, mode, 8, 0).unwrap();
+        for path in ["/kept", "/.kept.dpuio-put.1", "/.left.dpuio-put.2", "/.gone.dpuio-put.3"] {
+            made(path);
+        }
+        rename(&agent, &session, "/.kept.dpuio-put.1", "/kept", true).unwrap();
+        remove(&agent, &session, "/.gone.dpuio-put.3", false).unwrap();
+        assert_eq!(agent.put_temps(), (1, 0));
+        let exists = |p: &str| session.container().unwrap().stat(&NsPath::parse(p).unwrap()).is_ok();
+        agent.detach(session.id).unwrap();
+        assert!(exists("/kept"), "a put renamed into place stays");
+        assert!(!exists("/.left.dpuio-put.2"), "the unfinished put's temporary file is gone");
+        assert_eq!(agent.metrics.put_temps_removed("a", "session_closed"), 1);
+        assert_eq!(agent.put_temps(), (0, 0));
+    }
+
+    #[test]
+    fn a_session_closed_by_the_agent_stopping_keeps_them_for_its_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let (agent, session) = agent_with_session(dir.path());
+        let (create, mode) = create_options(false, 0, Layout::default());
+        let (handle, _, _) = open(&agent, &session, "/.f.dpuio-put.1", create, mode, 8, 0).unwrap();
+        session.io.close_handle(handle).unwrap();
+        let e = open(&agent, &session, "/.g.dpuio-put.1", create, mode, 1, 0).unwrap_err();
+        assert!(e.to_string().contains("unfinished puts in this session"), "{e}");
+        assert!(session.container().unwrap().stat(&NsPath::parse("/.g.dpuio-put.1").unwrap()).is_err(), "not made");
+        agent.close_everything().unwrap();
+        assert!(session.container().unwrap().stat(&NsPath::parse("/.f.dpuio-put.1").unwrap()).is_ok());
+        assert_eq!(agent.put_temps(), (1, 0), "still noted (and in the journal), for the next start");
+    }
 
     #[test]
     fn a_replacing_rename_needs_what_a_put_in_place_needs() {
