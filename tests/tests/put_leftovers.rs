@@ -129,7 +129,7 @@ fn a_put_killed_mid_way_leaves_no_temporary_file_once_its_session_is_reaped() {
     let (mut child, writer, temp) = unfinished_put(&agent, setup.dir.path(), "/d", "model.pt");
     // While its session lives (a lease and more), the temporary file stays.
     std::thread::sleep(Duration::from_millis(LEASE_MS + 1000));
-    assert_eq!(temps_of(&agent, "/d", "model.pt"), [temp.clone()], "removed while its put still ran");
+    assert_eq!(temps_of(&agent, "/d", "model.pt"), std::slice::from_ref(&temp), "removed while its put still ran");
     child.kill().expect("SIGKILL dpuio put");
     child.wait().unwrap();
     drop(writer);
