@@ -3,13 +3,15 @@
 //! tenant's container (the `Container` trait, so on every backend), with a log line
 //! and a count for each.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use dpuio_backend::NsPath;
+use dpuio_backend::{Container, NsPath};
 
 use super::{Agent, Session};
 use crate::error::{Error, Result};
 use crate::leftovers::{Temp, Why};
+use crate::runtime::lock;
 
 impl Agent {
     /// `session` is about to create `path`: note it if it is a put's temporary file
@@ -45,10 +47,13 @@ impl Agent {
     /// (and, if the agent stops first, at its next start).
     pub(crate) fn remove_put_temps(&self, temps: Vec<Temp>, why: Why) {
         for temp in temps {
-            let removed = self.container(&temp.container).and_then(|c| match c.remove(&temp.path, false) {
-                Ok(()) => Ok(true),
-                Err(dpuio_backend::Error::NotFound { .. }) => Ok(false),
-                Err(e) => Err(e.into()),
+            let removed = self.container_to_clean(&temp.container).and_then(|c| match c {
+                None => Ok(false), // the container went, and the file with it
+                Some(c) => match c.remove(&temp.path, false) {
+                    Ok(()) => Ok(true),
+                    Err(dpuio_backend::Error::NotFound { .. }) => Ok(false),
+                    Err(e) => Err(e.into()),
+                },
             });
             let session = format!("{:#018x}", temp.session);
             match removed {
@@ -72,6 +77,20 @@ impl Agent {
                     self.leftovers.retry(temp, Instant::now() + self.lease());
                 }
             }
+        }
+    }
+
+    /// The container `name` to remove a temporary file from: the mounted one, else the
+    /// backend's, never created (a tenant's container destroyed since an earlier run
+    /// noted a file in it is not made again for this); `None` if it no longer exists.
+    fn container_to_clean(&self, name: &str) -> Result<Option<Arc<dyn Container>>> {
+        if let Some(c) = lock(&self.containers).get(name) {
+            return Ok(Some(c.clone()));
+        }
+        match self.backend.mount(name, false) {
+            Ok(c) => Ok(Some(c)),
+            Err(dpuio_backend::Error::NoSuchContainer { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
