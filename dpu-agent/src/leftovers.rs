@@ -248,6 +248,17 @@ impl Register {
         out
     }
 
+    /// Every unclaimed temporary file now waits until `until`: a start counts the lease
+    /// from when the agent serves, not from when it read the journal (opening a DAOS
+    /// backend and its containers takes a while, and clients cannot claim meanwhile).
+    pub fn wait_until(&mut self, until: Instant) {
+        for e in self.temps.values_mut() {
+            if let Owner::Unclaimed { until: u } = &mut e.owner {
+                *u = until;
+            }
+        }
+    }
+
     /// Note `temp` again, unclaimed until `until` (its removal failed: try again then).
     pub fn retry(&mut self, temp: Temp, until: Instant) {
         let entry = Entry { session: temp.session, tenant: temp.tenant, owner: Owner::Unclaimed { until } };
@@ -360,6 +371,11 @@ impl Leftovers {
         self.journal(&r, &Record::Gone { container: temp.container.clone(), path: temp.path.clone() });
     }
 
+    /// See [`Register::wait_until`].
+    pub fn wait_until(&self, until: Instant) {
+        lock(&self.register).wait_until(until);
+    }
+
     /// See [`Register::retry`].
     pub fn retry(&self, temp: Temp, until: Instant) {
         lock(&self.register).retry(temp, until);
@@ -432,6 +448,9 @@ mod tests {
         assert_eq!(r.opened_for_write(9, "t", "c", &p("/.a.dpuio-put.1")), Some(Record::Made(t(9, "/.a.dpuio-put.1"))));
         assert_eq!(r.opened_for_write(10, "t", "c", &p("/.a.dpuio-put.1")), None, "claimed once");
         assert!(r.due(start).is_empty(), "nothing before the lease is over");
+        r.wait_until(until + Duration::from_secs(5));
+        assert!(r.due(until).is_empty(), "the lease counted from when the agent serves");
+        let until = until + Duration::from_secs(5);
         assert_eq!(r.due(until), vec![t(2, "/.c.dpuio-put.1")]);
         assert_eq!(r.session_ended(9), vec![t(9, "/.a.dpuio-put.1")]);
         r.retry(t(2, "/.c.dpuio-put.1"), until + Duration::from_secs(30));

@@ -133,8 +133,9 @@ fn persisted_settings(config: &Config) -> Result<(crate::persist::store::Store, 
 }
 
 /// The temporary files of puts the previous run noted and did not see end
-/// ([`crate::leftovers`]): unclaimed for one lease from now (a resumed session claims
-/// its own), then removed; the journal rewritten to list just them.
+/// ([`crate::leftovers`]): unclaimed for one lease from when the agent serves (a resumed
+/// session claims its own; [`Agent::serving_from`]), then removed; the journal rewritten
+/// to list just them.
 fn recovered_leftovers(config: &Config) -> Result<Leftovers, ServeError> {
     use crate::leftovers::journal::{self, Journal};
     let path = journal::journal_file(&config.data_dir);
@@ -257,6 +258,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
         None => None,
     };
 
+    agent.serving_from(Instant::now());
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
     let (closed_tx, closed_rx) = tokio::sync::mpsc::unbounded_channel();
     let orphans = tokio::spawn(reap_orphans(agent.clone(), closed_rx));

@@ -103,6 +103,12 @@ impl Agent {
         }
     }
 
+    /// The agent serves from now on: the unclaimed temporary files an earlier run noted
+    /// are removed a lease from now, unless resumed sessions claim them first.
+    pub fn serving_from(&self, now: Instant) {
+        self.leftovers.wait_until(now + self.lease());
+    }
+
     /// Temporary files of unfinished puts noted now: held by a session, and unclaimed.
     pub fn put_temps(&self) -> (usize, usize) {
         self.leftovers.counts()
