@@ -322,21 +322,24 @@ impl Leftovers {
         }
     }
 
-    /// See [`Register::create`]; the note is in the journal, durable, before this
-    /// returns. `Ok(true)`: a fresh note, to [`Leftovers::gone`] if the Create fails.
+    /// See [`Register::create`]; the note is in the journal (written, flushed to disk by
+    /// [`Leftovers::flush`]) before this returns. `Ok(true)`: a fresh note, to
+    /// [`Leftovers::gone`] if the Create fails.
     pub fn create(&self, session: u64, tenant: &str, container: &str, path: &NsPath, limit: u32) -> Result<bool, u32> {
-        let noted = {
-            let mut r = lock(&self.register);
-            let Some(noted) = r.create(session, tenant, container, path, limit)? else { return Ok(false) };
-            self.journal(&r, &noted.record);
-            noted
-        };
-        if let Some(j) = &self.journal
-            && let Err(e) = j.sync()
-        {
-            tracing::error!(journal = %j.path().display(), error = %e, "cannot make the journal of unfinished puts durable");
-        }
+        let mut r = lock(&self.register);
+        let Some(noted) = r.create(session, tenant, container, path, limit)? else { return Ok(false) };
+        self.journal(&r, &noted.record);
         Ok(noted.fresh)
+    }
+
+    /// Flush the journal to disk if it changed (every [`journal::FLUSH_EVERY`], and at
+    /// shutdown).
+    pub fn flush(&self) {
+        if let Some(j) = &self.journal
+            && let Err(e) = j.flush()
+        {
+            tracing::error!(journal = %j.path().display(), error = %e, "cannot flush the journal of unfinished puts to disk");
+        }
     }
 
     /// See [`Register::opened_for_write`]; returns whether the session claimed it.

@@ -260,6 +260,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
 
     agent.serving_from(Instant::now());
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
+    let flusher = tokio::spawn(flush_put_journal(agent.clone()));
     let (closed_tx, closed_rx) = tokio::sync::mpsc::unbounded_channel();
     let orphans = tokio::spawn(reap_orphans(agent.clone(), closed_rx));
     let signalled = shutdown_signal(agent.clone())?;
@@ -295,6 +296,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
 
     reaper.abort();
     orphans.abort();
+    flusher.abort();
     if let Some((_, served)) = metrics {
         served.stop().await;
     }
@@ -312,6 +314,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
     if let Some(dp) = agent.dataplane() {
         dp.shutdown();
     }
+    agent.flush_put_journal();
     tracing::info!(sessions, "stopped: sessions closed, containers synced");
     Ok(())
 }
@@ -423,6 +426,15 @@ async fn reap_orphans(agent: Arc<Agent>, mut closed: tokio::sync::mpsc::Unbounde
                 }
             }
         });
+    }
+}
+
+/// Flush the journal of unfinished puts to disk when it changed, once a second.
+async fn flush_put_journal(agent: Arc<Agent>) {
+    loop {
+        tokio::time::sleep(crate::leftovers::journal::FLUSH_EVERY).await;
+        let flushing = agent.clone();
+        let _ = tokio::task::spawn_blocking(move || flushing.flush_put_journal()).await;
     }
 }
 

@@ -109,6 +109,11 @@ impl Agent {
         self.leftovers.wait_until(now + self.lease());
     }
 
+    /// Flush the journal of unfinished puts to disk if it changed.
+    pub fn flush_put_journal(&self) {
+        self.leftovers.flush();
+    }
+
     /// Temporary files of unfinished puts noted now: held by a session, and unclaimed.
     pub fn put_temps(&self) -> (usize, usize) {
         self.leftovers.counts()
