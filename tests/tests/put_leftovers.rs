@@ -5,8 +5,10 @@
 //!
 //! An unfinished put is made real: `dpuio put` from a FIFO that the test opens and never
 //! writes, so the CLI has created its temporary file and waits for bytes; it is then
-//! killed with SIGKILL. Runs on the local backend, or on DAOS with
-//! `DPUIO_TEST_BACKEND=daos` (the same calls, through the backend trait).
+//! killed with SIGKILL. Both ways a Create reaches the agent are exercised: the CLI puts
+//! over the data plane (a ring metadata entry), the in-process client has none (gRPC).
+//! Runs on the local backend, or on DAOS with `DPUIO_TEST_BACKEND=daos` (the same calls,
+//! through the backend trait).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -18,27 +20,31 @@ use dpuio_tests::{AgentProcess, StorageUnderTest, ok_stdout};
 
 /// Short, so that what waits a lease waits 2 s.
 const LEASE_MS: u64 = 2000;
+/// For the client that must resume within a lease of the restarted agent serving: room
+/// for a loaded machine.
+const RESUME_LEASE_MS: u64 = 5000;
 
 struct Setup {
     dir: tempfile::TempDir,
     /// Kept for the test's length: on DAOS, its containers go when it is dropped.
     _storage: StorageUnderTest,
     config: PathBuf,
+    lease_ms: u64,
 }
 
 impl Setup {
-    fn new(test: &str) -> Setup {
+    fn new(test: &str, lease_ms: u64) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let storage = StorageUnderTest::new(test, dir.path());
         let config = dir.path().join("agent.toml");
         let text = format!(
-            "[agent]\nlease_ms = {LEASE_MS}\n[metrics]\nlisten = \"127.0.0.1:0\"\n{}[[tenants]]\nname = \"default\"\n\
+            "[agent]\nlease_ms = {lease_ms}\n[metrics]\nlisten = \"127.0.0.1:0\"\n{}[[tenants]]\nname = \"default\"\n\
              container = \"{}\"\n",
             storage.backend_config(),
             storage.container("leftovers")
         );
         std::fs::write(&config, text).unwrap();
-        Setup { dir, _storage: storage, config }
+        Setup { dir, _storage: storage, config, lease_ms }
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -123,12 +129,12 @@ fn removed(agent: &AgentProcess, reason: &str) -> u64 {
 
 #[test]
 fn a_put_killed_mid_way_leaves_no_temporary_file_once_its_session_is_reaped() {
-    let setup = Setup::new("killed");
+    let setup = Setup::new("killed", LEASE_MS);
     let agent = setup.start(None);
     ok_stdout(&agent.cli(&["mkdir", "-p", "/d"]));
     let (mut child, writer, temp) = unfinished_put(&agent, setup.dir.path(), "/d", "model.pt");
     // While its session lives (a lease and more), the temporary file stays.
-    std::thread::sleep(Duration::from_millis(LEASE_MS + 1000));
+    std::thread::sleep(Duration::from_millis(setup.lease_ms + 1000));
     assert_eq!(temps_of(&agent, "/d", "model.pt"), std::slice::from_ref(&temp), "removed while its put still ran");
     child.kill().expect("SIGKILL dpuio put");
     child.wait().unwrap();
@@ -143,7 +149,7 @@ fn a_put_killed_mid_way_leaves_no_temporary_file_once_its_session_is_reaped() {
 
 #[test]
 fn after_a_restart_the_temporary_files_of_sessions_that_did_not_resume_go() {
-    let setup = Setup::new("restart");
+    let setup = Setup::new("restart", LEASE_MS);
     let agent = setup.start(None);
     ok_stdout(&agent.cli(&["mkdir", "-p", "/d"]));
     let (mut child, writer, temp) = unfinished_put(&agent, setup.dir.path(), "/d", "ckpt");
@@ -157,13 +163,13 @@ fn after_a_restart_the_temporary_files_of_sessions_that_did_not_resume_go() {
     let took = wait_until("the unclaimed temporary file goes after the restart", Duration::from_secs(15), || {
         temps_of(&agent, "/d", "ckpt").is_empty()
     });
-    eprintln!("the temporary file {temp} went {took:?} after the agent was up again (lease {LEASE_MS} ms)");
+    eprintln!("the temporary file {temp} went {took:?} after the agent was up again (lease {} ms)", setup.lease_ms);
     assert_eq!(removed(&agent, "not_resumed"), 1);
 }
 
 #[test]
 fn a_session_that_resumes_after_a_restart_keeps_its_put_and_detaching_removes_the_rest() {
-    let setup = Setup::new("resume");
+    let setup = Setup::new("resume", RESUME_LEASE_MS);
     let mut agent = setup.start(None);
     ok_stdout(&agent.cli(&["mkdir", "-p", "/d"]));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -176,7 +182,7 @@ fn a_session_that_resumes_after_a_restart_keeps_its_put_and_detaching_removes_th
         client.session_id() != first
     });
     // Longer than a lease after the restart: the resumed session holds it.
-    std::thread::sleep(Duration::from_millis(LEASE_MS + 1500));
+    std::thread::sleep(Duration::from_millis(setup.lease_ms + 1500));
     let temp = kept.temp_path().rsplit('/').next().unwrap().to_owned();
     assert_eq!(temps_of(&agent, "/d", "kept"), [temp], "the resumed session's temporary file stays");
     runtime.block_on(kept.commit()).expect("the put finishes on the resumed session");
