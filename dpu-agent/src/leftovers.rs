@@ -206,6 +206,9 @@ impl Register {
     /// is an unclaimed temporary file of the same tenant (a client resuming its put
     /// after an agent restart), the session claims it. Returns what the journal records.
     pub fn opened_for_write(&mut self, session: u64, tenant: &str, container: &str, path: &NsPath) -> Option<Record> {
+        if self.temps.is_empty() || !is_put_temp(path) {
+            return None; // every open for writing asks: the common answer costs no allocation
+        }
         let key = (container.to_owned(), path.clone());
         let e = self.temps.get(&key)?;
         if !matches!(e.owner, Owner::Unclaimed { .. }) || e.tenant != tenant {
@@ -219,6 +222,9 @@ impl Register {
     /// `path` of `container` is no longer there as a temporary file (renamed, removed,
     /// or its Create failed): forget it. Returns what the journal records, if it was noted.
     pub fn gone(&mut self, container: &str, path: &NsPath) -> Option<Record> {
+        if self.temps.is_empty() {
+            return None; // every rename and removal asks
+        }
         let key = (container.to_owned(), path.clone());
         let e = self.temps.remove(&key)?;
         self.disown(&e);
