@@ -15,7 +15,7 @@ use crate::runtime::lock;
 
 impl Agent {
     /// `session` is about to create `path`: note it if it is a put's temporary file
-    /// (durably, before the backend makes it). Fails past `limit` such files in the
+    /// (in the journal, before the backend makes it). Fails past `limit` such files in the
     /// session. `Ok(true)`: a fresh note, for [`Agent::put_temp_gone`] if the Create fails.
     pub(crate) fn put_temp_creating(&self, session: &Session, path: &NsPath, limit: u32) -> Result<bool> {
         self.leftovers.create(session.id, &session.tenant, &session.container_name, path, limit).map_err(|limit| {
