@@ -18,6 +18,8 @@
 //!   [`dataplane::sessions::AgentView`];
 //! - the changes made with `dpuctl` that persist, and how they merge with the config
 //!   at start ([`persist`]: the rules without I/O, and the state file's adapter);
+//! - the temporary files of unfinished whole-file puts, which sessions made and the
+//!   agent removes when they end, and their journal ([`leftovers`]);
 //! - state and policy: tenants, sessions and their rights ([`state`]); what starting
 //!   and stopping can fail with ([`serve_error`]);
 //! - on state: namespace policy ([`namespace`]), the tenants' keys ([`keys`]), TLS and
@@ -43,6 +45,7 @@ pub mod dataplane;
 pub mod deploy;
 pub mod error;
 pub mod keys;
+pub mod leftovers;
 pub mod metrics;
 pub mod namespace;
 pub mod persist;

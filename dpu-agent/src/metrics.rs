@@ -185,6 +185,12 @@ struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantReasonLabels {
+    tenant: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabel {
     method: String,
 }
@@ -239,6 +245,8 @@ pub struct Metrics {
     pub broken_rings: Counter,
     /// Hosts whose data plane was closed after a transfer to them failed.
     pub failed_peers: Counter,
+    put_temps_removed: Family<TenantReasonLabels, Counter>,
+    put_temps_not_removed: Family<TenantLabel, Counter>,
     tenants: Mutex<HashMap<String, Arc<TenantMetrics>>>,
 }
 
@@ -272,6 +280,8 @@ impl Metrics {
             undecodable_doorbells: Counter::default(),
             broken_rings: Counter::default(),
             failed_peers: Counter::default(),
+            put_temps_removed: Family::default(),
+            put_temps_not_removed: Family::default(),
             tenants: Mutex::new(HashMap::new()),
         };
         {
@@ -313,6 +323,17 @@ impl Metrics {
                 "backend_duration_seconds",
                 "Storage backend calls, all tenants, by backend operation",
                 m.backend_seconds.clone(),
+            );
+            r.register(
+                "put_temps_removed",
+                "Temporary files of unfinished whole-file puts the agent removed, by why (session_closed, \
+                 session_expired, not_resumed)",
+                m.put_temps_removed.clone(),
+            );
+            r.register(
+                "put_temps_remove_failures",
+                "Removals of a put's temporary file that failed (tried again a lease later, and at the next start)",
+                m.put_temps_not_removed.clone(),
             );
             for (name, help, counter) in [
                 ("doorbells_undecodable", "Doorbells the engine could not decode (ignored)", &m.undecodable_doorbells),
@@ -364,6 +385,21 @@ impl Metrics {
         let method = if code == tonic::Code::Unimplemented { "unknown" } else { method }.to_owned();
         self.grpc_calls.get_or_create(&MethodCodeLabels { method: method.clone(), code: code_name(code) }).inc();
         self.grpc_seconds.get_or_create(&MethodLabel { method }).observe(elapsed.as_secs_f64());
+    }
+
+    /// The agent removed a put's temporary file of `tenant` for `reason`.
+    pub fn put_temp_removed(&self, tenant: &str, reason: &'static str) {
+        self.put_temps_removed.get_or_create(&TenantReasonLabels { tenant: tenant.to_owned(), reason }).inc();
+    }
+
+    /// Removing a put's temporary file of `tenant` failed.
+    pub fn put_temp_not_removed(&self, tenant: &str) {
+        self.put_temps_not_removed.get_or_create(&TenantLabel { tenant: tenant.to_owned() }).inc();
+    }
+
+    /// How many puts' temporary files of `tenant` were removed for `reason`, so far.
+    pub fn put_temps_removed(&self, tenant: &str, reason: &'static str) -> u64 {
+        self.put_temps_removed.get_or_create(&TenantReasonLabels { tenant: tenant.to_owned(), reason }).get()
     }
 
     /// Read scrape-time figures from `gauges` while it lives (the agent, which holds

@@ -163,10 +163,16 @@ pub fn open_read(session: &Session, raw: &str) -> Result<(Arc<dyn Object>, Attr)
 
 /// Open (or create, as `options` say) the file at `raw` as a handle of the session:
 /// creating needs Create, and the access asked for needs Read or Write; a session has
-/// at most `max_handles` open. `claim`: the handle id to open it under (a resuming
-/// client's; 0 for a fresh one). Returns the handle, the file's attributes and its
-/// chunk size.
+/// at most `max_handles` open, and as many unfinished puts. `claim`: the handle id to
+/// open it under (a resuming client's; 0 for a fresh one). Returns the handle, the
+/// file's attributes and its chunk size.
+///
+/// A put's temporary file a session creates is noted before it is made, and a noted one
+/// it opens for writing is taken over (a client resuming its put after an agent
+/// restart): the agent removes it if the session ends before renaming it
+/// ([`crate::leftovers`]).
 pub fn open(
+    agent: &Agent,
     session: &Session,
     raw: &str,
     options: OpenOptions,
@@ -180,35 +186,55 @@ pub fn open(
     }
     let chunk_bytes =
         if options.layout.chunk_bytes == 0 { container.chunk_bytes() } else { options.layout.chunk_bytes };
-    let object = container.open(&p, options, mode)?;
-    let attr = object.stat()?;
+    let noted = options.create && agent.put_temp_creating(session, &p, max_handles)?;
+    let opened = container.open(&p, options, mode).and_then(|object| Ok((object.stat()?, object)));
+    let (attr, object) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            if noted {
+                agent.put_temp_gone(session, &p);
+            }
+            return Err(e.into());
+        }
+    };
+    if options.write && !options.create {
+        agent.put_temp_opened(session, &p);
+    }
     let handle = session.add_handle(object, max_handles, claim)?;
     Ok((handle, attr, chunk_bytes))
 }
 
 /// Remove the file or directory at `raw` (needs Delete); a directory with entries only
 /// when `recursive`.
-pub fn remove(session: &Session, raw: &str, recursive: bool) -> Result<()> {
+pub fn remove(agent: &Agent, session: &Session, raw: &str, recursive: bool) -> Result<()> {
     let container = session.container()?;
     let p = path("path", raw)?;
     session.rights.check(Op::Delete, &p)?;
-    Ok(container.remove(&p, recursive)?)
+    container.remove(&p, recursive)?;
+    agent.put_temp_gone(session, &p);
+    Ok(())
 }
 
 /// Rename `from` to `to`: Delete on the old name, Create on the new one. With
 /// `replace`, a file at `to` is replaced in one step (see [`replace_rights`]).
-pub fn rename(session: &Session, from: &str, to: &str, replace: bool) -> Result<()> {
+pub fn rename(agent: &Agent, session: &Session, from: &str, to: &str, replace: bool) -> Result<()> {
     let container = session.container()?;
     let (from, to) = (path("from", from)?, path("to", to)?);
     if !replace {
         session.rights.check(Op::Delete, &from)?;
         session.rights.check(Op::Create, &to)?;
-        return Ok(container.rename(&from, &to)?);
+        container.rename(&from, &to)?;
+    } else {
+        for (op, p) in replace_rights(&from, &to) {
+            session.rights.check(op, p)?;
+        }
+        container.replace(&from, &to)?;
     }
-    for (op, p) in replace_rights(&from, &to) {
-        session.rights.check(op, p)?;
-    }
-    Ok(container.replace(&from, &to)?)
+    // A put published (or a temporary file moved away, or replaced by another file):
+    // neither name holds a temporary file of the session's any more.
+    agent.put_temp_gone(session, &from);
+    agent.put_temp_gone(session, &to);
+    Ok(())
 }
 
 /// What a replacing rename of `from` onto `to` needs, in the order checked.
@@ -271,11 +297,11 @@ impl meta::Namespace for Agent {
             Request::Stat { path } => Reply::Attr(stat(&session, &path)?),
             Request::StatHandle { handle } => Reply::Attr(stat_handle(&session, handle)?),
             Request::Open { path, write, truncate } => {
-                opened(open(&session, &path, open_options(write, truncate)?, 0, max_handles, 0)?)
+                opened(open(self, &session, &path, open_options(write, truncate)?, 0, max_handles, 0)?)
             }
             Request::Create { path, exclusive, mode } => {
                 let (options, mode) = create_options(exclusive, mode, Layout::default());
-                opened(open(&session, &path, options, mode, max_handles, 0)?)
+                opened(open(self, &session, &path, options, mode, max_handles, 0)?)
             }
             Request::Close { handle } => {
                 session.io.close_handle(handle)?;
@@ -302,6 +328,55 @@ impl meta::Namespace for Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::SessionRights;
+
+    /// An agent over the local backend in `dir`, serving tenant "a", with a mounted session.
+    fn agent_with_session(dir: &std::path::Path) -> (Agent, Arc<Session>) {
+        let config = crate::config::Config {
+            tenants: vec![crate::config::TenantConfig::new("a", "a")],
+            ..crate::config::Config::default()
+        };
+        let backend = dpuio_backend::local::LocalBackend::open(dir.to_owned()).unwrap();
+        let agent = Agent::new(config, Arc::new(backend));
+        let session = agent.attach("a", "test", SessionRights::full()).unwrap();
+        mount(&agent, &session, "").unwrap();
+        (agent, session)
+    }
+
+    #[test]
+    fn a_session_that_ends_takes_its_unfinished_puts_temporary_files_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (agent, session) = agent_with_session(dir.path());
+        let (create, mode) = create_options(false, 0, Layout::default());
+        let made = |path: &str| open(&agent, &session, path, create, mode, 8, 0).unwrap();
+        for path in ["/kept", "/.kept.dpuio-put.1", "/.left.dpuio-put.2", "/.gone.dpuio-put.3"] {
+            made(path);
+        }
+        rename(&agent, &session, "/.kept.dpuio-put.1", "/kept", true).unwrap();
+        remove(&agent, &session, "/.gone.dpuio-put.3", false).unwrap();
+        assert_eq!(agent.put_temps(), (1, 0));
+        let exists = |p: &str| session.container().unwrap().stat(&NsPath::parse(p).unwrap()).is_ok();
+        agent.detach(session.id).unwrap();
+        assert!(exists("/kept"), "a put renamed into place stays");
+        assert!(!exists("/.left.dpuio-put.2"), "the unfinished put's temporary file is gone");
+        assert_eq!(agent.metrics.put_temps_removed("a", "session_closed"), 1);
+        assert_eq!(agent.put_temps(), (0, 0));
+    }
+
+    #[test]
+    fn a_session_closed_by_the_agent_stopping_keeps_them_for_its_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let (agent, session) = agent_with_session(dir.path());
+        let (create, mode) = create_options(false, 0, Layout::default());
+        let (handle, _, _) = open(&agent, &session, "/.f.dpuio-put.1", create, mode, 8, 0).unwrap();
+        session.io.close_handle(handle).unwrap();
+        let e = open(&agent, &session, "/.g.dpuio-put.1", create, mode, 1, 0).unwrap_err();
+        assert!(e.to_string().contains("unfinished puts in this session"), "{e}");
+        assert!(session.container().unwrap().stat(&NsPath::parse("/.g.dpuio-put.1").unwrap()).is_err(), "not made");
+        agent.close_everything().unwrap();
+        assert!(session.container().unwrap().stat(&NsPath::parse("/.f.dpuio-put.1").unwrap()).is_ok());
+        assert_eq!(agent.put_temps(), (1, 0), "still noted (and in the journal), for the next start");
+    }
 
     #[test]
     fn a_replacing_rename_needs_what_a_put_in_place_needs() {

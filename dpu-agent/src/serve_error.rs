@@ -25,6 +25,18 @@ pub enum ServeError {
     /// The state file (what `dpuctl` changed) could not be read or is not usable.
     #[error("{0}")]
     State(Box<crate::persist::store::StateError>),
+    /// The journal of unfinished puts cannot be read, or is not what this agent writes.
+    #[error("{0}")]
+    PutJournal(Box<crate::leftovers::journal::JournalError>),
+    /// The journal of unfinished puts cannot be rewritten at start.
+    #[error(
+        "cannot write the journal of unfinished puts {path}: {source} (the data directory must be writable by the agent)"
+    )]
+    PutJournalWrite {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// A key version rotated in with `dpuctl` and recorded in the state file cannot be read.
     #[error("{0}")]
     PersistedKey(Box<PersistedKeyError>),

@@ -15,6 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use crate::config::{BackendConfig, Config, DaosConfig};
 use crate::connection::{ClosedConnections, Tracked};
 use crate::dataplane::DataPlane;
+use crate::leftovers::{Leftovers, Register};
 use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::serve_error::ServeError;
 use crate::service::{MemoryService, NamespaceService, SessionService};
@@ -61,9 +62,17 @@ pub fn build_agent(config: Config) -> Result<Arc<Agent>, ServeError> {
             encryption.insert(tenant.container.clone(), settings);
         }
     }
+    let leftovers = recovered_leftovers(&config)?;
     let data_plane = config.data_plane.clone();
-    let agent =
-        Agent::assemble(Parts { config, tenants: merged.tenants, backend, tokens, persisted: Some(store), encryption });
+    let agent = Agent::assemble(Parts {
+        config,
+        tenants: merged.tenants,
+        backend,
+        tokens,
+        persisted: Some(store),
+        encryption,
+        leftovers,
+    });
     agent.prepare_containers().map_err(ServeError::Containers)?;
     if data_plane.enabled {
         if let Some(name) = &data_plane.interface {
@@ -122,6 +131,29 @@ fn persisted_settings(config: &Config) -> Result<(crate::persist::store::Store, 
         tracing::info!(state_file = %path.display(), tenants = changes, "applied the changes made with dpuctl");
     }
     Ok((store, merged))
+}
+
+/// The temporary files of puts the previous run noted and did not see end
+/// ([`crate::leftovers`]): unclaimed for one lease from when the agent serves (a resumed
+/// session claims its own; [`Agent::serving_from`]), then removed; the journal rewritten
+/// to list just them.
+fn recovered_leftovers(config: &Config) -> Result<Leftovers, ServeError> {
+    use crate::leftovers::journal::{self, Journal};
+    let path = journal::journal_file(&config.data_dir);
+    let (records, torn) = journal::load(&path).map_err(|e| ServeError::PutJournal(Box::new(e)))?;
+    if torn {
+        tracing::warn!(journal = %path.display(), "the last line of the journal of unfinished puts was cut short (a \
+            crash of the machine while it was written); dropped: that put's temporary file, if any, is not removed");
+    }
+    let register = Register::recovered(records, Instant::now() + Duration::from_millis(config.lease_ms));
+    let journal = Journal::create(&path, &register.records())
+        .map_err(|source| ServeError::PutJournalWrite { path: path.display().to_string(), source })?;
+    let (_, unclaimed) = register.counts();
+    if unclaimed > 0 {
+        tracing::info!(journal = %path.display(), temporary_files = unclaimed, lease_ms = config.lease_ms,
+            "puts the previous run left unfinished: their temporary files wait a lease for their clients to resume, then go");
+    }
+    Ok(Leftovers::with_journal(register, journal))
 }
 
 /// Where a started agent listens, for [`serve`]'s caller to report.
@@ -227,7 +259,9 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
         None => None,
     };
 
+    agent.serving_from(Instant::now());
     let reaper = tokio::spawn(reap_sessions(agent.clone()));
+    let flusher = tokio::spawn(flush_put_journal(agent.clone()));
     let (closed_tx, closed_rx) = tokio::sync::mpsc::unbounded_channel();
     let orphans = tokio::spawn(reap_orphans(agent.clone(), closed_rx));
     let signalled = shutdown_signal(agent.clone())?;
@@ -263,6 +297,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
 
     reaper.abort();
     orphans.abort();
+    flusher.abort();
     if let Some((_, served)) = metrics {
         served.stop().await;
     }
@@ -280,6 +315,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
     if let Some(dp) = agent.dataplane() {
         dp.shutdown();
     }
+    agent.flush_put_journal();
     tracing::info!(sessions, "stopped: sessions closed, containers synced");
     Ok(())
 }
@@ -391,6 +427,15 @@ async fn reap_orphans(agent: Arc<Agent>, mut closed: tokio::sync::mpsc::Unbounde
                 }
             }
         });
+    }
+}
+
+/// Flush the journal of unfinished puts to disk when it changed, once a second.
+async fn flush_put_journal(agent: Arc<Agent>) {
+    loop {
+        tokio::time::sleep(crate::leftovers::journal::FLUSH_EVERY).await;
+        let flushing = agent.clone();
+        let _ = tokio::task::spawn_blocking(move || flushing.flush_put_journal()).await;
     }
 }
 

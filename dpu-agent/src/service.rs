@@ -363,8 +363,8 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let metrics = session.io.metrics.clone();
-        let removed = blocking(move || namespace::remove(&session, &req.path, req.recursive)).await;
+        let (agent, metrics) = (self.agent.clone(), session.io.metrics.clone());
+        let removed = blocking(move || namespace::remove(&agent, &session, &req.path, req.recursive)).await;
         counted(&metrics, Op::Remove, removed)?;
         Ok(Response::new(pb::RemoveResponse {}))
     }
@@ -376,11 +376,11 @@ impl pb::namespace_server::Namespace for NamespaceService {
         let caller = Caller::of(&request)?;
         let req = request.into_inner();
         let session = self.session(req.session_id, &caller)?;
-        let metrics = session.io.metrics.clone();
+        let (agent, metrics) = (self.agent.clone(), session.io.metrics.clone());
         counted(
             &metrics,
             Op::Rename,
-            blocking(move || namespace::rename(&session, &req.from, &req.to, req.replace)).await,
+            blocking(move || namespace::rename(&agent, &session, &req.from, &req.to, req.replace)).await,
         )?;
         Ok(Response::new(pb::RenameResponse {}))
     }
@@ -430,8 +430,8 @@ impl NamespaceService {
     ) -> std::result::Result<Response<pb::OpenResponse>, Status> {
         let session = self.session(session_id, caller)?;
         let limit = self.agent.session_limits(&session.tenant).0;
-        let metrics = session.io.metrics.clone();
-        let opened = blocking(move || namespace::open(&session, &raw, options, mode, limit, claim)).await;
+        let (agent, metrics) = (self.agent.clone(), session.io.metrics.clone());
+        let opened = blocking(move || namespace::open(&agent, &session, &raw, options, mode, limit, claim)).await;
         let (handle, attr, chunk_bytes) = counted(&metrics, op, opened)?;
         Ok(Response::new(pb::OpenResponse { handle, attr: Some(attr_to_proto(&attr)), chunk_bytes }))
     }

@@ -9,8 +9,8 @@
 //!
 //! The agent is split by concern: its tenants and their containers (`tenants`), who
 //! may attach with what rights and the tokens that carry them (`rights`), the sessions'
-//! life from attach to detach (`lifecycle`), and what the data plane and the metrics
-//! read of it (`views`).
+//! life from attach to detach (`lifecycle`), the temporary files of the puts they left
+//! unfinished (`puts`), and what the data plane and the metrics read of it (`views`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,11 +26,13 @@ use crate::config::{Config, Limits, TenantConfig};
 use crate::dataplane::sessions::{self, Handle};
 use crate::dataplane::{DataPlane, Peer};
 use crate::error::{Error, Result};
+use crate::leftovers::Leftovers;
 use crate::metrics::{Gauges, Metrics};
 use crate::persist::store::Store;
 use crate::runtime::lock;
 
 mod lifecycle;
+mod puts;
 mod rights;
 mod tenants;
 mod views;
@@ -57,6 +59,8 @@ pub struct Agent {
     metrics_addr: OnceLock<SocketAddr>,
     /// The state file that keeps what `dpuctl` changes.
     persisted: Option<Store>,
+    /// The temporary files of unfinished puts, by the session that made them.
+    pub(crate) leftovers: Leftovers,
 }
 
 /// What an agent is assembled from, all gathered before it is ([`Agent::assemble`]):
@@ -75,6 +79,8 @@ pub struct Parts {
     pub persisted: Option<Store>,
     /// Per container: how its files are encrypted.
     pub encryption: HashMap<String, EncryptionSettings>,
+    /// The temporary files of unfinished puts an earlier run noted, and their journal.
+    pub leftovers: Leftovers,
 }
 
 /// One attached host process.
@@ -106,7 +112,15 @@ impl Agent {
     pub fn new(config: Config, backend: Arc<dyn Backend>) -> Agent {
         let tenants = config.tenants.clone();
         let tokens = TokenAuthority::generate();
-        Agent::from_parts(Parts { config, tenants, backend, tokens, persisted: None, encryption: HashMap::new() })
+        Agent::from_parts(Parts {
+            config,
+            tenants,
+            backend,
+            tokens,
+            persisted: None,
+            encryption: HashMap::new(),
+            leftovers: Leftovers::in_memory(),
+        })
     }
 
     /// The agent made of `parts`, and the source of its metrics' gauges.
@@ -120,7 +134,7 @@ impl Agent {
     }
 
     fn from_parts(parts: Parts) -> Agent {
-        let Parts { config, tenants, backend, tokens, persisted, encryption } = parts;
+        let Parts { config, tenants, backend, tokens, persisted, encryption, leftovers } = parts;
         let metrics = Arc::new(Metrics::new());
         for t in &tenants {
             metrics.tenant(&t.name); // its series exist, at zero, before its first session
@@ -140,6 +154,7 @@ impl Agent {
             metrics,
             metrics_addr: OnceLock::new(),
             persisted,
+            leftovers,
         }
     }
 

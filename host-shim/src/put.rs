@@ -5,10 +5,11 @@
 //! renames it over `DIR/NAME` with `replace` and syncs the container so the new
 //! directory entry is durable too. Until the rename, `DIR/NAME` is the old file, whole;
 //! after it, the new one. A crash of the agent or of this process before the rename
-//! leaves the old file and the temporary one, which nothing reads: remove it with
-//! `dpuio rm` (its name says which put left it). A put that fails returns its error
-//! after removing the temporary file where the session may (`delete` right, or any
-//! session without a token).
+//! leaves the old file and the temporary one, which nothing reads; the agent removes it
+//! when the session ends for good, or a lease after its own restart unless this client
+//! resumes and finishes the put (docs/dataplane.md, "Unfinished puts"). A put that fails
+//! returns its error after removing the temporary file where the session may (`delete`
+//! right, or any session without a token).
 //!
 //! Rights: a put needs what writing NAME in place needs, create and write on NAME; the
 //! temporary file is in NAME's directory, so a token scoped to that directory (or
@@ -29,7 +30,8 @@ use crate::error::{Error, Result};
 
 /// An unfinished whole-file put: write the new contents through [`Put::file`], then
 /// [`Put::commit`] (or [`Put::abort`]). Dropped without either, the temporary file is
-/// left behind (see the module docs); the target is untouched.
+/// left until the session ends, when the agent removes it (see the module docs); the
+/// target is untouched.
 #[derive(Debug)]
 pub struct Put {
     client: Client,

@@ -32,6 +32,17 @@ pub fn is_temp_of(temp: &str, target: &str) -> bool {
         .is_some_and(|suffix| !target.is_empty() && !suffix.is_empty() && !suffix.contains(['.', '/']))
 }
 
+/// The target's file name if the file name `name` has the shape of a put's temporary
+/// file (`.NAME.dpuio-put.SUFFIX`), else `None`: how the agent tells, from a Create
+/// alone, that a session starts a put whose temporary file it must not leave behind.
+pub fn target_of(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix('.')?;
+    // The suffix holds no '.', so the last marker is the one that ends the target.
+    let at = rest.rfind(TEMP_MARKER)?;
+    let target = &rest[..at];
+    is_temp_of(name, target).then_some(target)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,6 +57,18 @@ mod tests {
         }
         for not_temp in ["model.pt", ".model.pt.dpuio-put.", ".model.pt.dpuio-put.a.b", "x.model.pt.dpuio-put.1"] {
             assert!(!is_temp_of(not_temp, "model.pt"), "{not_temp}");
+        }
+    }
+
+    #[test]
+    fn the_target_is_read_back_from_a_temp_name() {
+        assert_eq!(target_of(".model.pt.dpuio-put.3f9a"), Some("model.pt"));
+        assert_eq!(target_of(".a.dpuio-put.b.dpuio-put.1"), Some("a.dpuio-put.b"));
+        assert_eq!(target_of(&temp_name("x y\nz", "01").unwrap()), Some("x y\nz"));
+        for not_temp in
+            ["model.pt", ".model.pt", ".model.pt.dpuio-put.", ".dpuio-put.1", "..dpuio-put.1", ".a.dpuio-put.x.y"]
+        {
+            assert_eq!(target_of(not_temp), None, "{not_temp}");
         }
     }
 

@@ -44,6 +44,7 @@ const FLOORS: &[(&str, &[&str])] = &[
             "admin service",
             "namespace keys tls",
             "serve_error state",
+            "leftovers",
             "persist",
             "dataplane",
             "qos",

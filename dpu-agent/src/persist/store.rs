@@ -73,7 +73,7 @@ pub fn load(path: &Path) -> std::result::Result<PersistedState, StateError> {
 
 /// Write `text` to `path` atomically: a temporary file in the same directory, synced,
 /// renamed over `path`, and the directory synced so the rename is durable too.
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;

@@ -1,6 +1,7 @@
 //! A session's life: attach (within the agent's and the tenant's limits), lease
 //! renewals, the host's connection, mounting its container, and the end (detach, a
-//! lapsed lease, a closed connection, shutdown) that closes and syncs its handles.
+//! lapsed lease, a closed connection, shutdown) that closes and syncs its handles and,
+//! unless the agent is only stopping, removes its unfinished puts' temporary files.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,19 @@ use super::{Agent, DISCONNECTED_GRACE, Session, SessionRights};
 use crate::caller::Caller;
 use crate::dataplane::sessions;
 use crate::error::{Error, Result};
+use crate::leftovers::Why;
 use crate::runtime::lock;
+
+/// How a session ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// Detached: by its client, or because its tenant was removed.
+    Closed,
+    /// Its lease lapsed.
+    Expired,
+    /// The agent stops; its host may attach again to the next one.
+    Stopping,
+}
 
 impl Agent {
     /// Every attached session.
@@ -123,29 +136,45 @@ impl Agent {
         Ok(container)
     }
 
-    /// End a session: close (and sync) its written handles. Returns whether it existed.
+    /// End a session: close (and sync) its written handles, and remove the temporary
+    /// files of the puts it left unfinished. Returns whether it existed.
     pub fn detach(&self, id: u64) -> Result<bool> {
-        self.end_session(id, false)
+        self.end_session(id, Ending::Closed)
     }
 
-    /// End a session because the agent stops (its host may attach again later) or not.
-    fn end_session(&self, id: u64, stopping: bool) -> Result<bool> {
+    /// End a session for `how` it ends: for good (its unfinished puts' temporary files
+    /// go), or because the agent stops (its host may attach again later and resume them).
+    fn end_session(&self, id: u64, how: Ending) -> Result<bool> {
         let Some(session) = lock(&self.sessions).remove(&id) else {
             return Ok(false);
         };
-        session.io.close_all(stopping)?;
+        let closed = session.io.close_all(how == Ending::Stopping);
+        let why = match how {
+            Ending::Closed => Why::SessionClosed,
+            Ending::Expired => Why::SessionExpired,
+            Ending::Stopping => {
+                closed?;
+                return Ok(true);
+            }
+        };
+        // After its handles are closed: a temporary file is removed only once nothing
+        // of the session writes it.
+        self.remove_put_temps(self.leftovers.session_ended(id), why);
+        closed?;
         Ok(true)
     }
 
-    /// Detach sessions whose lease lapsed; returns their ids.
+    /// Detach sessions whose lease lapsed, and remove the unclaimed temporary files of
+    /// puts that are due; returns the sessions' ids.
     pub fn reap_expired(&self, now: Instant) -> Vec<u64> {
         let expired: Vec<u64> =
             lock(&self.sessions).values().filter(|s| *lock(&s.lease_deadline) < now).map(|s| s.id).collect();
         for id in &expired {
-            if let Err(e) = self.detach(*id) {
+            if let Err(e) = self.end_session(*id, Ending::Expired) {
                 tracing::warn!(session = format!("{id:#018x}"), error = %e, "closing an expired session");
             }
         }
+        self.remove_unclaimed_put_temps(now);
         expired
     }
 
@@ -154,7 +183,7 @@ impl Agent {
         let ids: Vec<u64> = lock(&self.sessions).keys().copied().collect();
         let mut first_error = None;
         for id in ids {
-            if let Err(e) = self.end_session(id, true) {
+            if let Err(e) = self.end_session(id, Ending::Stopping) {
                 first_error.get_or_insert(e);
             }
         }

@@ -53,3 +53,22 @@ fn scraped_gauges_count_each_tenants_sessions_and_handles() {
     agent.detach(session.id).unwrap();
     assert_eq!(Gauges::tenants(&agent)[0].sessions, 0);
 }
+
+#[test]
+fn a_temporary_file_noted_in_a_container_that_is_gone_is_forgotten_and_no_container_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        crate::config::Config { tenants: vec![crate::config::TenantConfig::new("a", "a")], ..Default::default() };
+    let backend = dpuio_backend::local::LocalBackend::open(dir.path().to_owned()).unwrap();
+    let agent = Agent::new(config, Arc::new(backend));
+    let temp = crate::leftovers::Temp {
+        session: 1,
+        tenant: "a".into(),
+        container: "destroyed".into(),
+        path: NsPath::parse("/.f.dpuio-put.1").unwrap(),
+    };
+    agent.remove_put_temps(vec![temp], crate::leftovers::Why::NotResumed);
+    assert!(!dir.path().join("containers/destroyed").exists(), "not made again to remove a file from");
+    assert_eq!(agent.put_temps(), (0, 0), "forgotten, not tried again");
+    assert_eq!(agent.metrics.put_temps_removed("a", "not_resumed"), 0, "nothing was there to remove");
+}

@@ -632,7 +632,8 @@ class Client:
         """Replace ``path`` with ``data`` in one step, as an object store's put does:
         the bytes go to a temporary file beside it (``.NAME.dpuio-put.SUFFIX``), made
         durable, then renamed over ``path``. An interrupted call leaves the old file
-        whole (and perhaps the temporary file, which nothing reads). ``sync`` also makes
+        whole (and perhaps, until its session ends, the temporary file, which nothing
+        reads and the agent then removes). ``sync`` also makes
         the new directory entry durable before returning (a container-wide sync):
         without it, the new file survives a restart of the agent but not necessarily a
         power loss of the DPU."""
