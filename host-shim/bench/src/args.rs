@@ -100,6 +100,8 @@ pub struct BenchArgs {
     pub qos: QosArgs,
     #[command(flatten)]
     pub soak: SoakArgs,
+    #[command(flatten)]
+    pub startup: StartupArgs,
 }
 
 impl BenchArgs {
@@ -170,4 +172,17 @@ pub struct SoakArgs {
     /// soak: seconds between samples of the agent.
     #[arg(long, default_value_t = 10.0)]
     pub sample_s: f64,
+}
+
+/// Options of `dpuio bench startup`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StartupArgs {
+    /// startup: starts of each program in each variant, the variants taking turns; the
+    /// figures are medians and percentiles over them.
+    #[arg(long, default_value_t = 200)]
+    pub startup_runs: usize,
+    /// startup: the Python interpreter timed (`-c pass`, `-c 'import dpuio'`); a pyenv
+    /// shim is resolved to the interpreter it runs (its own start is a chain of shells).
+    #[arg(long, default_value = "python3")]
+    pub startup_python: String,
 }

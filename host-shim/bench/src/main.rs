@@ -7,7 +7,8 @@
 //! agent, starting its own with `--agent-bin` through `dpuio-harness`, as the
 //! end-to-end tests do; `crypto` runs `dpuio-bench-agent crypto`, which measures the
 //! agent's ciphers against `openssl speed`; `soak` runs a mixed workload of three
-//! tenants on an agent of its own for minutes and watches its memory, fds and regions.
+//! tenants on an agent of its own for minutes and watches its memory, fds and regions;
+//! `startup` times process starts with and without the preload library (no agent).
 //!
 //! A program of its own rather than part of the `dpuio` command, so that the host
 //! library and the CLI do not carry plotting and progress bars; and it links no crate
@@ -28,6 +29,7 @@ mod qos;
 mod report;
 mod setup;
 mod soak;
+mod startup;
 mod workloads;
 
 use std::process::ExitCode;

@@ -19,7 +19,7 @@ use dpuio_bench_core::{Figures, Workload, child, companion};
 use crate::args::BenchArgs;
 
 /// The library's file name, as `cargo build` and the dpuio-host package put it.
-const LIBRARY: &str = "libdpuio_preload.so";
+pub const LIBRARY: &str = "libdpuio_preload.so";
 
 pub struct PreloadPath {
     library: PathBuf,

@@ -44,6 +44,15 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         }
         return crate::soak::run(options, &args.soak, args.qos.agent_bin.as_ref()).await;
     }
+    if args.workloads.contains(&Workload::Startup) {
+        if args.workloads.len() > 1 {
+            return Err(bench_error(
+                "startup times process starts, which other workloads running beside would disturb: run it alone \
+                 (dpuio bench startup)",
+            ));
+        }
+        return crate::startup::run(&args.startup, args.json).map_err(bench_error);
+    }
     if args.workloads.contains(&Workload::Qos) {
         if args.workloads.len() > 1 {
             return Err(bench_error("qos attaches as two tenants of its own: run it alone (dpuio bench qos)"));
@@ -152,6 +161,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             Workload::Checkpoint => checkpoint(&setup, args.checkpoint_bytes).await?,
             Workload::Qos => return Err(bench_error("qos runs on its own")), // handled above
             Workload::Soak => return Err(bench_error("soak runs on its own")), // handled above
+            Workload::Startup => return Err(bench_error("startup runs on its own")), // handled above
         };
         let mut figures = figures;
         if let Some(preload) = &preload {
