@@ -30,6 +30,7 @@ mod report;
 mod setup;
 mod soak;
 mod startup;
+mod tcp_stream;
 mod workloads;
 
 use std::process::ExitCode;
@@ -63,6 +64,14 @@ enum Which {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// The other end of the tcp-stream path, for an agent in another network namespace or
+    /// machine: run it there, beside the agent; it prints the address it listens on (give
+    /// it as --stream-source) and writes zeros to every connection until killed.
+    StreamSource {
+        /// HOST:PORT to listen on (port 0: the kernel picks one, printed).
+        #[arg(long, value_name = "HOST:PORT")]
+        listen: String,
+    },
 }
 
 /// `crypto`: the agent-side program with `args`, under this program's name (its usage and
@@ -92,6 +101,7 @@ fn main() -> ExitCode {
             Ok(code) => return code,
             Err(e) => Err(e),
         },
+        Some(Which::StreamSource { listen }) => tcp_stream::serve_forever(&listen),
         None => match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
             Ok(runtime) => runtime.block_on(workloads::run(&cli.connect, cli.workloads)).map_err(|e| e.to_string()),
             Err(e) => Err(format!("cannot start the async runtime: {e}")),

@@ -55,6 +55,8 @@ pub struct Setup {
     /// the preload path's child ([`crate::preload_path`]).
     pub posix_label: &'static str,
     pub progress: indicatif::MultiProgress,
+    /// The `tcp-stream` path's source, when asked for.
+    pub stream: Option<crate::tcp_stream::StreamSource>,
 }
 
 impl Setup {
