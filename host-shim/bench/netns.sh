@@ -28,8 +28,8 @@ while getopts "b:h" opt; do
     esac
 done
 shift $((OPTIND - 1))
-[ "${1:-}" = -- ] || { usage >&2; die "the bench's arguments follow '--'"; }
-shift
+# getopts has taken the '--' already when no other argument came before it.
+[ "${1:-}" != -- ] || shift
 (($#)) || die "no workload after '--' (e.g. -- seq-read --paths tcp,tcp-stream)"
 for b in dpu-agent dpuio dpuio-bench; do
     [ -x "$bin/$b" ] || die "$bin/$b is missing: build it (cargo build --release --bins) or pass -b DIR"
