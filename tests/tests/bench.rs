@@ -211,3 +211,23 @@ fn startup_times_starts_with_and_without_the_library_and_needs_no_agent() {
     assert!(!mixed.status.success());
     assert!(String::from_utf8_lossy(&mixed.stderr).contains("run it alone"), "{mixed:?}");
 }
+
+#[test]
+fn tcp_stream_is_the_bar_of_the_tcp_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("data"), &[]);
+    let args = ["bench", "seq-read", "--paths", "tcp,tcp-stream", "--queue-depth", "2"];
+    let out = ok_stdout(&agent.cli(&[&args[..], TINY].concat()));
+    let stream = out
+        .lines()
+        .find(|l| l.contains("tcp-stream") && l.starts_with("seq-read"))
+        .unwrap_or_else(|| panic!("no tcp-stream row in:\n{out}"));
+    let gib_per_s: f64 = stream.split_whitespace().nth(4).and_then(|v| v.parse().ok()).expect("GiB/s");
+    assert!(gib_per_s > 0.0, "{stream}");
+    assert!(out.contains("target: seq-read shim-ucx-tcp (1024 KiB, 2 in flight) >= 0.8x tcp-stream: "), "{out}");
+
+    // Not a TCP stream of its own for a remote agent: the source must be named.
+    let remote = agent.cli(&[&args[..], &["--stream-source", "no-port"], TINY].concat());
+    assert!(!remote.status.success());
+    assert!(String::from_utf8_lossy(&remote.stderr).contains("--stream-source no-port: not an address"), "{remote:?}");
+}
