@@ -61,6 +61,13 @@ ip -n "$host" addr add "$host_ip/24" dev "$host_if"
 for ns in "$dpu" "$host"; do ip -n "$ns" link set lo up; done
 ip -n "$dpu" link set "$dpu_if" up
 ip -n "$host" link set "$host_if" up
+# UCX skips a device that is not operationally up yet ("network device ... is not available").
+for _ in $(seq 1 100); do
+    ip -n "$dpu" -o link show dev "$dpu_if" | grep -q " state UP " &&
+        ip -n "$host" -o link show dev "$host_if" | grep -q " state UP " && break
+    sleep 0.05
+done
+ip -n "$host" -o link show dev "$host_if" | grep -q " state UP " || die "the veth pair did not come up within 5 s"
 
 printf '[data_plane]\ninterface = "%s"\n' "$dpu_if" >"$work/agent.toml"
 # The agent writes its development client bundle into DPUIO_CONFIG_DIR; the bench reads it.
