@@ -20,6 +20,7 @@ use std::time::Instant;
 use dpuio_bench_core::companion;
 
 use crate::args::StartupArgs;
+use crate::setup::PRELOAD_LIBRARY;
 
 /// A start within this of the plain one counts as free (issue 26, item 5).
 const PRELOAD_TARGET_MS: f64 = 5.0;
@@ -75,7 +76,7 @@ pub fn run(args: &StartupArgs, json: bool) -> Result<(), String> {
     if args.startup_runs < 3 {
         return Err(format!("--startup-runs {}: give at least 3 (medians need a few)", args.startup_runs));
     }
-    let library = companion("DPUIO_PRELOAD_LIBRARY", crate::preload_path::LIBRARY, "dpuio-preload", "startup")?;
+    let library = companion("DPUIO_PRELOAD_LIBRARY", PRELOAD_LIBRARY, "dpuio-preload", "startup")?;
     let cli = companion("DPUIO_CLI", "dpuio", "host-shim", "startup")?;
     let prefix = format!("/dpuio-bench-startup-{}", std::process::id());
     let start = |name: &str, program: PathBuf, args: &[&str], preloaded: bool| Start {
