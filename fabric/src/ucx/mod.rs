@@ -75,8 +75,8 @@ impl Drop for ContextInner {
 impl Context {
     /// Reads UCX's configuration (environment `UCX_*` variables), applies
     /// `config.transports` as `TLS` and `config.ucx_options`, and initialises UCX
-    /// with the RMA, active-message and wakeup features.
-    /// The first context of a process loads UCX (`ucx_sys::api`).
+    /// with the RMA, active-message and wakeup features. The first context of a
+    /// process loads UCX (`ucx_sys::api`).
     pub fn new(config: &FabricConfig) -> Result<Context> {
         config.validate()?;
         sys::api()?;
