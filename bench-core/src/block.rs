@@ -23,6 +23,9 @@ pub enum Workload {
     /// Three tenants (one encrypted) in a mixed loop for `--minutes`, sampling the
     /// agent's RSS, fds and regions (run on its own with `--agent-bin`; see `soak.rs`).
     Soak,
+    /// Process start: programs that never touch dpuio, plain and under the preload
+    /// library, and `dpuio --help` (run on its own, no agent; see `startup.rs`).
+    Startup,
 }
 
 impl Workload {
@@ -37,6 +40,7 @@ impl Workload {
             Workload::Checkpoint => "checkpoint",
             Workload::Qos => "qos",
             Workload::Soak => "soak",
+            Workload::Startup => "startup",
         }
     }
 }

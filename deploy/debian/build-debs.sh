@@ -103,7 +103,9 @@ echo /etc/dpuio/agent.toml >"$A/DEBIAN/conffiles"
 install -m 0755 "$HERE/dpuio-agent.postinst" "$A/DEBIAN/postinst"
 install -m 0755 "$HERE/dpuio-agent.prerm" "$A/DEBIAN/prerm"
 install -m 0755 "$HERE/dpuio-agent.postrm" "$A/DEBIAN/postrm"
-depends="$(shlibdeps "$A/usr/bin/dpu-agent" "$A/usr/bin/dpuctl"), adduser"
+# UCX is loaded at run time too (libucp.so.0, no DT_NEEDED names it), but it is the
+# default transport: required, at the oldest UCX whose UCP calls we make (ucx-sys/build.rs).
+depends="$(shlibdeps "$A/usr/bin/dpu-agent" "$A/usr/bin/dpuctl"), libucx0 (>= 1.10), adduser"
 # The DAOS backend loads libdaos/libdfs at run time (from /usr/lib/daos/lib64, where the
 # daos-client package ./x package builds puts them) and talks to its daos_agent; without
 # it the agent serves its embedded local backend. The ofi transports load libfabric.so.1
@@ -139,10 +141,11 @@ Name: dpuio
 Description: dpuio host library: attach to a dpuio agent, read and write files through registered memory
 Version: $VERSION
 Libs: -L\${libdir} -ldpuio
-Libs.private: -lucp -luct -lucs -lucm -lgcc_s -lutil -lrt -lpthread -lm -ldl
+Libs.private: -lgcc_s -lutil -lrt -lpthread -lm -ldl
 Cflags: -I\${includedir}
 EOF
-depends=$(shlibdeps "$H/usr/bin/dpuio" "$H/usr/bin/dpuio-bench" "$H/usr/bin/dpuio-bench-agent" "$H/usr/lib/$TRIPLET/libdpuio.so")
+# libucx0: loaded at run time (the first UCX transport), the default transport.
+depends="$(shlibdeps "$H/usr/bin/dpuio" "$H/usr/bin/dpuio-bench" "$H/usr/bin/dpuio-bench-agent" "$H/usr/lib/$TRIPLET/libdpuio.so"), libucx0 (>= 1.10)"
 # The ofi transports (dlopen of libfabric.so.1); UCX alone without it.
 control dpuio-host "$depends" "libfabric1" \
     "dpuio host side: CLI, benchmarks, C library and header" \

@@ -53,7 +53,7 @@ ARCHES = {
 }
 AGENT_PORT = 7300
 # Libraries the agent loads with dlopen by soname.
-DLOPENED = ("libfabric.so.1",)
+DLOPENED = ("libfabric.so.1", "libucp.so.0")
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -479,7 +479,8 @@ def build(args):
     providers = [] if args.ibverbs_providers in ("", "none") else args.ibverbs_providers.split(",")
     found, extra = plugins(sysroot, triplet, providers)
     # The agent's ofi transports dlopen libfabric.so.1 (no DT_NEEDED names it): the sysroot's,
-    # which the loader finds when no DAOS client has mapped its own first.
+    # which the loader finds when no DAOS client has mapped its own first. Its UCX
+    # transports dlopen libucp.so.0 the same way; the closure below brings libucs/uct/ucm.
     for soname in DLOPENED:
         real, lib = sysroot.library(soname)
         found[f"usr/lib/{triplet}/{soname}"] = (real, lib)

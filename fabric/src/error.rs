@@ -42,6 +42,11 @@ pub enum Error {
     #[error("{0}")]
     Library(#[from] libfabric_sys::LoadError),
 
+    /// UCX itself cannot be loaded (not installed, or older than the headers this crate
+    /// was built with): no UCX transport is available in this process.
+    #[error("{0}")]
+    UcxLibrary(#[from] ucx_sys::LoadError),
+
     /// libfabric has no provider of this name on this machine (`fi_getinfo` found
     /// nothing matching; `fi_info -l` lists what is there).
     #[error("libfabric provider {provider:?} is not available here (see `fi_info -l`)")]
@@ -176,10 +181,13 @@ pub enum Error {
 impl Error {
     /// Builds [`Error::Ucx`] from a `ucs_status_t`, looking up UCX's text for it.
     pub(crate) fn ucx(op: &'static str, status: ucx_sys::ucs_status_t) -> Self {
-        // SAFETY: ucs_status_string accepts any status value and returns a pointer to
-        // a static NUL-terminated string (it never returns NULL; unknown codes map to a
-        // static "Unknown error" text).
-        let reason = unsafe { CStr::from_ptr(ucx_sys::ucs_status_string(status)) }.to_string_lossy().into_owned();
+        let reason = match ucx_sys::api() {
+            // SAFETY: ucs_status_string accepts any status value and returns a pointer
+            // to a static NUL-terminated string (it never returns NULL; unknown codes
+            // map to a static "Unknown error" text).
+            Ok(ucx) => unsafe { CStr::from_ptr(ucx.ucs_status_string(status)) }.to_string_lossy().into_owned(),
+            Err(e) => e.to_string(),
+        };
         Error::Ucx { op, status: i32::from(status), reason }
     }
 

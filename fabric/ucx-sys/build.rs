@@ -1,4 +1,8 @@
 //! Finds UCX with pkg-config and generates bindings for the UCP API with bindgen.
+//!
+//! Nothing links UCX: the bindings are a table of the functions in [`FUNCTIONS`],
+//! which `src/lib.rs` fills from `libucp.so.0` the first time a UCX transport is
+//! opened (why: the crate docs).
 
 use std::env;
 use std::path::PathBuf;
@@ -11,7 +15,8 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
 
-    let ucx = match pkg_config::Config::new().atleast_version(MIN_UCX_VERSION).probe("ucx") {
+    // No link lines: the library is loaded at run time.
+    let ucx = match pkg_config::Config::new().atleast_version(MIN_UCX_VERSION).cargo_metadata(false).probe("ucx") {
         Ok(lib) => lib,
         Err(err) => {
             // Panicking in build.rs is how a build script reports a fatal error;
@@ -26,16 +31,20 @@ fn main() {
             );
         }
     };
-    // pkg-config for Debian's ucx.pc names only -lucp -luct -lucs -lucm; it has already
-    // printed the cargo:rustc-link-* lines. Tell dependents the version for diagnostics.
+    // Tell dependents the version for diagnostics.
     println!("cargo:version={}", ucx.version);
 
     let mut builder = bindgen::Builder::default()
         .header("wrapper.h")
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
-        .allowlist_function("ucp_.*|ucs_.*")
+        // Only the functions the fabric crate calls, as one table loaded at run time: a
+        // library without one of them fails to load with its name, rather than later.
+        .allowlist_function(FUNCTIONS.join("|"))
+        .dynamic_library_name("Ucx")
+        .dynamic_link_require_all(true)
         .allowlist_type("ucp_.*|ucs_.*")
-        .allowlist_var("ucp_.*|ucs_.*|UCP_.*|UCS_.*")
+        // Constants only: the few global variables UCX exports would be table entries.
+        .allowlist_var("UCP_.*|UCS_.*")
         // C enums become plain integer constants plus a type alias: UCX uses its enums as
         // bit flags and ORs them together, and a Rust enum with an unlisted value is UB.
         .default_enum_style(bindgen::EnumVariation::Consts)
@@ -58,3 +67,44 @@ fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     bindings.write_to_file(out.join("bindings.rs")).expect("write bindings.rs into OUT_DIR");
 }
+
+/// The UCX functions the `fabric` crate calls (a new call is added here too; the build
+/// fails until it is). `libucp.so.0` resolves the `ucs_` ones through its own
+/// dependency on `libucs.so.0`.
+const FUNCTIONS: &[&str] = &[
+    "ucp_am_send_nbx",
+    "ucp_cleanup",
+    "ucp_config_modify",
+    "ucp_config_read",
+    "ucp_config_release",
+    "ucp_context_print_info",
+    "ucp_ep_close_nbx",
+    "ucp_ep_create",
+    "ucp_ep_flush_nbx",
+    "ucp_ep_print_info",
+    "ucp_ep_rkey_unpack",
+    "ucp_get_nbx",
+    "ucp_get_version",
+    "ucp_init_version",
+    "ucp_mem_map",
+    "ucp_mem_query",
+    "ucp_mem_unmap",
+    "ucp_put_nbx",
+    "ucp_request_check_status",
+    "ucp_request_free",
+    "ucp_rkey_buffer_release",
+    "ucp_rkey_destroy",
+    "ucp_rkey_pack",
+    "ucp_rkey_ptr",
+    "ucp_worker_arm",
+    "ucp_worker_create",
+    "ucp_worker_destroy",
+    "ucp_worker_get_address",
+    "ucp_worker_get_efd",
+    "ucp_worker_progress",
+    "ucp_worker_query",
+    "ucp_worker_release_address",
+    "ucp_worker_set_am_recv_handler",
+    "ucp_worker_signal",
+    "ucs_status_string",
+];

@@ -3,8 +3,10 @@
 //! with `--encrypted-bundle` (what `./x demo` runs) a second, encrypted tenant reads the
 //! same files and the output says which rows decrypt and what dpuio did and cost.
 
+use std::process::Command;
+
 use dpuio_tests::programs::write_key;
-use dpuio_tests::{AgentProcess, ok_stdout};
+use dpuio_tests::{AgentProcess, binary, hermetic, ok_stdout};
 
 /// Sizes and times small enough for a test: every measurement a fraction of a second.
 const TINY: &[&str] = &[
@@ -172,4 +174,60 @@ fn an_encrypted_tenant_reads_the_same_files_and_the_output_says_what_each_row_is
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the tenant of the other rows") && err.contains("dpuctl cert issue"), "{err}");
+}
+
+/// The value of `"field":` in a JSON line of numbers (enough for these lines).
+fn number(line: &str, field: &str) -> f64 {
+    let at = line.find(&format!("\"{field}\":")).unwrap_or_else(|| panic!("{field} missing: {line}"));
+    let rest = &line[at + field.len() + 3..];
+    rest[..rest.find([',', '}']).unwrap()].parse().unwrap_or_else(|e| panic!("{field}: {e}: {line}"))
+}
+
+#[test]
+fn startup_times_starts_with_and_without_the_library_and_needs_no_agent() {
+    let home = tempfile::tempdir().unwrap();
+    let bench = |args: &[&str]| {
+        let mut c = Command::new(binary("dpuio"));
+        hermetic(&mut c, home.path());
+        c.arg("bench").args(args).output().expect("run dpuio bench")
+    };
+    let out = ok_stdout(&bench(&["startup", "--startup-runs", "5", "--json"]));
+    for row in ["/bin/true under libdpuio_preload.so", "dpuio --help, over /bin/true"] {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("\"row\":\"{row}\"")))
+            .unwrap_or_else(|| panic!("no row {row:?} in:\n{out}"));
+        let (base, with) = (number(line, "baseline_p50_ms"), number(line, "p50_ms"));
+        assert!(base > 0.0 && with > 0.0, "{line}");
+        assert!((number(line, "difference_ms") - (with - base)).abs() < 1e-9, "{line}");
+        assert!(line.contains("\"met\":true") || line.contains("\"met\":false"), "{line}");
+        assert!(number(line, "p10_ms") <= with && with <= number(line, "p90_ms"), "{line}");
+    }
+
+    let few = bench(&["startup", "--startup-runs", "1"]);
+    assert!(!few.status.success());
+    assert!(String::from_utf8_lossy(&few.stderr).contains("--startup-runs 1: give at least 3"), "{few:?}");
+    let mixed = bench(&["startup", "seq-read"]);
+    assert!(!mixed.status.success());
+    assert!(String::from_utf8_lossy(&mixed.stderr).contains("run it alone"), "{mixed:?}");
+}
+
+#[test]
+fn tcp_stream_is_the_bar_of_the_tcp_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("data"), &[]);
+    let args = ["bench", "seq-read", "--paths", "tcp,tcp-stream", "--queue-depth", "2"];
+    let out = ok_stdout(&agent.cli(&[&args[..], TINY].concat()));
+    let stream = out
+        .lines()
+        .find(|l| l.contains("tcp-stream") && l.starts_with("seq-read"))
+        .unwrap_or_else(|| panic!("no tcp-stream row in:\n{out}"));
+    let gib_per_s: f64 = stream.split_whitespace().nth(4).and_then(|v| v.parse().ok()).expect("GiB/s");
+    assert!(gib_per_s > 0.0, "{stream}");
+    assert!(out.contains("target: seq-read shim-ucx-tcp (1024 KiB, 2 in flight) >= 0.8x tcp-stream: "), "{out}");
+
+    // Not a TCP stream of its own for a remote agent: the source must be named.
+    let remote = agent.cli(&[&args[..], &["--stream-source", "no-port"], TINY].concat());
+    assert!(!remote.status.success());
+    assert!(String::from_utf8_lossy(&remote.stderr).contains("--stream-source no-port: not an address"), "{remote:?}");
 }

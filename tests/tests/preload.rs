@@ -329,3 +329,38 @@ fn write_in_place(agent: &AgentProcess, path: &str, data: &[u8]) {
         client.detach().await.unwrap();
     });
 }
+
+/// The shared objects in a `/proc/PID/maps` listing whose file name contains `name`.
+fn mapped(maps: &str, name: &str) -> bool {
+    maps.lines().filter_map(|l| l.split_whitespace().nth(5)).any(|path| path.contains(name))
+}
+
+#[test]
+fn a_program_that_never_touches_the_prefix_loads_no_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    put(&agent, &scratch, "/data/small.txt", b"hello\n");
+
+    // cat's own maps: the library is loaded (so the check below means something), and
+    // neither UCX nor libfabric is: their constructors would cost every process under
+    // the library about 2 ms and 0.2 s at start.
+    let untouched = ok(preloaded(&agent, "cat").arg("/proc/self/maps"));
+    assert!(mapped(&untouched, "libdpuio_preload.so"), "the library was not loaded:\n{untouched}");
+    for transport in ["libucp.so", "libucs.so", "libuct.so", "libfabric.so"] {
+        assert!(
+            !mapped(&untouched, transport),
+            "{transport} loaded by a program that never touched {MOUNT}:\n{untouched}"
+        );
+    }
+
+    // The same program reading a dpuio file first has attached by the time it lists its
+    // maps: the transport is loaded then, and the listing shows it.
+    let touched = ok(preloaded(&agent, "cat").arg(format!("{MOUNT}/data/small.txt")).arg("/proc/self/maps"));
+    assert!(touched.starts_with("hello\n"), "{touched}");
+    assert!(
+        mapped(&touched, "libucp.so") || mapped(&touched, "libfabric.so"),
+        "no transport library mapped after reading {MOUNT}/data/small.txt:\n{touched}"
+    );
+}

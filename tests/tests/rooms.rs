@@ -68,7 +68,14 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("host-shim/src/bin/dpuio/main.rs", &["fuse forward", "inodes"]),
     (
         "host-shim/bench/src/main.rs",
-        &["workloads", "dlio preload_path qos soak plot", "report", "setup", "libdfs fuse_path", "args"],
+        &[
+            "workloads",
+            "dlio preload_path qos soak plot startup",
+            "report",
+            "setup",
+            "libdfs fuse_path tcp_stream",
+            "args",
+        ],
     ),
     ("host-shim/capi/src/lib.rs", &["batch", "file", "client namespace region", "handles"]),
     ("host-shim/preload/src/lib.rs", &["interpose", "state"]),

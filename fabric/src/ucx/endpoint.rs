@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use ucx_sys as sys;
 
+use super::api;
+
 use super::region::RegionInner;
 use super::shared::{DOORBELL_AM_ID, Graveyard, WorkerShared};
 use super::{Region, capture_stream};
@@ -51,7 +53,7 @@ impl Drop for EndpointInner {
         // Flush mode (not FORCE: that requires UCP_ERR_HANDLING_MODE_PEER everywhere).
         let param = sys::ucp_request_param_t::default();
         // SAFETY: the handle is live and closed exactly once; param asks for nothing.
-        let request = unsafe { sys::ucp_ep_close_nbx(self.handle, &param) };
+        let request = unsafe { api().ucp_ep_close_nbx(self.handle, &param) };
         if sys::UCS_PTR_IS_PTR(request) {
             let timeout = Duration::from_millis(self.worker.context().config().close_timeout_ms);
             // A peer that does not answer only costs the timeout; UCX then finishes
@@ -85,7 +87,7 @@ unsafe extern "C" fn op_completed(request: *mut c_void, status: sys::ucs_status_
     }
     pending.state.in_flight.fetch_sub(1, Ordering::AcqRel);
     // SAFETY: the request is complete and owned by us (we never freed it elsewhere).
-    unsafe { sys::ucp_request_free(request) };
+    unsafe { api().ucp_request_free(request) };
     let Pending { graveyard, hold, .. } = *pending;
     // Dropping `hold` here could unmap a region or close an endpoint from inside UCX
     // progress; leave it for Worker::progress to drop after UCX returns.
@@ -106,7 +108,7 @@ impl Endpoint {
         let mut handle: sys::ucp_ep_h = ptr::null_mut();
         // SAFETY: worker live; params initialised with a matching mask; the address
         // bytes live for the call (UCX copies what it needs); handle writable.
-        let status = unsafe { sys::ucp_ep_create(worker.handle(), &params, &mut handle) };
+        let status = unsafe { api().ucp_ep_create(worker.handle(), &params, &mut handle) };
         check("create endpoint (ucp_ep_create)", status)?;
         Ok(Endpoint {
             inner: Arc::new(EndpointInner {
@@ -130,7 +132,7 @@ impl Endpoint {
         self.post("probe remote key (ucp_get_nbx)", hold, None, |param| {
             // SAFETY: endpoint and rkey live; dst is one writable byte in a heap
             // buffer the Hold owns until the operation completes.
-            unsafe { sys::ucp_get_nbx(self.inner.handle, dst.cast(), 1, addr, rkey, param) }
+            unsafe { api().ucp_get_nbx(self.inner.handle, dst.cast(), 1, addr, rkey, param) }
         })?;
         let timeout = Duration::from_millis(self.inner.worker.context().config().connect_timeout_ms);
         self.flush(timeout).map_err(|err| match err {
@@ -145,7 +147,7 @@ impl Endpoint {
     fn print_info(&self) -> String {
         capture_stream(|stream| {
             // SAFETY: endpoint live; stream valid for the call.
-            unsafe { sys::ucp_ep_print_info(self.inner.handle, stream) }
+            unsafe { api().ucp_ep_print_info(self.inner.handle, stream) }
         })
     }
 
@@ -264,7 +266,7 @@ impl Drop for RkeyInner {
     fn drop(&mut self) {
         // SAFETY: handle came from ucp_ep_rkey_unpack; the endpoint it was unpacked on
         // is kept alive by `_ep`; no posted operation uses it (they hold this Arc).
-        unsafe { sys::ucp_rkey_destroy(self.handle) };
+        unsafe { api().ucp_rkey_destroy(self.handle) };
     }
 }
 
@@ -274,7 +276,7 @@ impl RkeyInner {
     fn local_ptr(&self, addr: u64) -> Result<Option<*mut u8>> {
         let mut local: *mut c_void = ptr::null_mut();
         // SAFETY: rkey live; local writable.
-        let status = unsafe { sys::ucp_rkey_ptr(self.handle, addr, &mut local) };
+        let status = unsafe { api().ucp_rkey_ptr(self.handle, addr, &mut local) };
         match status {
             sys::UCS_OK if !local.is_null() => Ok(Some(local.cast())),
             sys::UCS_OK | sys::UCS_ERR_UNREACHABLE | sys::UCS_ERR_UNSUPPORTED => Ok(None),
@@ -337,7 +339,7 @@ impl transport::Endpoint for Endpoint {
         let mut handle: sys::ucp_rkey_h = ptr::null_mut();
         // SAFETY: endpoint live; packed is readable for the call; handle writable.
         // (UCX trusts the packed bytes; they come from an authenticated peer.)
-        let status = unsafe { sys::ucp_ep_rkey_unpack(self.inner.handle, packed.as_ptr().cast(), &mut handle) };
+        let status = unsafe { api().ucp_ep_rkey_unpack(self.inner.handle, packed.as_ptr().cast(), &mut handle) };
         check("unpack remote key (ucp_ep_rkey_unpack)", status)?;
         let key = RemoteKey { inner: Arc::new(RkeyInner { _ep: self.inner.clone(), handle, range }) };
         if let Some(local) = key.inner.local_ptr(remote_addr)? {
@@ -368,7 +370,7 @@ impl transport::Endpoint for Endpoint {
             // SAFETY: endpoint and rkey live; src..src+len lies in the local region,
             // which the Hold keeps mapped until the callback (or until return when
             // completed in place); param is valid for the call.
-            unsafe { sys::ucp_put_nbx(self.inner.handle, src.cast(), len, remote_addr, rkey, param) }
+            unsafe { api().ucp_put_nbx(self.inner.handle, src.cast(), len, remote_addr, rkey, param) }
         })
     }
 
@@ -384,7 +386,7 @@ impl transport::Endpoint for Endpoint {
             // SAFETY: endpoint and rkey live; src points to data.len() bytes in a heap
             // buffer the Hold owns until the operation completes (moving the Box does
             // not move its contents).
-            unsafe { sys::ucp_put_nbx(self.inner.handle, src.cast(), data.len(), remote_addr, rkey, param) }
+            unsafe { api().ucp_put_nbx(self.inner.handle, src.cast(), data.len(), remote_addr, rkey, param) }
         })
     }
 
@@ -399,7 +401,7 @@ impl transport::Endpoint for Endpoint {
         self.post("post get (ucp_get_nbx)", hold, Some(local.inner().memh()), |param| {
             // SAFETY: as in put; UCX writes into dst..dst+len, inside the local region
             // kept mapped by the Hold. Those bytes are plain u8 (see crate::memory).
-            unsafe { sys::ucp_get_nbx(self.inner.handle, dst.cast(), len, remote_addr, rkey, param) }
+            unsafe { api().ucp_get_nbx(self.inner.handle, dst.cast(), len, remote_addr, rkey, param) }
         })
     }
 
@@ -413,7 +415,7 @@ impl transport::Endpoint for Endpoint {
     fn flush(&self, timeout: Duration) -> Result<()> {
         let param = sys::ucp_request_param_t::default();
         // SAFETY: endpoint live; param asks for no callback (we poll the request).
-        let request = unsafe { sys::ucp_ep_flush_nbx(self.inner.handle, &param) };
+        let request = unsafe { api().ucp_ep_flush_nbx(self.inner.handle, &param) };
         if sys::UCS_PTR_IS_ERR(request) {
             return Err(Error::ucx("flush endpoint (ucp_ep_flush_nbx)", sys::UCS_PTR_RAW_STATUS(request)));
         }
@@ -442,7 +444,7 @@ impl transport::Endpoint for Endpoint {
             // SAFETY: endpoint live; the header bytes live in a heap buffer owned by the
             // Hold until completion; no data buffer (null, 0).
             unsafe {
-                sys::ucp_am_send_nbx(
+                api().ucp_am_send_nbx(
                     self.inner.handle,
                     DOORBELL_AM_ID,
                     header_ptr.cast(),

@@ -37,6 +37,13 @@ use ucx_sys as sys;
 use crate::config::FabricConfig;
 use crate::error::{Error, Result, check};
 
+/// The UCX library. Every UCX object comes from a [`Context`], and making the first one
+/// loaded the library (or failed, and then there is no object): past that the load's
+/// result, kept for the life of the process, is always `Ok`.
+pub(crate) fn api() -> &'static sys::Ucx {
+    sys::api().expect("UCX was loaded by the Context every UCX object comes from")
+}
+
 /// A UCX application context (`ucp_context_h`): the set of transports and the memory
 /// registrations. Cheap to clone (a reference); the context is cleaned up when the
 /// last clone, worker and region are gone.
@@ -61,16 +68,18 @@ impl Drop for ContextInner {
     fn drop(&mut self) {
         // SAFETY: the handle came from ucp_init; every worker and region holds an Arc
         // to this inner value, so none is left when it drops.
-        unsafe { sys::ucp_cleanup(self.handle) };
+        unsafe { api().ucp_cleanup(self.handle) };
     }
 }
 
 impl Context {
     /// Reads UCX's configuration (environment `UCX_*` variables), applies
     /// `config.transports` as `TLS` and `config.ucx_options`, and initialises UCX
-    /// with the RMA, active-message and wakeup features.
+    /// with the RMA, active-message and wakeup features. The first context of a
+    /// process loads UCX (`ucx_sys::api`).
     pub fn new(config: &FabricConfig) -> Result<Context> {
         config.validate()?;
+        sys::api()?;
         let ucx_config = UcxConfig::read()?;
         if let Some(tls) = &config.transports {
             ucx_config.modify("TLS", tls)?;
@@ -88,7 +97,7 @@ impl Context {
         let mut handle: sys::ucp_context_h = ptr::null_mut();
         // SAFETY: params is initialised and its field_mask names only set fields;
         // ucx_config is live until the end of this function; handle is writable.
-        let status = unsafe { sys::ucp_init(&params, ucx_config.ptr, &mut handle) };
+        let status = unsafe { api().ucp_init(&params, ucx_config.ptr, &mut handle) };
         check("initialise UCX (ucp_init)", status)?;
         Ok(Context { inner: Arc::new(ContextInner { handle, config: config.clone() }) })
     }
@@ -117,7 +126,7 @@ impl Context {
         capture_stream(|stream| {
             // SAFETY: the context handle is live (self holds it) and stream is a valid
             // FILE* for the duration of the call.
-            unsafe { sys::ucp_context_print_info(self.inner.handle, stream) }
+            unsafe { api().ucp_context_print_info(self.inner.handle, stream) }
         })
     }
 
@@ -150,7 +159,7 @@ impl UcxConfig {
         let mut ptr = ptr::null_mut();
         // SAFETY: null prefix and file mean "UCX_ environment variables only"; ptr is
         // writable.
-        let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut ptr) };
+        let status = unsafe { api().ucp_config_read(ptr::null(), ptr::null(), &mut ptr) };
         check("read UCX configuration (ucp_config_read)", status)?;
         Ok(UcxConfig { ptr })
     }
@@ -160,7 +169,7 @@ impl UcxConfig {
         let c_value = CString::new(value).map_err(|_| Error::Config(format!("{value:?}")))?;
         // SAFETY: self.ptr is a live config; both strings are NUL-terminated and live
         // for the call; UCX copies the value.
-        let status = unsafe { sys::ucp_config_modify(self.ptr, c_name.as_ptr(), c_value.as_ptr()) };
+        let status = unsafe { api().ucp_config_modify(self.ptr, c_name.as_ptr(), c_value.as_ptr()) };
         if status == sys::UCS_OK {
             Ok(())
         } else {
@@ -173,7 +182,7 @@ impl UcxConfig {
 impl Drop for UcxConfig {
     fn drop(&mut self) {
         // SAFETY: ptr came from ucp_config_read and is released exactly once.
-        unsafe { sys::ucp_config_release(self.ptr) }
+        unsafe { api().ucp_config_release(self.ptr) }
     }
 }
 

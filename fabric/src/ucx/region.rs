@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use ucx_sys as sys;
 
+use super::api;
+
 use super::ContextInner;
 use crate::error::{Error, Result, check};
 use crate::memory::SharedMemory;
@@ -41,7 +43,7 @@ impl Drop for RegionInner {
         // SAFETY: memh came from ucp_mem_map on this context, which the Arc keeps
         // alive; every posted operation using the memory holds an Arc to this value,
         // so none is in flight. Failure would leak the mapping; nothing to do then.
-        unsafe { sys::ucp_mem_unmap(self.ctx.handle(), self.memh) };
+        unsafe { api().ucp_mem_unmap(self.ctx.handle(), self.memh) };
     }
 }
 
@@ -69,7 +71,7 @@ impl Region {
         let mut memh: sys::ucp_mem_h = ptr::null_mut();
         // SAFETY: the context is live (ctx); params is initialised and its field mask
         // names only set fields; memh is writable.
-        let status = unsafe { sys::ucp_mem_map(ctx.handle(), &params, &mut memh) };
+        let status = unsafe { api().ucp_mem_map(ctx.handle(), &params, &mut memh) };
         check("allocate region (ucp_mem_map ALLOCATE)", status)?;
         let inner = Arc::new(RegionInner { ctx, memh });
 
@@ -79,7 +81,7 @@ impl Region {
         };
         // SAFETY: memh is live (inner); attr is writable and its mask names the fields
         // UCX should fill.
-        let status = unsafe { sys::ucp_mem_query(inner.memh, &mut attr) };
+        let status = unsafe { api().ucp_mem_query(inner.memh, &mut attr) };
         check("query region address (ucp_mem_query)", status)?;
         if attr.address.is_null() || attr.length < len {
             return Err(Error::OutOfRange {
@@ -141,12 +143,12 @@ impl crate::transport::Region for Region {
         let mut buf: *mut std::ffi::c_void = ptr::null_mut();
         let mut size: usize = 0;
         // SAFETY: context and memh are live; buf and size are writable.
-        let status = unsafe { sys::ucp_rkey_pack(self.inner.ctx.handle(), self.inner.memh, &mut buf, &mut size) };
+        let status = unsafe { api().ucp_rkey_pack(self.inner.ctx.handle(), self.inner.memh, &mut buf, &mut size) };
         check("pack remote key (ucp_rkey_pack)", status)?;
         // SAFETY: on success UCX returns size readable bytes at buf.
         let key = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) }.to_vec();
         // SAFETY: buf came from ucp_rkey_pack and is released exactly once.
-        unsafe { sys::ucp_rkey_buffer_release(buf) };
+        unsafe { api().ucp_rkey_buffer_release(buf) };
         Ok(key)
     }
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use ucx_sys as sys;
 
+use super::api;
+
 use super::Context;
 use crate::doorbell::DoorbellQueue;
 use crate::error::{Error, Result, check};
@@ -43,7 +45,7 @@ impl Drop for WorkerShared {
         // SAFETY: the handle came from ucp_worker_create; endpoints hold an Arc to this
         // value, so none is left. Destroying the worker may complete outstanding
         // requests, whose callbacks touch only the graveyard (still alive here).
-        unsafe { sys::ucp_worker_destroy(self.handle) };
+        unsafe { api().ucp_worker_destroy(self.handle) };
         reap(&self.graveyard);
         // `doorbells` drops after this body: the AM handler can no longer run.
     }
@@ -66,7 +68,7 @@ impl WorkerShared {
     /// operations completed meanwhile kept alive; the number of events handled.
     pub(crate) fn progress(&self) -> usize {
         // SAFETY: worker live; MULTI mode makes concurrent calls safe.
-        let n = unsafe { sys::ucp_worker_progress(self.handle) };
+        let n = unsafe { api().ucp_worker_progress(self.handle) };
         reap(&self.graveyard);
         n as usize
     }
@@ -87,16 +89,16 @@ impl WorkerShared {
                 idle_rounds = 0;
             }
             // SAFETY: request is a live request handle we own until ucp_request_free.
-            let status = unsafe { sys::ucp_request_check_status(request) };
+            let status = unsafe { api().ucp_request_check_status(request) };
             if status != sys::UCS_INPROGRESS {
                 // SAFETY: completed request owned by us, freed exactly once.
-                unsafe { sys::ucp_request_free(request) };
+                unsafe { api().ucp_request_free(request) };
                 return check(op, status);
             }
             if Instant::now() >= deadline {
                 // SAFETY: as above; UCX finishes the operation internally and invokes
                 // no callback for it (none was set).
-                unsafe { sys::ucp_request_free(request) };
+                unsafe { api().ucp_request_free(request) };
                 return Err(Error::Timeout { op, timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX) });
             }
             // A peer that is not progressing (TCP) would otherwise cost a whole core.

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use ucx_sys as sys;
 
+use super::api;
+
 use super::shared::{DOORBELL_AM_ID, WorkerShared};
 use super::{Context, Endpoint, Region};
 use crate::doorbell::{Doorbell, DoorbellQueue};
@@ -42,7 +44,7 @@ impl Worker {
         let mut handle: sys::ucp_worker_h = ptr::null_mut();
         // SAFETY: the context is live (ctx); params is initialised with a matching
         // field mask; handle is writable.
-        let status = unsafe { sys::ucp_worker_create(ctx.inner().handle(), &params, &mut handle) };
+        let status = unsafe { api().ucp_worker_create(ctx.inner().handle(), &params, &mut handle) };
         check("create worker (ucp_worker_create)", status)?;
         let doorbell_queue_len = ctx.config().doorbell_queue_len;
         // From here on, dropping `shared` destroys the worker.
@@ -58,7 +60,7 @@ impl Worker {
             ..Default::default()
         };
         // SAFETY: worker live; attr writable with a matching mask.
-        let status = unsafe { sys::ucp_worker_query(shared.handle, &mut attr) };
+        let status = unsafe { api().ucp_worker_query(shared.handle, &mut attr) };
         check("query worker thread mode (ucp_worker_query)", status)?;
         if attr.thread_mode != sys::UCS_THREAD_MODE_MULTI {
             return Err(Error::ThreadMode { granted: attr.thread_mode });
@@ -79,7 +81,7 @@ impl Worker {
         // SAFETY: worker live; the handler argument points into a Box owned by the
         // worker's shared state, which outlives the worker handle (destroyed first in
         // Drop); the callback only takes a shared reference to it.
-        let status = unsafe { sys::ucp_worker_set_am_recv_handler(shared.handle, &handler) };
+        let status = unsafe { api().ucp_worker_set_am_recv_handler(shared.handle, &handler) };
         check("register doorbell handler (ucp_worker_set_am_recv_handler)", status)?;
         Ok(Worker { shared })
     }
@@ -145,12 +147,12 @@ impl Transport for Worker {
         let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
         let mut len: usize = 0;
         // SAFETY: worker live; out-parameters writable.
-        let status = unsafe { sys::ucp_worker_get_address(self.shared.handle, &mut addr, &mut len) };
+        let status = unsafe { api().ucp_worker_get_address(self.shared.handle, &mut addr, &mut len) };
         check("get worker address (ucp_worker_get_address)", status)?;
         // SAFETY: on success UCX returns len readable bytes at addr.
         let bytes = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec();
         // SAFETY: addr came from ucp_worker_get_address on this worker; released once.
-        unsafe { sys::ucp_worker_release_address(self.shared.handle, addr) };
+        unsafe { api().ucp_worker_release_address(self.shared.handle, addr) };
         Ok(bytes)
     }
 
@@ -179,7 +181,7 @@ impl Transport for Worker {
     fn event_fd(&self) -> Result<RawFd> {
         let mut fd: i32 = -1;
         // SAFETY: worker live (created with UCP_FEATURE_WAKEUP); fd writable.
-        let status = unsafe { sys::ucp_worker_get_efd(self.shared.handle, &mut fd) };
+        let status = unsafe { api().ucp_worker_get_efd(self.shared.handle, &mut fd) };
         check("get worker event fd (ucp_worker_get_efd)", status)?;
         Ok(fd)
     }
@@ -188,7 +190,7 @@ impl Transport for Worker {
     /// the event fd, `Ok(false)` if events are pending (progress, then arm again).
     fn arm(&self) -> Result<bool> {
         // SAFETY: worker live.
-        let status = unsafe { sys::ucp_worker_arm(self.shared.handle) };
+        let status = unsafe { api().ucp_worker_arm(self.shared.handle) };
         match status {
             sys::UCS_OK => Ok(true),
             sys::UCS_ERR_BUSY => Ok(false),
@@ -199,7 +201,7 @@ impl Transport for Worker {
     /// Wakes a thread sleeping on the event fd (`ucp_worker_signal`).
     fn wake(&self) -> Result<()> {
         // SAFETY: worker live; ucp_worker_signal is callable from any thread.
-        let status = unsafe { sys::ucp_worker_signal(self.shared.handle) };
+        let status = unsafe { api().ucp_worker_signal(self.shared.handle) };
         check("wake worker (ucp_worker_signal)", status)
     }
 

@@ -41,9 +41,16 @@ pub struct BenchArgs {
     /// ofi-tcp (libfabric's shm and tcp providers), fuse (`dpuio mount` on a directory of
     /// its own, read by path: metadata and unet3d; its mount process's CPU counts as host
     /// CPU), preload (the POSIX code in a child process under libdpuio_preload.so, found
-    /// beside dpuio-bench or at $DPUIO_PRELOAD_LIBRARY; its whole CPU counts as host CPU).
+    /// beside dpuio-bench or at $DPUIO_PRELOAD_LIBRARY; its whole CPU counts as host CPU),
+    /// tcp-stream (seq-read: one plain TCP stream on the path to the agent's address, the
+    /// bar of the TCP transports; see --stream-source).
     #[arg(long, value_delimiter = ',', default_value = "posix,shm,tcp")]
     pub paths: Vec<String>,
+    /// tcp-stream: the address of a `dpuio-bench stream-source` started beside the agent
+    /// (when the agent is in another network namespace or machine); without it the
+    /// source is a thread of this program listening on the agent's host address.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub stream_source: Option<String>,
     /// The container's directory on this machine (for the POSIX baseline on the same
     /// file), e.g. ./dpuio-data/containers/default. Without it the POSIX path is skipped.
     #[arg(long)]
@@ -100,6 +107,8 @@ pub struct BenchArgs {
     pub qos: QosArgs,
     #[command(flatten)]
     pub soak: SoakArgs,
+    #[command(flatten)]
+    pub startup: StartupArgs,
 }
 
 impl BenchArgs {
@@ -170,4 +179,17 @@ pub struct SoakArgs {
     /// soak: seconds between samples of the agent.
     #[arg(long, default_value_t = 10.0)]
     pub sample_s: f64,
+}
+
+/// Options of `dpuio bench startup`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StartupArgs {
+    /// startup: starts of each program in each variant, the variants taking turns; the
+    /// figures are medians and percentiles over them.
+    #[arg(long, default_value_t = 200)]
+    pub startup_runs: usize,
+    /// startup: the Python interpreter timed (`-c pass`, `-c 'import dpuio'`); a pyenv
+    /// shim is resolved to the interpreter it runs (its own start is a chain of shells).
+    #[arg(long, default_value = "python3")]
+    pub startup_python: String,
 }

@@ -7,7 +7,8 @@
 //! agent, starting its own with `--agent-bin` through `dpuio-harness`, as the
 //! end-to-end tests do; `crypto` runs `dpuio-bench-agent crypto`, which measures the
 //! agent's ciphers against `openssl speed`; `soak` runs a mixed workload of three
-//! tenants on an agent of its own for minutes and watches its memory, fds and regions.
+//! tenants on an agent of its own for minutes and watches its memory, fds and regions;
+//! `startup` times process starts with and without the preload library (no agent).
 //!
 //! A program of its own rather than part of the `dpuio` command, so that the host
 //! library and the CLI do not carry plotting and progress bars; and it links no crate
@@ -28,6 +29,8 @@ mod qos;
 mod report;
 mod setup;
 mod soak;
+mod startup;
+mod tcp_stream;
 mod workloads;
 
 use std::process::ExitCode;
@@ -61,6 +64,14 @@ enum Which {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// The other end of the tcp-stream path, for an agent in another network namespace or
+    /// machine: run it there, beside the agent; it prints the address it listens on (give
+    /// it as --stream-source) and writes zeros to every connection until killed.
+    StreamSource {
+        /// HOST:PORT to listen on (port 0: the kernel picks one, printed).
+        #[arg(long, value_name = "HOST:PORT")]
+        listen: String,
+    },
 }
 
 /// `crypto`: the agent-side program with `args`, under this program's name (its usage and
@@ -90,6 +101,7 @@ fn main() -> ExitCode {
             Ok(code) => return code,
             Err(e) => Err(e),
         },
+        Some(Which::StreamSource { listen }) => tcp_stream::serve_forever(&listen),
         None => match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
             Ok(runtime) => runtime.block_on(workloads::run(&cli.connect, cli.workloads)).map_err(|e| e.to_string()),
             Err(e) => Err(format!("cannot start the async runtime: {e}")),

@@ -17,9 +17,7 @@ use dpuio_shim::cli::ConnectArgs;
 use dpuio_bench_core::{Figures, Workload, child, companion};
 
 use crate::args::BenchArgs;
-
-/// The library's file name, as `cargo build` and the dpuio-host package put it.
-const LIBRARY: &str = "libdpuio_preload.so";
+use crate::setup::PRELOAD_LIBRARY;
 
 pub struct PreloadPath {
     library: PathBuf,
@@ -30,7 +28,7 @@ pub struct PreloadPath {
 impl PreloadPath {
     /// The library at `$DPUIO_PRELOAD_LIBRARY`, else beside this program.
     pub fn find() -> Result<PreloadPath, String> {
-        let library = companion("DPUIO_PRELOAD_LIBRARY", LIBRARY, "dpuio-preload", "preload path")?;
+        let library = companion("DPUIO_PRELOAD_LIBRARY", PRELOAD_LIBRARY, "dpuio-preload", "preload path")?;
         let prefix = format!("/dpuio-bench-preload-{}", std::process::id());
         Ok(PreloadPath { library, prefix })
     }

@@ -8,6 +8,7 @@ use dpuio_bench_core::{Figures, LIBDFS};
 
 use crate::args::BenchArgs;
 use crate::setup::{DECRYPT, FUSE, PRELOAD, SAMPLE_WORKLOAD};
+use crate::tcp_stream::TCP_STREAM;
 
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.filter(|v| v.is_finite()).map_or("null".into(), |v| format!("{v:.digits$}"))
@@ -64,6 +65,7 @@ pub fn note(path: &str) -> Option<&'static str> {
     match path {
         "posix" => Some("the stored bytes, no dpuio"),
         LIBDFS => Some("the stored bytes, DAOS client, no dpuio"),
+        TCP_STREAM => Some("one TCP stream, no dpuio, no file"),
         p if p.ends_with(DECRYPT) => Some("the agent decrypts"),
         _ => None,
     }
@@ -94,6 +96,10 @@ fn describe(path: &str) -> String {
         "shim-ofi-tcp" => "the same over libfabric's tcp provider".into(),
         FUSE => "`dpuio mount` read by path through the kernel; the mount process's CPU counts as host CPU".into(),
         PRELOAD => "the POSIX code in a child process under libdpuio_preload.so; its whole CPU counts as host CPU"
+            .into(),
+        TCP_STREAM => "seq-read only: one plain TCP stream read in blocks of the same size on the path to the agent's \
+                       address (zeros from a source, no file, no dpuio): the bar of the TCP transports; host CPU is \
+                       the reading thread's"
             .into(),
         other => other.to_owned(),
     }
@@ -312,6 +318,7 @@ mod meaning {
     pub const STAT: &str = "a stat crosses to the agent and back where a local one is a system call: a tenth of its rate is the floor, a quarter the aim";
     pub const SAMPLE: &str = "a training sample (a whole 128 KiB file opened, read and closed): half the baseline's rate at a tenth of its host CPU";
     pub const CHECKPOINT: &str = "a checkpoint made durable (fsync, or the agent's on close) and read back at least 0.8x as fast as the baseline";
+    pub const TCP: &str = "a TCP transport against what one plain TCP stream carries on the same path: the transport's own round trips and copies should leave at least 0.8x of it (the bar is for 1 MiB reads, 8 in flight)";
     pub const OFI: &str =
         "libfabric's shared-memory transport, the second one, against UCX's: nearly as fast at not much more host CPU";
 }
@@ -410,6 +417,24 @@ fn targets(totals: &[Figures]) -> Vec<Target> {
             let r = s.gib_per_s() / p.gib_per_s();
             let claim = format!("{w} shim >= 0.8x {base} (with fsync)");
             target(claim, format!("{r:.2}x"), r >= 0.8, meaning::CHECKPOINT);
+        }
+    }
+    // The TCP transports against one TCP stream on the same path, in the same run.
+    let stream = totals.iter().find(|t| t.path == TCP_STREAM && t.workload == "seq-read");
+    for path in ["shim-ucx-tcp", "shim-ofi-tcp"] {
+        let row = totals.iter().find(|t| t.path == path && t.workload == "seq-read");
+        if let (Some(s), Some(b)) = (row, stream) {
+            let r = s.gib_per_s() / b.gib_per_s();
+            target(
+                format!(
+                    "seq-read {path} ({} KiB, {} in flight) >= 0.8x {TCP_STREAM}",
+                    s.block_bytes >> 10,
+                    s.queue_depth
+                ),
+                format!("{r:.2}x ({:.3} of {:.3} GiB/s)", s.gib_per_s(), b.gib_per_s()),
+                r >= 0.8,
+                meaning::TCP,
+            );
         }
     }
     // libfabric's shm provider against UCX shared memory, measured in the same run.

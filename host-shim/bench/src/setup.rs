@@ -16,6 +16,8 @@ use crate::libdfs::Libdfs;
 pub const FUSE: &str = "fuse";
 /// The path name of `libdpuio_preload.so` in the figures.
 pub const PRELOAD: &str = "preload";
+/// The preload library's file name, as `cargo build` and the dpuio-host package put it.
+pub const PRELOAD_LIBRARY: &str = "libdpuio_preload.so";
 /// The small-file sample row of the metadata workload: a whole 128 KiB file opened,
 /// read and closed per operation (a training sample).
 pub const SAMPLE_WORKLOAD: &str = "metadata-sample128k";
@@ -55,6 +57,8 @@ pub struct Setup {
     /// the preload path's child ([`crate::preload_path`]).
     pub posix_label: &'static str,
     pub progress: indicatif::MultiProgress,
+    /// The `tcp-stream` path's source, when asked for.
+    pub stream: Option<crate::tcp_stream::StreamSource>,
 }
 
 impl Setup {

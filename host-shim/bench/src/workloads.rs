@@ -34,6 +34,7 @@ use rand::{Rng, SeedableRng};
 use crate::args::{BenchArgs, BenchBackend};
 use crate::libdfs::Libdfs;
 use crate::setup::{DECRYPT, FUSE, PRELOAD, SAMPLE_WORKLOAD, Setup, bench_error, encrypted_client};
+use crate::tcp_stream::{StreamSource, TCP_STREAM};
 
 pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<()> {
     if args.workloads.contains(&Workload::Soak) {
@@ -43,6 +44,15 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             ));
         }
         return crate::soak::run(options, &args.soak, args.qos.agent_bin.as_ref()).await;
+    }
+    if args.workloads.contains(&Workload::Startup) {
+        if args.workloads.len() > 1 {
+            return Err(bench_error(
+                "startup times process starts, which other workloads running beside would disturb: run it alone \
+                 (dpuio bench startup)",
+            ));
+        }
+        return crate::startup::run(&args.startup, args.json).map_err(bench_error);
     }
     if args.workloads.contains(&Workload::Qos) {
         if args.workloads.len() > 1 {
@@ -77,10 +87,10 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             "tcp" | "ucx-tcp" => ("shim-ucx-tcp", "ucx-tcp"),
             "ofi-shm" => ("shim-ofi-shm", "ofi-shm"),
             "ofi-tcp" => ("shim-ofi-tcp", "ofi-tcp"),
-            "posix" | "fuse" | "preload" => continue,
+            "posix" | "fuse" | "preload" | TCP_STREAM => continue,
             other => {
                 return Err(bench_error(format!(
-                    "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp, fuse or preload"
+                    "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp, fuse, preload or tcp-stream"
                 )));
             }
         };
@@ -104,6 +114,10 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
     };
     let preload = match args.paths.iter().any(|p| p == PRELOAD) {
         true => Some(crate::preload_path::PreloadPath::find().map_err(bench_error)?),
+        false => None,
+    };
+    let stream = match args.paths.iter().any(|p| p == TCP_STREAM) {
+        true => Some(StreamSource::start(&options.agent, args.stream_source.as_deref()).map_err(bench_error)?),
         false => None,
     };
     let posix_root = match (&args.posix_root, args.paths.iter().any(|p| p == "posix")) {
@@ -131,7 +145,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let posix_label = if args.preload_child { PRELOAD } else { "posix" };
-    let setup = Setup { clients, posix_root, libdfs, agent_pid: args.agent_pid, fuse, posix_label, progress };
+    let setup = Setup { clients, posix_root, libdfs, agent_pid: args.agent_pid, fuse, posix_label, progress, stream };
     if !args.json && !args.preload_child {
         let mut paths: Vec<&str> = Vec::new();
         paths.extend(setup.posix_root.as_ref().map(|_| posix_label));
@@ -139,6 +153,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         paths.extend(setup.clients.iter().map(|(name, _)| name.as_str()));
         paths.extend(setup.fuse.as_ref().map(|_| FUSE));
         paths.extend(preload.as_ref().map(|_| PRELOAD));
+        paths.extend(setup.stream.as_ref().map(|_| TCP_STREAM));
         crate::report::legend(&paths, args.agent_pid.is_some());
     }
     let mut all: Vec<Figures> = Vec::new();
@@ -152,6 +167,7 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             Workload::Checkpoint => checkpoint(&setup, args.checkpoint_bytes).await?,
             Workload::Qos => return Err(bench_error("qos runs on its own")), // handled above
             Workload::Soak => return Err(bench_error("soak runs on its own")), // handled above
+            Workload::Startup => return Err(bench_error("startup runs on its own")), // handled above
         };
         let mut figures = figures;
         if let Some(preload) = &preload {
@@ -246,6 +262,17 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
             seed: round as u64,
         };
         cells.extend(setup.ask_libdfs(format!("{} {LIBDFS}, round {}", workload.name(), round + 1), &request)?);
+        // One TCP stream on the transports' path: the bar of the TCP rows (reads only).
+        if let (Some(source), Workload::SeqRead) = (setup.stream, workload) {
+            let bar = setup.spinner(format!("{} {TCP_STREAM}, round {}", workload.name(), round + 1));
+            let mut fig = tokio::task::spawn_blocking(move || source.cell(block, duration))
+                .await
+                .map_err(bench_error)?
+                .map_err(bench_error)?;
+            bar.finish_and_clear();
+            fig.workload = workload.name().into();
+            cells.push(fig);
+        }
         for (name, client) in &setup.clients {
             let bar = setup.spinner(format!("{} {name}, round {}", workload.name(), round + 1));
             let mut fig =

@@ -20,9 +20,7 @@ which needs only numpy, is in :mod:`dpuio.data`.
 
 import atexit
 import io
-import multiprocessing.util
 import os
-import signal
 import threading
 import weakref
 from collections import OrderedDict, namedtuple
@@ -682,6 +680,11 @@ def _watch_exit():
     global _EXIT_HOOK_PID
     if _EXIT_HOOK_PID != os.getpid():
         _EXIT_HOOK_PID = os.getpid()
+        # Here, not at the top: importing multiprocessing (socket, pickle, subprocess...)
+        # is most of what `import dpuio` would cost, and a process that never attaches
+        # needs none of it. A DataLoader worker has it imported already.
+        import multiprocessing.util
+
         multiprocessing.util.Finalize(None, _detach_live_sessions, exitpriority=10)
         atexit.register(_detach_live_sessions)
         _install_sigterm_handler()
@@ -693,6 +696,8 @@ def _install_sigterm_handler():
         return
     if threading.current_thread() is not threading.main_thread():
         return  # signal.signal works in the main thread only; a later client may
+    import signal  # here: it imports enum, which `import dpuio` alone does not need
+
     current = signal.getsignal(signal.SIGTERM)
     # None: a handler set outside Python, which we cannot chain; SIG_IGN: asked for.
     if current is _on_sigterm or current is None or current is signal.SIG_IGN:
@@ -702,6 +707,8 @@ def _install_sigterm_handler():
 
 
 def _on_sigterm(signum, frame):
+    import signal  # imported already: installing this handler did
+
     _detach_live_sessions()
     previous = _PREVIOUS_SIGTERM
     if callable(previous):
