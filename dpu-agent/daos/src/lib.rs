@@ -23,7 +23,8 @@
 //!
 //! Deliberately not here yet: per-tenant worker processes under the tenant's uid (DAOS
 //! credentials follow the agent's uid), and asynchronous calls for metadata (namespace
-//! operations are blocking calls on the agent's blocking pool).
+//! operations are blocking calls on the agent's blocking pool, which is also why a call
+//! DAOS never answers, with every engine gone, cannot be bounded).
 
 mod anchor;
 mod backend;
