@@ -241,6 +241,12 @@ fn map(path: &str, e: CallError) -> Error {
     }
 }
 
+/// `call` made again while it fails transiently (see [`Retry`]), a failure mapped as
+/// [`map`] does.
+fn retried<T>(retry: Retry, path: &str, call: impl FnMut() -> std::result::Result<T, CallError>) -> Result<T> {
+    retry.run(path, call).map_err(|e| map(path, e))
+}
+
 fn io_error(what: &str, e: CallError) -> Error {
     Error::Io { context: format!("{what}: {e}"), source: std::io::Error::from_raw_os_error(e.errno()) }
 }
@@ -287,8 +293,7 @@ impl DaosContainer {
     /// The open directory `path` (its stat checked to be a directory), opened
     /// read-write: DFS refuses entries made or removed through a read-only parent.
     fn dir(&self, path: &NsPath) -> Result<Obj> {
-        let (obj, st) =
-            self.retry.run(path.as_str(), || self.fs.lookup(path.as_str(), true)).map_err(|e| map(path.as_str(), e))?;
+        let (obj, st) = retried(self.retry, path.as_str(), || self.fs.lookup(path.as_str(), true))?;
         match kind_of(path.as_str(), &st)? {
             EntryKind::Directory => Ok(obj),
             EntryKind::File => Err(Error::NotADirectory { path: path.to_string() }),
@@ -360,12 +365,9 @@ impl DaosContainer {
         }
         let object_class = if layout.object_class != 0 { layout.object_class } else { self.object_class };
         let chunk_bytes = if layout.chunk_bytes != 0 { layout.chunk_bytes } else { self.chunk_bytes };
-        let obj = self
-            .retry
-            .run(path.as_str(), || {
-                self.fs.open(parent.as_ref(), name, libc::S_IFREG | (mode & 0o7777), flags, object_class, chunk_bytes)
-            })
-            .map_err(|e| map(path.as_str(), e))?;
+        let obj = retried(self.retry, path.as_str(), || {
+            self.fs.open(parent.as_ref(), name, libc::S_IFREG | (mode & 0o7777), flags, object_class, chunk_bytes)
+        })?;
         Ok(DaosObject { obj, path: path.clone(), writable: options.write, retry: self.retry })
     }
 }
@@ -380,10 +382,7 @@ impl Container for DaosContainer {
     }
 
     fn stat(&self, path: &NsPath) -> Result<Attr> {
-        let (obj, st) = self
-            .retry
-            .run(path.as_str(), || self.fs.lookup(path.as_str(), false))
-            .map_err(|e| map(path.as_str(), e))?;
+        let (obj, st) = retried(self.retry, path.as_str(), || self.fs.lookup(path.as_str(), false))?;
         with_object_id(attr(path.as_str(), &st)?, &obj, path)
     }
 
@@ -392,9 +391,7 @@ impl Container for DaosContainer {
             return Err(Error::AlreadyExists { path: path.to_string() });
         }
         let (parent, name) = self.parent(path)?;
-        self.retry
-            .run(path.as_str(), || self.fs.mkdir(parent.as_ref(), name, mode & 0o7777, self.object_class))
-            .map_err(|e| map(path.as_str(), e))?;
+        retried(self.retry, path.as_str(), || self.fs.mkdir(parent.as_ref(), name, mode & 0o7777, self.object_class))?;
         self.stat(path)
     }
 
@@ -439,9 +436,7 @@ impl Container for DaosContainer {
             return Err(Error::InvalidArgument("/: the container root cannot be removed".to_owned()));
         }
         let (parent, name) = self.parent(path)?;
-        self.retry
-            .run(path.as_str(), || self.fs.remove(parent.as_ref(), name, recursive))
-            .map_err(|e| map(path.as_str(), e))
+        retried(self.retry, path.as_str(), || self.fs.remove(parent.as_ref(), name, recursive))
     }
 
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
@@ -457,9 +452,9 @@ impl Container for DaosContainer {
         if self.probe(dst_parent.as_ref(), dst_name, to)?.is_some() {
             return Err(Error::AlreadyExists { path: to.to_string() });
         }
-        self.retry
-            .run(from.as_str(), || self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name))
-            .map_err(|e| map(from.as_str(), e))
+        retried(self.retry, from.as_str(), || {
+            self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name)
+        })
     }
 
     fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
@@ -483,9 +478,9 @@ impl Container for DaosContainer {
         // environment both happen in one DAOS transaction; without it a crash between
         // the two leaves no entry at `to` (the new data stays under `from`): see
         // docs/daos.md.
-        self.retry
-            .run(from.as_str(), || self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name))
-            .map_err(|e| map(from.as_str(), e))
+        retried(self.retry, from.as_str(), || {
+            self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name)
+        })
     }
 
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
@@ -494,7 +489,7 @@ impl Container for DaosContainer {
     }
 
     fn sync(&self) -> Result<()> {
-        self.retry.run("/", || self.fs.sync()).map_err(|e| map("/", e))
+        retried(self.retry, "/", || self.fs.sync())
     }
 }
 
@@ -645,10 +640,9 @@ impl Object for DaosObject {
         // dfs_read returns short only at the end of the file; loop in case a read over
         // many chunks ever comes back short before it.
         while done < buf.len() {
-            let n = self
-                .retry
-                .run(self.path.as_str(), || self.obj.read_at(buf.slice_mut(done..), offset + done as u64))
-                .map_err(|e| map(self.path.as_str(), e))?;
+            let n = retried(self.retry, self.path.as_str(), || {
+                self.obj.read_at(buf.slice_mut(done..), offset + done as u64)
+            })?;
             if n == 0 {
                 break;
             }
@@ -660,11 +654,11 @@ impl Object for DaosObject {
     /// `dfs_write` straight from the view: DAOS reads each byte once.
     fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         self.check_write(buf.len(), offset)?;
-        self.retry.run(self.path.as_str(), || self.obj.write_at(buf, offset)).map_err(|e| map(self.path.as_str(), e))
+        retried(self.retry, self.path.as_str(), || self.obj.write_at(buf, offset))
     }
 
     fn stat(&self) -> Result<Attr> {
-        let st = self.retry.run(self.path.as_str(), || self.obj.stat()).map_err(|e| map(self.path.as_str(), e))?;
+        let st = retried(self.retry, self.path.as_str(), || self.obj.stat())?;
         with_object_id(attr(self.path.as_str(), &st)?, &self.obj, &self.path)
     }
 
@@ -672,7 +666,7 @@ impl Object for DaosObject {
         if !self.writable {
             return Err(self.read_only("truncate"));
         }
-        self.retry.run(self.path.as_str(), || self.obj.truncate(size)).map_err(|e| map(self.path.as_str(), e))
+        retried(self.retry, self.path.as_str(), || self.obj.truncate(size))
     }
 
     fn sync(&self) -> Result<()> {
