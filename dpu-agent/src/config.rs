@@ -43,6 +43,8 @@
 //! container = "default"
 //! max_sessions = 64           # default: [limits] max_sessions
 //! object_class = "RP_2G1"     # DAOS only: this tenant's new files; default [backend] object_class
+//! daos_user = "dpuio-acme"    # DAOS only: its DAOS calls run as this user, in a worker process
+//! daos_group = "dpuio-acme"   # that worker's group; default the user's primary group
 //! [tenants.qos]               # 0 or absent: unlimited
 //! bytes_per_s = 1073741824
 //! ops_per_s = 100000
@@ -355,6 +357,11 @@ pub struct TenantConfig {
     /// DAOS object class of this tenant's new files and directories (`RP_2G1`, `EC_2P1G1`);
     /// empty: `[backend] object_class`.
     pub object_class: String,
+    /// DAOS user whose identity this tenant's DAOS calls carry, from a worker process of
+    /// its own (empty: the agent's own, in-process).
+    pub daos_user: String,
+    /// That worker's group (empty: the user's primary group).
+    pub daos_group: String,
 }
 
 impl TenantConfig {
@@ -369,6 +376,8 @@ impl TenantConfig {
             max_regions_per_session: None,
             qos: QosConfig::default(),
             object_class: String::new(),
+            daos_user: String::new(),
+            daos_group: String::new(),
         }
     }
 }

@@ -46,6 +46,13 @@ enum Command {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
+    /// A tenant's DAOS worker (started by the agent itself for a tenant with `daos_user`).
+    #[command(hide = true)]
+    TenantWorker {
+        /// The tenant it serves (for its log lines).
+        #[arg(long)]
+        tenant: String,
+    },
     /// Check a config file and explain every mistake; exits 1 if there is any.
     CheckConfig {
         /// The TOML file to check.
@@ -57,6 +64,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
+        Command::TenantWorker { tenant } => {
+            match dpuio_worker::spawn::inherited_control().map_err(|e| e.to_string()).and_then(dpuio_worker::serve::run)
+            {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("dpu-agent tenant-worker (tenant {tenant}): {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::CheckConfig { file } => match Config::load(&file) {
             Ok(config) => {
                 println!(
@@ -68,6 +85,9 @@ fn main() -> ExitCode {
                 );
                 if let BackendConfig::Daos(daos) = &config.backend {
                     for note in daos_notes(daos) {
+                        println!("  note: {note}");
+                    }
+                    for note in identity_notes(daos, &config.tenants) {
                         println!("  note: {note}");
                     }
                 }
@@ -144,6 +164,48 @@ fn daos_notes(daos: &dpu_agent::config::DaosConfig) -> Vec<String> {
             "no daos_agent socket at {} on this machine: serve needs daos_agent running there",
             socket.display()
         ));
+    }
+    notes
+}
+
+/// For each tenant with a DAOS identity whose container exists: whether its ACL admits
+/// other principals than that identity, read by a worker as the tenant's user.
+fn identity_notes(daos: &dpu_agent::config::DaosConfig, tenants: &[dpu_agent::config::TenantConfig]) -> Vec<String> {
+    let Ok(exe) = std::env::current_exe() else { return vec!["cannot find dpu-agent's own executable".into()] };
+    let mut notes = Vec::new();
+    for tenant in tenants.iter().filter(|t| !t.daos_user.is_empty()) {
+        let Ok(identity) = dpuio_worker::Identity::resolve(&tenant.daos_user, &tenant.daos_group) else { continue };
+        let worker = dpuio_worker::WorkerBackend::new(
+            &tenant.name,
+            identity.clone(),
+            daos.worker_setup(&tenant.name),
+            exe.clone(),
+        );
+        let note = match worker.acl(&tenant.container) {
+            Ok((owner, entries)) => match dpuio_worker::foreign_principals(&identity, &owner, &entries) {
+                foreign if foreign.is_empty() => {
+                    format!(
+                        "tenant {:?}: container {:?} admits its DAOS user {} only",
+                        tenant.name, tenant.container, identity.user
+                    )
+                }
+                foreign => format!(
+                    "tenant {:?}: container {:?} admits other principals than its DAOS user {}: {} (remove them with \
+                     `daos container delete-acl {} {} --principal=...`)",
+                    tenant.name,
+                    tenant.container,
+                    identity.user,
+                    foreign.join(", "),
+                    daos.pool,
+                    tenant.container
+                ),
+            },
+            Err(e) => format!(
+                "tenant {:?}: cannot read the ACL of container {:?} as {}: {e}",
+                tenant.name, tenant.container, identity.user
+            ),
+        };
+        notes.push(note);
     }
     notes
 }

@@ -31,6 +31,7 @@ pub fn daos_options(daos: &DaosConfig) -> DaosOptions {
         chunk_bytes: daos.chunk_bytes,
         object_class: daos.object_class.clone(),
         retry: std::time::Duration::from_secs(daos.retry_seconds),
+        private_containers: false,
     }
 }
 

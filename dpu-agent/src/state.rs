@@ -45,6 +45,8 @@ pub struct Agent {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) tenants: Mutex<HashMap<String, TenantConfig>>,
     pub(crate) containers: Mutex<HashMap<String, Arc<dyn Container>>>,
+    /// Per tenant with a `daos_user`: the backend its worker process runs.
+    pub(crate) workers: Mutex<HashMap<String, Arc<dpuio_worker::WorkerBackend>>>,
     pub(crate) sessions: Mutex<HashMap<u64, Arc<Session>>>,
     draining: AtomicBool,
     pub started: Instant,
@@ -145,6 +147,7 @@ impl Agent {
             backend,
             tenants: Mutex::new(tenants),
             containers: Mutex::new(HashMap::new()),
+            workers: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             started: Instant::now(),

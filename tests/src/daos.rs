@@ -133,3 +133,40 @@ pub fn ofi_shm_refused() -> Option<String> {
         )
     })
 }
+
+/// A DAOS identity for tenant `name` of the tests: the system user `dpuio-t-NAME` (made
+/// with `useradd --system` if missing: the tests run as root) with read-write access to
+/// the pool (`dmg pool update-acl`, through `$DAOS_RUNDIR/daos_control.yml`). Returns
+/// the user's name, or why it cannot be made.
+pub fn tenant_identity(d: &Daos, name: &str) -> Result<String, String> {
+    let user = format!("dpuio-t-{name}");
+    let exists = Command::new("id").arg(&user).output().is_ok_and(|o| o.status.success());
+    if !exists {
+        let out = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &user])
+            .output()
+            .map_err(|e| format!("run useradd: {e}"))?;
+        // Another test of this run may have made it meanwhile (exit 9: already exists).
+        if !out.status.success() && out.status.code() != Some(9) {
+            return Err(format!("useradd {user}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    let rundir = std::env::var_os("DAOS_RUNDIR").ok_or("DAOS_RUNDIR is not set (source the env file of daos-up.sh)")?;
+    let out = Command::new("dmg")
+        .arg("-o")
+        .arg(Path::new(&rundir).join("daos_control.yml"))
+        .args(["pool", "update-acl", &d.pool, "--entry", &format!("A::{user}@:rw")])
+        .output()
+        .map_err(|e| format!("run dmg: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("dmg pool update-acl for {user}: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(user)
+}
+
+/// The `daos` tool run as `user` (runuser), to see DAOS as a tenant's identity sees it.
+pub fn daos_as(user: &str) -> Command {
+    let mut c = Command::new("runuser");
+    c.args(["-u", user, "--", "daos"]);
+    c
+}

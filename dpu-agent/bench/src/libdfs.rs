@@ -78,6 +78,7 @@ fn mount(args: &LibdfsArgs) -> Result<Arc<dyn Container>, String> {
         object_class: String::new(),
         // libdfs as a job would call it: no retries of its own.
         retry: std::time::Duration::ZERO,
+        private_containers: false,
     })
     .map_err(|e| e.to_string())?;
     backend.mount(&args.container, false).map_err(|e| e.to_string())

@@ -70,6 +70,10 @@ pub struct DaosOptions {
     /// How long a DAOS call that fails transiently (an engine gone, a pool map moving)
     /// is made again before the client hears of it; zero: never.
     pub retry: Duration,
+    /// Containers this backend creates admit only their owner, this process's DAOS user
+    /// (the owner-group entry DAOS adds is removed): set in a tenant's worker process,
+    /// which runs as the tenant's `daos_user`.
+    pub private_containers: bool,
 }
 
 /// Why a DAOS backend could not be opened.
@@ -154,6 +158,14 @@ impl Backend for DaosBackend {
     }
 
     fn mount_with_class(&self, container: &str, create: bool, object_class: &str) -> Result<Arc<dyn Container>> {
+        Ok(self.open_container(container, create, object_class)?)
+    }
+}
+
+impl DaosBackend {
+    /// [`Backend::mount_with_class`], as the DAOS type (whose [`DaosContainer::acl`] a
+    /// tenant's worker reads).
+    pub fn open_container(&self, container: &str, create: bool, object_class: &str) -> Result<Arc<DaosContainer>> {
         let object_class = match object_class {
             "" => self.object_class,
             name => self.pool.object_class(name).ok_or_else(|| {
@@ -166,36 +178,38 @@ impl Backend for DaosBackend {
         let pool = &self.options.pool;
         let create = create && self.options.create_containers;
         let retry = Retry { deadline: self.options.retry };
-        let fs = retry.run(container, || self.pool.mount(container, create)).map_err(|e| {
-            let what = format!("DAOS container {container:?} of pool {pool:?}");
-            match e.code {
-                Code::Der(der::NONEXIST | der::NONEXIST_CONT) => Error::NoSuchContainer {
-                    name: container.to_owned(),
-                    hint: format!(
-                        " in DAOS pool {pool:?} ({e}): create it with `daos container create {pool} {container} \
+        let fs = retry.run(container, || self.pool.mount(container, create, self.options.private_containers)).map_err(
+            |e| {
+                let what = format!("DAOS container {container:?} of pool {pool:?}");
+                match e.code {
+                    Code::Der(der::NONEXIST | der::NONEXIST_CONT) => Error::NoSuchContainer {
+                        name: container.to_owned(),
+                        hint: format!(
+                            " in DAOS pool {pool:?} ({e}): create it with `daos container create {pool} {container} \
                          --type=POSIX`, or set [backend] create_containers = true"
-                    ),
-                },
-                Code::Der(der::NO_PERM) | Code::Errno(libc::EPERM | libc::EACCES) => Error::Denied {
-                    what,
-                    // dfs_* turn DER_NO_PERM into EPERM; name both.
-                    reason: format!(
-                        "{e}{}: grant this agent's user (uid {}) access with `daos container update-acl {pool} \
+                        ),
+                    },
+                    Code::Der(der::NO_PERM) | Code::Errno(libc::EPERM | libc::EACCES) => Error::Denied {
+                        what,
+                        // dfs_* turn DER_NO_PERM into EPERM; name both.
+                        reason: format!(
+                            "{e}{}: grant this agent's user (uid {}) access with `daos container update-acl {pool} \
                          {container} --entry A::<user>@:rwdtTaAo`",
-                        if matches!(e.code, Code::Errno(_)) { " (DER_NO_PERM from DAOS)" } else { "" },
-                        real_uid()
-                    ),
-                },
-                Code::Der(der::UNREACH | der::TIMEDOUT | der::AGENT_COMM) => {
-                    Error::Unavailable { what, reason: format!("{e}: check `dmg system query`") }
-                }
-                Code::Errno(libc::EINVAL) if e.call == "dfs_mount" => Error::InvalidArgument(format!(
-                    "{what} is not a POSIX (DFS) container ({e}): give the tenant a container made with \
+                            if matches!(e.code, Code::Errno(_)) { " (DER_NO_PERM from DAOS)" } else { "" },
+                            real_uid()
+                        ),
+                    },
+                    Code::Der(der::UNREACH | der::TIMEDOUT | der::AGENT_COMM) => {
+                        Error::Unavailable { what, reason: format!("{e}: check `dmg system query`") }
+                    }
+                    Code::Errno(libc::EINVAL) if e.call == "dfs_mount" => Error::InvalidArgument(format!(
+                        "{what} is not a POSIX (DFS) container ({e}): give the tenant a container made with \
                      `daos container create {pool} <label> --type=POSIX`"
-                )),
-                _ => io_error(&what, e),
-            }
-        })?;
+                    )),
+                    _ => io_error(&what, e),
+                }
+            },
+        )?;
         Ok(Arc::new(DaosContainer {
             fs,
             name: container.to_owned(),
@@ -290,6 +304,12 @@ fn attr(path: &str, st: &Stat) -> Result<Attr> {
 }
 
 impl DaosContainer {
+    /// The container's owner (`user@`) and its ACL entries in DAOS's own format
+    /// (`A::OWNER@:rwdtTaAo`), as `daos container get-acl` prints them.
+    pub fn acl(&self) -> Result<(String, Vec<String>)> {
+        retried(self.retry, &self.name, || self.fs.acl())
+    }
+
     /// The open directory `path` (its stat checked to be a directory), opened
     /// read-write: DFS refuses entries made or removed through a read-only parent.
     fn dir(&self, path: &NsPath) -> Result<Obj> {

@@ -212,7 +212,11 @@ pub struct Pool {
 impl Pool {
     /// Open container `label` and mount it with DFS, read-write. With `create`, a
     /// missing container is first created as a POSIX container.
-    pub fn mount(self: &Arc<Self>, label: &str, create: bool) -> Result<Arc<Fs>, CallError> {
+    ///
+    /// With `private`, a container this call creates admits its owner only: DAOS gives a
+    /// new container `A::OWNER@:rwdtTaAo` and `A:G:GROUP@:rwtT`, and the group entry is
+    /// removed before the container is used (the owner is this process's DAOS user).
+    pub fn mount(self: &Arc<Self>, label: &str, create: bool, private: bool) -> Result<Arc<Fs>, CallError> {
         let api = self.rt.api;
         let c_label = cstring(label)?;
         let mut coh = daos_handle_t::default();
@@ -251,6 +255,16 @@ impl Pool {
                 return Err(errno_error("dfs_cont_create_with_label", erc));
             }
             rc = open(&mut coh);
+            if rc == 0 && erc == 0 && private {
+                // SAFETY: coh is open; a NULL name is what the owner-group principal takes.
+                let drc =
+                    unsafe { (api.daos_cont_delete_acl)(coh, sys::DAOS_ACL_OWNER_GROUP, ptr::null(), ptr::null_mut()) };
+                if drc != 0 {
+                    // SAFETY: coh was opened above and is not used again.
+                    unsafe { (api.daos_cont_close)(coh, ptr::null_mut()) };
+                    return Err(der_error(api, "daos_cont_delete_acl", drc));
+                }
+            }
         }
         if rc != 0 {
             return Err(der_error(api, "daos_cont_open", rc));
@@ -349,6 +363,60 @@ fn zeroed_stat() -> libc::stat {
 }
 
 impl Fs {
+    /// The container's owner (`user@`) and its ACL, one entry per string in DAOS's
+    /// own format (`A::OWNER@:rwdtTaAo`), as `daos container get-acl` prints them.
+    pub fn acl(&self) -> Result<(String, Vec<String>), CallError> {
+        let api = self.pool.rt.api;
+        let mut prop: *mut sys::daos_prop_t = ptr::null_mut();
+        // SAFETY: coh is open; prop is a valid out-pointer; NULL event: blocking.
+        let rc = unsafe { (api.daos_cont_get_acl)(self.coh, &mut prop, ptr::null_mut()) };
+        if rc != 0 {
+            return Err(der_error(api, "daos_cont_get_acl", rc));
+        }
+        let text = |entry: *mut sys::daos_prop_entry| -> Option<String> {
+            // SAFETY: entry is NULL or an entry of prop (alive until daos_prop_free
+            // below).
+            let value = unsafe { entry.as_ref() }?.dpe_val_ptr;
+            if value.is_null() {
+                return None;
+            }
+            // SAFETY: the owner entry's value is a NUL-terminated string of prop.
+            Some(unsafe { CStr::from_ptr(value as *const c_char) }.to_string_lossy().into_owned())
+        };
+        // SAFETY: prop came from daos_cont_get_acl.
+        let owner = text(unsafe { (api.daos_prop_entry_get)(prop, sys::DAOS_PROP_CO_OWNER) }).unwrap_or_default();
+        // SAFETY: as above.
+        let acl_entry = unsafe { (api.daos_prop_entry_get)(prop, sys::DAOS_PROP_CO_ACL) };
+        let mut entries = Vec::new();
+        // SAFETY: acl_entry is NULL or an entry of prop; its value is a struct daos_acl.
+        if let Some(entry) = unsafe { acl_entry.as_ref() }.filter(|e| !e.dpe_val_ptr.is_null()) {
+            let (mut strs, mut n): (*mut *mut c_char, usize) = (ptr::null_mut(), 0);
+            // SAFETY: the ACL pointer is valid while prop is; strs and n are valid
+            // out-pointers; each string and the array are malloc'd for us to free.
+            let rc = unsafe { (api.daos_acl_to_strs)(entry.dpe_val_ptr, &mut strs, &mut n) };
+            if rc == 0 && !strs.is_null() {
+                for i in 0..n {
+                    // SAFETY: strs holds n pointers.
+                    let s = unsafe { *strs.add(i) };
+                    // SAFETY: each is a NUL-terminated malloc'd string.
+                    entries.push(unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned());
+                    // SAFETY: malloc'd by daos_acl_to_strs, freed once.
+                    unsafe { libc::free(s.cast()) };
+                }
+                // SAFETY: as above.
+                unsafe { libc::free(strs.cast()) };
+            }
+            if rc != 0 {
+                // SAFETY: prop came from daos_cont_get_acl and is freed once.
+                unsafe { (api.daos_prop_free)(prop) };
+                return Err(der_error(api, "daos_acl_to_strs", rc));
+            }
+        }
+        // SAFETY: prop came from daos_cont_get_acl and is freed once.
+        unsafe { (api.daos_prop_free)(prop) };
+        Ok((owner, entries))
+    }
+
     fn api(&self) -> &'static Api {
         self.pool.rt.api
     }

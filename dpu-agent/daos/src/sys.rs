@@ -196,6 +196,34 @@ pub const DAOS_PC_RW: c_uint = 1 << 1;
 /// `DAOS_COO_RW` (daos_cont.h): open a container read-write.
 pub const DAOS_COO_RW: c_uint = 1 << 1;
 
+/// `daos_prop_entry` (daos_prop.h): one property; the union is a u64, a string or a
+/// pointer (an ACL).
+#[repr(C)]
+pub struct daos_prop_entry {
+    pub dpe_type: u32,
+    pub dpe_flags: u16,
+    pub dpe_reserv: u16,
+    pub dpe_val_ptr: *mut c_void,
+}
+const _: () = assert!(size_of::<daos_prop_entry>() == 16);
+const _: () = assert!(offset_of!(daos_prop_entry, dpe_val_ptr) == 8);
+
+/// `daos_prop_t` (daos_prop.h); only ever held through libdaos's own pointer.
+#[repr(C)]
+pub struct daos_prop_t {
+    pub dpp_nr: u32,
+    pub dpp_reserv: u32,
+    pub dpp_entries: *mut daos_prop_entry,
+}
+const _: () = assert!(size_of::<daos_prop_t>() == 16);
+
+/// `DAOS_PROP_CO_ACL` of `enum daos_cont_props` (DAOS_PROP_CO_MIN 0x1000 + 10).
+pub const DAOS_PROP_CO_ACL: u32 = 0x100a;
+/// `DAOS_PROP_CO_OWNER`: the owner's principal, `user@`.
+pub const DAOS_PROP_CO_OWNER: u32 = 0x100d;
+/// `DAOS_ACL_OWNER_GROUP` of `enum daos_acl_principal_type` (daos_security.h).
+pub const DAOS_ACL_OWNER_GROUP: c_int = 2;
+
 /// One exported function: its symbol and its C type.
 macro_rules! api {
     ($( $lib:ident : $name:ident : fn($($arg:ty),*) -> $ret:ty; )*) => {
@@ -233,6 +261,12 @@ api! {
     daos: daos_cont_open2: fn(daos_handle_t, *const c_char, c_uint, *mut daos_handle_t, *mut c_void, *mut c_void) -> c_int;
     daos: daos_cont_close: fn(daos_handle_t, *mut c_void) -> c_int;
     daos: daos_oclass_name2id: fn(*const c_char) -> c_int;
+    daos: daos_cont_get_acl: fn(daos_handle_t, *mut *mut daos_prop_t, *mut c_void) -> c_int;
+    daos: daos_cont_delete_acl: fn(daos_handle_t, c_int, *const c_char, *mut c_void) -> c_int;
+    // libdaos_common's, found through libdaos (dlsym searches a library's dependencies).
+    daos: daos_prop_entry_get: fn(*mut daos_prop_t, u32) -> *mut daos_prop_entry;
+    daos: daos_prop_free: fn(*mut daos_prop_t) -> ();
+    daos: daos_acl_to_strs: fn(*mut c_void, *mut *mut *mut c_char, *mut usize) -> c_int;
     daos: daos_eq_create: fn(*mut daos_handle_t) -> c_int;
     daos: daos_eq_destroy: fn(daos_handle_t, c_int) -> c_int;
     daos: daos_eq_poll: fn(daos_handle_t, c_int, i64, c_uint, *mut *mut daos_event_t) -> c_int;

@@ -132,3 +132,24 @@ impl Checker {
         }
     }
 }
+
+impl super::DaosConfig {
+    /// What a tenant's DAOS worker is told of the backend: these settings.
+    pub fn worker_setup(&self, tenant: &str) -> dpuio_worker::Setup {
+        dpuio_worker::Setup {
+            tenant: tenant.to_owned(),
+            pool: self.pool.clone(),
+            system: self.system.clone(),
+            agent_socket_dir: self
+                .agent_socket_dir
+                .clone()
+                .unwrap_or_else(dpuio_daos::default_agent_socket_dir)
+                .display()
+                .to_string(),
+            create_containers: self.create_containers,
+            chunk_bytes: self.chunk_bytes,
+            object_class: self.object_class.clone(),
+            retry_ms: self.retry_seconds.saturating_mul(1000),
+        }
+    }
+}

@@ -121,6 +121,15 @@ impl Checker {
                     ),
                 );
             }
+            for (i, t) in config.tenants.iter().enumerate().filter(|(_, t)| !t.daos_user.is_empty()) {
+                self.issue(
+                    format!("tenants[{i}].daos_user"),
+                    format!(
+                        "{:?}: a DAOS identity needs the DAOS backend (set [backend] kind = \"daos\", or leave it out)",
+                        t.daos_user
+                    ),
+                );
+            }
         }
         config
     }

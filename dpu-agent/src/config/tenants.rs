@@ -33,6 +33,8 @@ impl Checker {
                     "max_regions_per_session",
                     "qos",
                     "object_class",
+                    "daos_user",
+                    "daos_group",
                 ],
             );
             let max_sessions = self.integer(t, &prefix, "max_sessions", 1, 1 << 20).map(|n| n as u32);
@@ -58,6 +60,9 @@ impl Checker {
             };
             let object_class = self.string(t, &prefix, "object_class").unwrap_or_default();
             self.object_class(&join(&prefix, "object_class"), &object_class, "[backend] object_class");
+            let daos_user = self.string(t, &prefix, "daos_user").unwrap_or_default();
+            let daos_group = self.string(t, &prefix, "daos_group").unwrap_or_default();
+            self.daos_identity(&prefix, &daos_user, &daos_group);
             let name = self.string(t, &prefix, "name");
             let container = self.string(t, &prefix, "container");
             let (Some(name), Some(container)) = (name, container) else {
@@ -98,10 +103,25 @@ impl Checker {
                     max_regions_per_session,
                     qos,
                     object_class,
+                    daos_user,
+                    daos_group,
                 });
             }
         }
         tenants
+    }
+
+    /// `daos_user` / `daos_group`: a user (and group) of this machine that is not root.
+    fn daos_identity(&mut self, prefix: &str, user: &str, group: &str) {
+        if user.is_empty() {
+            if !group.is_empty() {
+                self.issue(join(prefix, "daos_group"), "needs daos_user: a DAOS identity is a user and its group");
+            }
+            return;
+        }
+        if let Err(reason) = dpuio_worker::Identity::resolve(user, group) {
+            self.issue(join(prefix, "daos_user"), reason);
+        }
     }
 
     pub(super) fn qos(&mut self, prefix: &str, t: &toml::Table) -> QosConfig {

@@ -87,7 +87,7 @@ impl Agent {
         if let Some(c) = lock(&self.containers).get(name) {
             return Ok(Some(c.clone()));
         }
-        match self.backend.mount(name, false) {
+        match self.backend_for(name)?.mount(name, false) {
             Ok(c) => Ok(Some(c)),
             Err(dpuio_backend::Error::NoSuchContainer { .. }) => Ok(None),
             Err(e) => Err(e.into()),

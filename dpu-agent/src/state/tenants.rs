@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use dpuio_auth::qos::MAX_WEIGHT;
-use dpuio_backend::Container;
+use dpuio_backend::{Backend, Container};
 
 use super::Agent;
-use crate::config::{QosConfig, TenantConfig};
+use crate::config::{BackendConfig, QosConfig, TenantConfig};
 use crate::error::{Error, Result};
 use crate::metrics::TimedContainer;
 use crate::runtime::lock;
@@ -161,7 +161,9 @@ impl Agent {
     /// Create every tenant's container that does not exist yet, so a fresh agent is
     /// ready to use; called once at start.
     pub fn prepare_containers(&self) -> Result<()> {
-        let tenants: Vec<TenantConfig> = lock(&self.tenants).values().cloned().collect();
+        let mut tenants: Vec<TenantConfig> = lock(&self.tenants).values().cloned().collect();
+        // In name order: the same order on every start, for the log and for tests.
+        tenants.sort_by(|a, b| a.name.cmp(&b.name));
         for tenant in tenants {
             self.container(&tenant.container)?;
         }
@@ -173,12 +175,9 @@ impl Agent {
             return Ok(c.clone());
         }
         // Tenants never share a container: its tenant's object class, if it names one.
-        let object_class = lock(&self.tenants)
-            .values()
-            .find(|t| t.container == name)
-            .map(|t| t.object_class.clone())
-            .unwrap_or_default();
-        let backend = self.backend.mount_with_class(name, true, &object_class)?;
+        let object_class = self.tenant_of(name).map(|t| t.object_class).unwrap_or_default();
+        let backend = self.backend_for(name)?.mount_with_class(name, true, &object_class)?;
+        self.check_acl(name);
         let mut mounted: Arc<dyn Container> = Arc::new(TimedContainer::new(backend, self.metrics.backend_times()));
         // Wrapped once and cached: every open of a file must share the wrapper's
         // per-file state and locks.
@@ -189,6 +188,55 @@ impl Agent {
             );
         }
         Ok(lock(&self.containers).entry(name.to_owned()).or_insert(mounted).clone())
+    }
+
+    fn tenant_of(&self, container: &str) -> Option<TenantConfig> {
+        lock(&self.tenants).values().find(|t| t.container == container).cloned()
+    }
+
+    /// The backend that serves `container`: its tenant's worker when the tenant has a
+    /// DAOS identity of its own (started on first use), else the agent's own.
+    pub(crate) fn backend_for(&self, container: &str) -> Result<Arc<dyn Backend>> {
+        let Some(tenant) = self.tenant_of(container).filter(|t| !t.daos_user.is_empty()) else {
+            return Ok(self.backend.clone());
+        };
+        if let Some(w) = lock(&self.workers).get(&tenant.name) {
+            return Ok(w.clone());
+        }
+        let BackendConfig::Daos(daos) = &self.config.backend else {
+            return Err(Error::invalid(
+                "tenant.daos_user",
+                format!("tenant {:?} names a DAOS user, but this agent's backend is not DAOS", tenant.name),
+            ));
+        };
+        let identity = dpuio_worker::Identity::resolve(&tenant.daos_user, &tenant.daos_group)
+            .map_err(|reason| Error::invalid("tenant.daos_user", format!("tenant {:?}: {reason}", tenant.name)))?;
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::Internal(format!("cannot find the agent's own executable for a worker: {e}")))?;
+        let setup = daos.worker_setup(&tenant.name);
+        let worker = Arc::new(dpuio_worker::WorkerBackend::new(&tenant.name, identity, setup, exe));
+        Ok(lock(&self.workers).entry(tenant.name).or_insert(worker).clone())
+    }
+
+    /// Say, at mount, whether the container of a tenant with a DAOS identity admits
+    /// principals other than that identity (it then is not the tenant's alone).
+    fn check_acl(&self, container: &str) {
+        let Some(tenant) = self.tenant_of(container) else { return };
+        let Some(worker) = lock(&self.workers).get(&tenant.name).cloned() else { return };
+        match worker.acl(container) {
+            Ok((owner, entries)) => {
+                let foreign = dpuio_worker::foreign_principals(worker.identity(), &owner, &entries);
+                if foreign.is_empty() {
+                    tracing::info!(tenant = tenant.name, container, owner, acl = ?entries,
+                        "the tenant's DAOS container admits its DAOS user only");
+                } else {
+                    tracing::warn!(tenant = tenant.name, container, owner, admits = ?foreign,
+                        "the tenant's DAOS container admits other principals than its DAOS user {}: remove them \
+                         (`daos container delete-acl POOL {container} --principal=...`)", worker.identity().user);
+                }
+            }
+            Err(e) => tracing::warn!(tenant = tenant.name, container, error = %e, "cannot read the container's ACL"),
+        }
     }
 
     pub(super) fn default_tenant(&self) -> Result<String> {

@@ -1,0 +1,655 @@
+//! The agent's side: [`WorkerBackend`], a [`Backend`] whose calls run in a tenant's
+//! worker process.
+//!
+//! Each call takes an idle channel (or makes one and hands its other end to the worker),
+//! sends its request and waits for the reply; payload goes through a staging slot.
+//! Containers and objects remember the worker process they were opened in; when that
+//! worker is gone (killed, crashed) the next call starts a new one, mounts and reopens
+//! what it needs there (an object without its create, exclusive and truncate flags: the
+//! file exists by then), and makes the call again, once. So a tenant's jobs continue
+//! across a worker's death as they do across an agent restart, and no other tenant's
+//! worker is touched.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpuio_backend::{
+    Attr, Backend, Container, DirEntry, Error, HostBytes, HostBytesMut, NsPath, Object, OpenOptions, Result,
+};
+
+use crate::control::{self, Control};
+use crate::spawn::{self, Identity};
+use crate::staging::Staging;
+use crate::wire::{self, Piece, Reply, Request, Setup};
+
+/// Staging slots per worker: calls in flight at once before one waits.
+const STAGING_SLOTS: usize = 16;
+/// Channels kept idle per worker; more are closed when returned.
+const IDLE_CHANNELS: usize = 32;
+/// Least time between two starts of one tenant's worker, so a worker that dies at once
+/// does not spin.
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+
+/// A backend run by a tenant's worker process, as `identity`.
+pub struct WorkerBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    tenant: String,
+    identity: Identity,
+    setup: Setup,
+    exe: PathBuf,
+    slot_bytes: u64,
+    /// How long the worker may take to open DAOS before the start is given up.
+    start_timeout: Duration,
+    current: Mutex<Option<Arc<Process>>>,
+    generation: AtomicU64,
+    restarts: AtomicU64,
+    last_start: Mutex<Option<Instant>>,
+}
+
+/// One worker process and what the agent holds of it.
+struct Process {
+    generation: u64,
+    child: Mutex<Child>,
+    control: OwnedFd,
+    channels: Mutex<Vec<UnixStream>>,
+    staging: Staging,
+    lost: AtomicBool,
+}
+
+/// Why a call did not get a reply: the worker process is gone (or its channel broke).
+struct Lost(io::Error);
+
+/// A call's failure: the backend's error, or the worker lost (tried again elsewhere).
+enum Fault {
+    Backend(Error),
+    Lost(Lost),
+}
+
+impl From<Error> for Fault {
+    fn from(e: Error) -> Fault {
+        Fault::Backend(e)
+    }
+}
+
+impl From<Lost> for Fault {
+    fn from(l: Lost) -> Fault {
+        Fault::Lost(l)
+    }
+}
+
+impl WorkerBackend {
+    /// A backend for `tenant` whose DAOS calls run as `identity` in a worker started from
+    /// `exe` (the agent's own executable). The worker starts on first use.
+    pub fn new(tenant: &str, identity: Identity, setup: Setup, exe: PathBuf) -> WorkerBackend {
+        let slot_bytes = setup.chunk_bytes.max(1 << 20);
+        let start_timeout = Duration::from_millis(setup.retry_ms) + Duration::from_secs(60);
+        WorkerBackend {
+            shared: Arc::new(Shared {
+                tenant: tenant.to_owned(),
+                identity,
+                setup,
+                exe,
+                slot_bytes,
+                start_timeout,
+                current: Mutex::new(None),
+                generation: AtomicU64::new(0),
+                restarts: AtomicU64::new(0),
+                last_start: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The identity the worker runs as.
+    pub fn identity(&self) -> &Identity {
+        &self.shared.identity
+    }
+
+    /// Worker processes started after the first (each a worker lost and replaced).
+    pub fn restarts(&self) -> u64 {
+        self.shared.restarts.load(Ordering::Relaxed)
+    }
+
+    /// The pid of the running worker, if one runs (tests, status).
+    pub fn pid(&self) -> Option<u32> {
+        lock(&self.shared.current).as_ref().filter(|p| !p.lost.load(Ordering::Relaxed)).map(|p| lock(&p.child).id())
+    }
+
+    /// The owner and ACL entries of `container`, read by the worker as the tenant's user
+    /// (what `daos container get-acl` shows).
+    pub fn acl(&self, container: &str) -> Result<(String, Vec<String>)> {
+        let c = WorkerContainer::mount(&self.shared, container, false, "")?;
+        match self.shared.call(|p| Ok(Request::Acl { container: c.id(p)? }))? {
+            Reply::Acl { owner, entries } => Ok((owner, entries)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stop the worker (the agent is stopping): its control socket closes and it exits.
+    pub fn stop(&self) {
+        if let Some(p) = lock(&self.shared.current).take() {
+            p.retire();
+        }
+    }
+}
+
+impl Drop for WorkerBackend {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// ACL entries of a tenant's container that admit a principal other than the tenant's
+/// own user, and an owner other than it: what `check-config` and `serve` name. Deny
+/// entries (`D:`) and audit or alarm entries (`U:`, `L:`) admit no one.
+pub fn foreign_principals(identity: &Identity, owner: &str, entries: &[String]) -> Vec<String> {
+    let me = format!("{}@", identity.user);
+    let mut out = Vec::new();
+    if owner != me {
+        out.push(format!("owner {owner} (not {me})"));
+    }
+    for entry in entries {
+        let mut fields = entry.splitn(4, ':');
+        let (kind, _flags, principal) = (fields.next().unwrap_or(""), fields.next(), fields.next().unwrap_or(""));
+        if kind.contains('A') && principal != "OWNER@" && principal != me {
+            out.push(entry.clone());
+        }
+    }
+    out
+}
+
+impl Shared {
+    /// The running worker, started if there is none (or it was lost).
+    fn process(&self) -> Result<Arc<Process>> {
+        let mut current = lock(&self.current);
+        if let Some(p) = current.as_ref().filter(|p| !p.lost.load(Ordering::Relaxed)) {
+            return Ok(p.clone());
+        }
+        if let Some(old) = current.take() {
+            old.retire();
+        }
+        {
+            let mut last = lock(&self.last_start);
+            if let Some(wait) = last.and_then(|t| RESTART_PAUSE.checked_sub(t.elapsed())) {
+                std::thread::sleep(wait);
+            }
+            *last = Some(Instant::now());
+        }
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        if generation > 1 {
+            self.restarts.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(tenant = self.tenant, generation, "restarting the tenant's DAOS worker");
+        }
+        let process = Arc::new(self.start(generation)?);
+        *current = Some(process.clone());
+        Ok(process)
+    }
+
+    fn start(&self, generation: u64) -> Result<Process> {
+        let unavailable = |reason: String| Error::Unavailable {
+            what: format!("the DAOS worker of tenant {:?} (user {})", self.tenant, self.identity.user),
+            reason,
+        };
+        let staging = Staging::new(&format!("dpuio-staging-{}", self.tenant), STAGING_SLOTS, self.slot_bytes)
+            .map_err(|e| unavailable(format!("cannot make its staging memory: {e}")))?;
+        let (ours, theirs) =
+            control::pair().map_err(|e| unavailable(format!("cannot make its control socket: {e}")))?;
+        let child = spawn::start(&self.exe, &self.tenant, &self.identity, theirs).map_err(|e| {
+            unavailable(format!(
+                "cannot start {} as {}:{}: {e}",
+                self.exe.display(),
+                self.identity.user,
+                self.identity.group
+            ))
+        })?;
+        let process = Process {
+            generation,
+            child: Mutex::new(child),
+            control: ours,
+            channels: Mutex::new(Vec::new()),
+            staging,
+            lost: AtomicBool::new(false),
+        };
+        let ready = (|| {
+            control::send(
+                process.control.as_fd(),
+                &Control::Hello(self.setup.clone()),
+                Some(process.staging.mapping.fd()),
+            )?;
+            rustix::net::sockopt::set_socket_timeout(
+                &process.control,
+                rustix::net::sockopt::Timeout::Recv,
+                Some(self.start_timeout),
+            )?;
+            let answer = control::recv(process.control.as_fd());
+            rustix::net::sockopt::set_socket_timeout(&process.control, rustix::net::sockopt::Timeout::Recv, None)?;
+            answer
+        })();
+        match ready {
+            Ok((Control::Ready, _)) => {
+                tracing::info!(
+                    tenant = self.tenant,
+                    user = self.identity.user,
+                    group = self.identity.group,
+                    pid = lock(&process.child).id(),
+                    generation,
+                    "tenant DAOS worker started"
+                );
+                Ok(process)
+            }
+            Ok((Control::Failed(e), _)) => {
+                process.retire();
+                Err(e.into())
+            }
+            Ok((other, _)) => {
+                process.retire();
+                Err(unavailable(format!("it answered its setup with {other:?}")))
+            }
+            Err(e) => {
+                process.retire();
+                Err(unavailable(format!("it did not get ready: {e} (see its log lines above)")))
+            }
+        }
+    }
+
+    /// Run `f` on the current worker; if that worker is lost, once more on a new one.
+    fn with_process<T>(&self, mut f: impl FnMut(&Process) -> std::result::Result<T, Fault>) -> Result<T> {
+        let mut last = None;
+        for _ in 0..2 {
+            let process = self.process()?;
+            match f(&process) {
+                Ok(value) => return Ok(value),
+                Err(Fault::Backend(e)) => return Err(e),
+                Err(Fault::Lost(Lost(e))) => {
+                    tracing::warn!(tenant = self.tenant, generation = process.generation, error = %e,
+                        "lost the tenant's DAOS worker; calling again on a new one");
+                    process.lost.store(true, Ordering::Relaxed);
+                    last = Some(e);
+                }
+            }
+        }
+        Err(Error::Unavailable {
+            what: format!("the DAOS worker of tenant {:?}", self.tenant),
+            reason: format!("lost twice in one call: {}", last.map(|e| e.to_string()).unwrap_or_default()),
+        })
+    }
+
+    /// Make the request `make` builds; a [`Reply::Failed`] is the backend's error.
+    fn call(&self, make: impl Fn(&Process) -> std::result::Result<Request, Fault>) -> Result<Reply> {
+        self.with_process(|p| match p.call(&make(p)?)? {
+            Reply::Failed(e) => Err(Fault::Backend(e.into())),
+            reply => Ok(reply),
+        })
+    }
+}
+
+impl Process {
+    fn call(&self, request: &Request) -> std::result::Result<Reply, Lost> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(Lost(io::Error::other("worker already lost")));
+        }
+        let mut channel = match lock(&self.channels).pop() {
+            Some(c) => c,
+            None => {
+                let (ours, theirs) = UnixStream::pair().map_err(Lost)?;
+                control::send(self.control.as_fd(), &Control::Channel, Some(theirs.as_fd())).map_err(Lost)?;
+                ours
+            }
+        };
+        wire::send(&mut channel, request).map_err(Lost)?;
+        let reply = wire::recv(&mut channel).map_err(Lost)?;
+        let mut idle = lock(&self.channels);
+        if idle.len() < IDLE_CHANNELS {
+            idle.push(channel);
+        }
+        Ok(reply)
+    }
+
+    /// Close the control socket and reap the child (killed if it does not go).
+    fn retire(&self) {
+        self.lost.store(true, Ordering::Relaxed);
+        let _ = rustix::net::shutdown(&self.control, rustix::net::Shutdown::Both);
+        lock(&self.channels).clear();
+        let mut child = lock(&self.child);
+        for _ in 0..50 {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Ok(None) = child.try_wait() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Backend for WorkerBackend {
+    fn kind(&self) -> &'static str {
+        "daos"
+    }
+
+    fn mount(&self, container: &str, create: bool) -> Result<Arc<dyn Container>> {
+        self.mount_with_class(container, create, "")
+    }
+
+    fn mount_with_class(&self, container: &str, create: bool, object_class: &str) -> Result<Arc<dyn Container>> {
+        Ok(WorkerContainer::mount(&self.shared, container, create, object_class)?)
+    }
+}
+
+/// Which worker a container or object id belongs to, and the id there.
+#[derive(Default)]
+struct Remote {
+    generation: u64,
+    id: u64,
+}
+
+/// A container mounted in the tenant's worker.
+pub struct WorkerContainer {
+    shared: Arc<Shared>,
+    name: String,
+    object_class: String,
+    chunk_bytes: u64,
+    remote: Mutex<Remote>,
+}
+
+impl WorkerContainer {
+    fn mount(shared: &Arc<Shared>, name: &str, create: bool, object_class: &str) -> Result<Arc<WorkerContainer>> {
+        let request = Request::Mount { container: name.to_owned(), create, object_class: object_class.to_owned() };
+        let (generation, id, chunk_bytes) = shared.with_process(|p| match p.call(&request)? {
+            Reply::Mounted { container, chunk_bytes } => Ok((p.generation, container, chunk_bytes)),
+            Reply::Failed(e) => Err(Fault::Backend(e.into())),
+            other => Err(Fault::Backend(unexpected(other))),
+        })?;
+        Ok(Arc::new(WorkerContainer {
+            shared: shared.clone(),
+            name: name.to_owned(),
+            object_class: object_class.to_owned(),
+            chunk_bytes,
+            remote: Mutex::new(Remote { generation, id }),
+        }))
+    }
+
+    /// The container's id in `process`, mounting it there first if it is a newer worker.
+    fn id(&self, process: &Process) -> std::result::Result<u64, Fault> {
+        let mut remote = lock(&self.remote);
+        if remote.generation != process.generation {
+            let request =
+                Request::Mount { container: self.name.clone(), create: false, object_class: self.object_class.clone() };
+            match process.call(&request)? {
+                Reply::Mounted { container, .. } => *remote = Remote { generation: process.generation, id: container },
+                Reply::Failed(e) => return Err(Fault::Backend(e.into())),
+                other => return Err(Fault::Backend(unexpected(other))),
+            }
+        }
+        Ok(remote.id)
+    }
+
+    fn done(&self, make: impl Fn(&Process, u64) -> Request) -> Result<()> {
+        match self.shared.call(|p| Ok(make(p, self.id(p)?)))? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn attr(&self, make: impl Fn(u64) -> Request) -> Result<Attr> {
+        match self.shared.call(|p| Ok(make(self.id(p)?)))? {
+            Reply::Attr(a) => Ok(a.into()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+impl Container for WorkerContainer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
+    fn stat(&self, path: &NsPath) -> Result<Attr> {
+        self.attr(|container| Request::Stat { container, path: path.to_string() })
+    }
+
+    fn mkdir(&self, path: &NsPath, mode: u32) -> Result<Attr> {
+        self.attr(|container| Request::Mkdir { container, path: path.to_string(), mode })
+    }
+
+    fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, Option<String>)> {
+        let request =
+            |container| Request::Readdir { container, path: path.to_string(), anchor: anchor.map(str::to_owned), max };
+        match self.shared.call(|p| Ok(request(self.id(p)?)))? {
+            Reply::Listing { entries, next } => Ok((wire::entries_from_wire(entries), next)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>> {
+        let container = Arc::new(WorkerContainer {
+            shared: self.shared.clone(),
+            name: self.name.clone(),
+            object_class: self.object_class.clone(),
+            chunk_bytes: self.chunk_bytes,
+            remote: Mutex::new(Remote::default()),
+        });
+        // Share this container's id: a reopen after a lost worker mounts it once.
+        {
+            let (mine, theirs) = (lock(&self.remote), &mut *lock(&container.remote));
+            *theirs = Remote { generation: mine.generation, id: mine.id };
+        }
+        // The first open creates, truncates or fails as asked; a reopen does none.
+        let (generation, id, writable) = self.shared.with_process(|p| {
+            let request =
+                Request::Open { container: self.id(p)?, path: path.to_string(), options: options.into(), mode };
+            match p.call(&request)? {
+                Reply::Opened { object, writable } => Ok((p.generation, object, writable)),
+                Reply::Failed(e) => Err(Fault::Backend(e.into())),
+                other => Err(Fault::Backend(unexpected(other))),
+            }
+        })?;
+        Ok(Arc::new(WorkerObject {
+            container,
+            path: path.clone(),
+            options,
+            mode,
+            writable,
+            remote: Mutex::new(Remote { generation, id }),
+        }))
+    }
+
+    fn remove(&self, path: &NsPath, recursive: bool) -> Result<()> {
+        self.done(|_, container| Request::Remove { container, path: path.to_string(), recursive })
+    }
+
+    fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
+        self.done(|_, container| Request::Rename { container, from: from.to_string(), to: to.to_string() })
+    }
+
+    fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
+        self.done(|_, container| Request::Replace { container, from: from.to_string(), to: to.to_string() })
+    }
+
+    fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
+        self.done(|_, container| Request::Truncate { container, path: path.to_string(), size })
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.done(|_, container| Request::Sync { container })
+    }
+}
+
+/// A file open in the tenant's worker.
+pub struct WorkerObject {
+    container: Arc<WorkerContainer>,
+    path: NsPath,
+    options: OpenOptions,
+    mode: u32,
+    writable: bool,
+    remote: Mutex<Remote>,
+}
+
+impl WorkerObject {
+    /// The object's id in `process`, reopening it there if it is a newer worker.
+    fn id(&self, process: &Process) -> std::result::Result<u64, Fault> {
+        let mut remote = lock(&self.remote);
+        if remote.generation != process.generation {
+            let options = OpenOptions { create: false, exclusive: false, truncate: false, ..self.options };
+            let request = Request::Open {
+                container: self.container.id(process)?,
+                path: self.path.to_string(),
+                options: options.into(),
+                mode: self.mode,
+            };
+            match process.call(&request)? {
+                Reply::Opened { object, .. } => *remote = Remote { generation: process.generation, id: object },
+                Reply::Failed(e) => return Err(Fault::Backend(e.into())),
+                other => return Err(Fault::Backend(unexpected(other))),
+            }
+        }
+        Ok(remote.id)
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.container.shared
+    }
+
+    /// One piece through a staging slot: `fill` copies a write's bytes in, `drain` a
+    /// read's bytes out. Returns the bytes moved.
+    fn piece(
+        &self,
+        offset: u64,
+        len: u64,
+        write: bool,
+        fill: &dyn Fn(HostBytesMut<'_>),
+        drain: &mut dyn FnMut(HostBytes<'_>),
+    ) -> Result<u64> {
+        let staging_error = |e: io::Error| Fault::Backend(Error::InvalidArgument(e.to_string()));
+        self.shared().with_process(|p| {
+            let slot = p.staging.take();
+            let object = self.id(p)?;
+            if write {
+                fill(p.staging.mapping.bytes_mut(slot.offset, len).map_err(staging_error)?);
+            }
+            let request = Request::Io { pieces: vec![Piece { object, offset, staging: slot.offset, len, write }] };
+            match p.call(&request)? {
+                Reply::Io(mut results) if results.len() == 1 => match results.pop() {
+                    Some(Ok(n)) => {
+                        let n = n.min(len);
+                        if !write {
+                            drain(p.staging.mapping.bytes(slot.offset, n).map_err(staging_error)?);
+                        }
+                        Ok(n)
+                    }
+                    Some(Err(e)) => Err(Fault::Backend(e.into())),
+                    None => Err(Fault::Backend(Error::InvalidArgument("empty I/O reply".into()))),
+                },
+                Reply::Failed(e) => Err(Fault::Backend(e.into())),
+                other => Err(Fault::Backend(unexpected(other))),
+            }
+        })
+    }
+}
+
+impl Object for WorkerObject {
+    fn path(&self) -> &NsPath {
+        &self.path
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn read_into(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
+        let slot = self.shared().slot_bytes as usize;
+        let mut done = 0;
+        while done < buf.len() {
+            let len = (buf.len() - done).min(slot);
+            let mut target = buf.slice_mut(done..done + len);
+            let n = self.piece(offset + done as u64, len as u64, false, &|_| {}, &mut |bytes| {
+                target.slice_mut(..bytes.len()).copy_from_slice(&bytes.to_vec());
+            })? as usize;
+            done += n;
+            if n < len {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
+        let slot = self.shared().slot_bytes as usize;
+        let mut done = 0;
+        while done < buf.len() {
+            let len = (buf.len() - done).min(slot);
+            let piece = buf.slice(done..done + len);
+            self.piece(
+                offset + done as u64,
+                len as u64,
+                true,
+                &|mut staging| staging.copy_from_slice(&piece.to_vec()),
+                &mut |_| {},
+            )?;
+            done += len;
+        }
+        Ok(())
+    }
+
+    fn stat(&self) -> Result<Attr> {
+        match self.shared().call(|p| Ok(Request::ObjectStat { object: self.id(p)? }))? {
+            Reply::Attr(a) => Ok(a.into()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn truncate(&self, size: u64) -> Result<()> {
+        match self.shared().call(|p| Ok(Request::ObjectTruncate { object: self.id(p)?, size }))? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        match self.shared().call(|p| Ok(Request::ObjectSync { object: self.id(p)? }))? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+impl Drop for WorkerObject {
+    fn drop(&mut self) {
+        let remote = lock(&self.remote);
+        let current = lock(&self.container.shared.current).clone();
+        if let Some(p) = current.filter(|p| p.generation == remote.generation && !p.lost.load(Ordering::Relaxed)) {
+            // Best effort: a worker lost meanwhile took the object with it.
+            let _ = p.call(&Request::Close { object: remote.id });
+        }
+    }
+}
+
+fn unexpected(reply: Reply) -> Error {
+    Error::InvalidArgument(format!("tenant worker answered out of turn: {reply:?}"))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,261 @@
+//! The worker process: `dpu-agent tenant-worker`, started by the agent as the tenant's
+//! DAOS user. It opens the DAOS backend (its own `daos_init`, its own pool handle), then
+//! serves each channel the agent hands it on a thread of its own, until the control
+//! socket closes (the agent stopped or let it go) or the agent dies (parent-death
+//! signal).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dpuio_backend::{Backend, Container, Error, IoOp, IoQueue, IoRequest, NsPath, Object, Result};
+use dpuio_daos::{DaosBackend, DaosContainer, DaosOptions};
+
+use crate::control::{self, Control};
+use crate::staging::Mapping;
+use crate::wire::{self, Piece, Reply, Request, Setup, WireAttr, WireError};
+
+/// A test-only hook: after each mount the agent asks for, the worker also mounts the
+/// container named here and logs the outcome (`test hook:`). The per-tenant identity
+/// test uses it to show that DAOS itself refuses a worker another tenant's container.
+pub const TEST_HOOK_MOUNT_ENV: &str = "DPUIO_TEST_HOOK_WORKER_MOUNT";
+
+/// Run a worker on the control socket it was started with; returns when the agent is
+/// done with it. The error says why it could not serve at all.
+pub fn run(control: OwnedFd) -> std::result::Result<(), String> {
+    let (hello, memfd) = control::recv(control.as_fd()).map_err(|e| format!("reading the agent's setup: {e}"))?;
+    let (Control::Hello(setup), Some(memfd)) = (hello, memfd) else {
+        return Err("the agent's first control message was not a setup with the staging memory".into());
+    };
+    let staging = Mapping::map(memfd).map_err(|e| format!("mapping the staging memory: {e}"))?;
+    let backend = match open_backend(&setup) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = control::send(control.as_fd(), &Control::Failed(WireError::from(&e)), None);
+            return Err(e.to_string());
+        }
+    };
+    control::send(control.as_fd(), &Control::Ready, None).map_err(|e| format!("answering the agent: {e}"))?;
+    tracing::info!(tenant = setup.tenant, uid = real_id("Uid"), gid = real_id("Gid"), "tenant worker serving");
+    let worker = Arc::new(Worker {
+        tenant: setup.tenant.clone(),
+        backend,
+        staging,
+        containers: Mutex::new(HashMap::new()),
+        objects: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+    });
+    loop {
+        match control::recv(control.as_fd()) {
+            Ok((Control::Channel, Some(fd))) => {
+                let worker = worker.clone();
+                let stream = UnixStream::from(fd);
+                std::thread::Builder::new()
+                    .name("dpuio-worker-channel".into())
+                    .spawn(move || worker.serve(stream))
+                    .map_err(|e| format!("starting a channel thread: {e}"))?;
+            }
+            Ok((other, _)) => return Err(format!("unexpected control message {other:?}")),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(format!("control socket: {e}")),
+        }
+    }
+}
+
+fn open_backend(setup: &Setup) -> Result<DaosBackend> {
+    let options = DaosOptions {
+        pool: setup.pool.clone(),
+        system: setup.system.clone(),
+        agent_socket_dir: setup.agent_socket_dir.clone().into(),
+        create_containers: setup.create_containers,
+        chunk_bytes: setup.chunk_bytes,
+        object_class: setup.object_class.clone(),
+        retry: Duration::from_millis(setup.retry_ms),
+        private_containers: true,
+    };
+    DaosBackend::open(options).map_err(|e| match e {
+        dpuio_daos::OpenError::Pool { .. } => {
+            Error::Denied { what: format!("DAOS pool {:?}", setup.pool), reason: e.to_string() }
+        }
+        other => Error::Unavailable { what: "DAOS".into(), reason: other.to_string() },
+    })
+}
+
+/// This process's real uid or gid, from /proc (for the log line that shows the drop).
+fn real_id(field: &str) -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with(field)).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_owned())
+        })
+        .unwrap_or_default()
+}
+
+struct Worker {
+    tenant: String,
+    backend: DaosBackend,
+    staging: Mapping,
+    containers: Mutex<HashMap<u64, Arc<DaosContainer>>>,
+    objects: Mutex<HashMap<u64, Arc<dyn Object>>>,
+    next_id: AtomicU64,
+}
+
+impl Worker {
+    fn serve(&self, mut stream: UnixStream) {
+        let mut queue: Option<Box<dyn IoQueue>> = None;
+        loop {
+            let request: Request = match wire::recv(&mut stream) {
+                Ok(r) => r,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "tenant worker channel closed");
+                    return;
+                }
+            };
+            let reply = self.handle(request, &mut queue).unwrap_or_else(|e| Reply::Failed(WireError::from(&e)));
+            if let Err(e) = wire::send(&mut stream, &reply) {
+                tracing::warn!(error = %e, "tenant worker cannot answer the agent");
+                return;
+            }
+        }
+    }
+
+    fn container(&self, id: u64) -> Result<Arc<DaosContainer>> {
+        lock(&self.containers).get(&id).cloned().ok_or_else(|| unknown("container", id))
+    }
+
+    fn object(&self, id: u64) -> Result<Arc<dyn Object>> {
+        lock(&self.objects).get(&id).cloned().ok_or_else(|| unknown("object", id))
+    }
+
+    fn handle(&self, request: Request, queue: &mut Option<Box<dyn IoQueue>>) -> Result<Reply> {
+        let path = |p: &str| NsPath::parse(p);
+        Ok(match request {
+            Request::Mount { container, create, object_class } => {
+                let c = self.backend.open_container(&container, create, &object_class)?;
+                if let Ok(name) = std::env::var(TEST_HOOK_MOUNT_ENV) {
+                    match self.backend.open_container(&name, false, "") {
+                        Ok(_) => tracing::warn!(tenant = self.tenant, container = name, "test hook: mounted"),
+                        Err(e) => {
+                            tracing::warn!(tenant = self.tenant, container = name, error = %e, "test hook: mount refused")
+                        }
+                    }
+                }
+                let chunk_bytes = c.chunk_bytes();
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                lock(&self.containers).insert(id, c);
+                Reply::Mounted { container: id, chunk_bytes }
+            }
+            Request::Acl { container } => {
+                let (owner, entries) = self.container(container)?.acl()?;
+                Reply::Acl { owner, entries }
+            }
+            Request::Stat { container, path: p } => {
+                Reply::Attr(WireAttr::from(&self.container(container)?.stat(&path(&p)?)?))
+            }
+            Request::Mkdir { container, path: p, mode } => {
+                Reply::Attr(WireAttr::from(&self.container(container)?.mkdir(&path(&p)?, mode)?))
+            }
+            Request::Readdir { container, path: p, anchor, max } => {
+                let (entries, next) = self.container(container)?.readdir(&path(&p)?, anchor.as_deref(), max)?;
+                Reply::Listing { entries: wire::entries_to_wire(&entries), next }
+            }
+            Request::Open { container, path: p, options, mode } => {
+                let object = self.container(container)?.open(&path(&p)?, options.into(), mode)?;
+                let writable = object.writable();
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                lock(&self.objects).insert(id, object);
+                Reply::Opened { object: id, writable }
+            }
+            Request::Remove { container, path: p, recursive } => {
+                self.container(container)?.remove(&path(&p)?, recursive)?;
+                Reply::Done
+            }
+            Request::Rename { container, from, to } => {
+                self.container(container)?.rename(&path(&from)?, &path(&to)?)?;
+                Reply::Done
+            }
+            Request::Replace { container, from, to } => {
+                self.container(container)?.replace(&path(&from)?, &path(&to)?)?;
+                Reply::Done
+            }
+            Request::Truncate { container, path: p, size } => {
+                self.container(container)?.truncate(&path(&p)?, size)?;
+                Reply::Done
+            }
+            Request::Sync { container } => {
+                self.container(container)?.sync()?;
+                Reply::Done
+            }
+            Request::Io { pieces } => {
+                let queue = match queue {
+                    Some(q) => q,
+                    None => queue.insert(self.backend.io_queue()?),
+                };
+                Reply::Io(self.io(&pieces, queue))
+            }
+            Request::ObjectStat { object } => Reply::Attr(WireAttr::from(&self.object(object)?.stat()?)),
+            Request::ObjectTruncate { object, size } => {
+                self.object(object)?.truncate(size)?;
+                Reply::Done
+            }
+            Request::ObjectSync { object } => {
+                self.object(object)?.sync()?;
+                Reply::Done
+            }
+            Request::Close { object } => {
+                lock(&self.objects).remove(&object);
+                Reply::Done
+            }
+        })
+    }
+
+    /// Run the pieces on this channel's event queue; a piece whose object or staging
+    /// range is wrong fails alone.
+    fn io(&self, pieces: &[Piece], queue: &mut Box<dyn IoQueue>) -> Vec<std::result::Result<u64, WireError>> {
+        let mut results: Vec<std::result::Result<u64, WireError>> =
+            vec![Err(WireError::InvalidArgument("piece not run".into())); pieces.len()];
+        let mut objects = Vec::with_capacity(pieces.len());
+        let mut runnable = Vec::with_capacity(pieces.len());
+        for (i, piece) in pieces.iter().enumerate() {
+            match self.object(piece.object) {
+                Ok(o) => {
+                    objects.push(o);
+                    runnable.push((i, piece));
+                }
+                Err(e) => results[i] = Err(WireError::from(&e)),
+            }
+        }
+        let mut batch = Vec::with_capacity(runnable.len());
+        let mut index = Vec::with_capacity(runnable.len());
+        for ((i, piece), object) in runnable.iter().zip(&objects) {
+            let op = if piece.write {
+                self.staging.bytes(piece.staging, piece.len).map(IoOp::Write)
+            } else {
+                self.staging.bytes_mut(piece.staging, piece.len).map(IoOp::Read)
+            };
+            match op {
+                Ok(op) => {
+                    batch.push(IoRequest { object: object.as_ref(), offset: piece.offset, op });
+                    index.push(*i);
+                }
+                Err(e) => results[*i] = Err(WireError::InvalidArgument(e.to_string())),
+            }
+        }
+        queue.run(&mut batch, &mut |j, r| {
+            results[index[j]] = r.map(|n| n as u64).map_err(|e| WireError::from(&e));
+        });
+        results
+    }
+}
+
+fn unknown(what: &str, id: u64) -> Error {
+    Error::InvalidArgument(format!("tenant worker: no {what} {id} open here (the worker may have been restarted)"))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

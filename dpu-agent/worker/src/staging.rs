@@ -1,0 +1,160 @@
+//! The staging memory a worker reads into and writes from: one `memfd` that the agent
+//! makes and both processes map shared, cut into slots of a chunk each.
+//!
+//! A DPU's agent stages payload in its own memory anyway (DAOS reads land there before
+//! they are put to the host); a worker process only moves where that memory lives.
+//! Slots are lent to one call at a time and come back when the call's reply is in;
+//! [`Staging::take`] waits while all are lent, so the memory is bounded.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::{Condvar, Mutex};
+
+use host_bytes::{HostBytes, HostBytesMut};
+
+/// A shared mapping of the staging memfd.
+pub struct Mapping {
+    fd: OwnedFd,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; every access goes through HostBytes
+// views, which make no aliasing promises (the other process may write it too).
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// A new memfd of `len` bytes, mapped.
+    pub fn create(name: &str, len: usize) -> io::Result<Mapping> {
+        let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        Mapping::map(fd)
+    }
+
+    /// Map a memfd made by [`Mapping::create`] (in the other process), all of it.
+    pub fn map(fd: OwnedFd) -> io::Result<Mapping> {
+        let len = rustix::fs::fstat(&fd)?.st_size as usize;
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "the staging memfd is empty"));
+        }
+        // SAFETY: a fresh shared mapping of a file we hold; nothing else in this
+        // process refers to the address range it returns.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(Mapping { fd, ptr, len })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn check(&self, offset: u64, len: u64) -> io::Result<usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len as u64 => Ok(offset as usize),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("staging range {offset}+{len} is outside the {} bytes of staging memory", self.len),
+            )),
+        }
+    }
+
+    /// `len` bytes at `offset`, to read from.
+    pub fn bytes(&self, offset: u64, len: u64) -> io::Result<HostBytes<'_>> {
+        let at = self.check(offset, len)?;
+        // SAFETY: the range is inside the mapping (checked), which lives as long as
+        // the borrow of self.
+        Ok(unsafe { HostBytes::from_raw_parts(self.ptr.as_ptr().add(at), len as usize) })
+    }
+
+    /// `len` bytes at `offset`, to write into.
+    pub fn bytes_mut(&self, offset: u64, len: u64) -> io::Result<HostBytesMut<'_>> {
+        let at = self.check(offset, len)?;
+        // SAFETY: as in bytes; HostBytesMut promises no exclusive access, which is
+        // what shared memory another process also writes needs.
+        Ok(unsafe { HostBytesMut::from_raw_parts(self.ptr.as_ptr().add(at), len as usize) })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the range was mapped in `map` and no view outlives self.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The agent's side: the mapping and its slots.
+pub struct Staging {
+    pub mapping: Mapping,
+    free: Mutex<Vec<u64>>,
+    returned: Condvar,
+}
+
+impl Staging {
+    /// `slots` slots of `slot_bytes` each, in a new memfd.
+    pub fn new(name: &str, slots: usize, slot_bytes: u64) -> io::Result<Staging> {
+        let mapping = Mapping::create(name, slots * slot_bytes as usize)?;
+        Ok(Staging {
+            mapping,
+            free: Mutex::new((0..slots as u64).rev().map(|i| i * slot_bytes).collect()),
+            returned: Condvar::new(),
+        })
+    }
+
+    /// A free slot's offset, waiting while all are lent.
+    pub fn take(&self) -> Slot<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(offset) = free.pop() {
+                return Slot { staging: self, offset };
+            }
+            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// A slot lent to one call; back to the free list when dropped.
+pub struct Slot<'a> {
+    staging: &'a Staging,
+    pub offset: u64,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.staging.free.lock().unwrap_or_else(|p| p.into_inner()).push(self.offset);
+        self.staging.returned.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_mappings_see_the_same_bytes_and_ranges_are_checked() {
+        let staging = Staging::new("dpuio-test-staging", 2, 4096).unwrap();
+        let other = Mapping::map(staging.mapping.fd().try_clone_to_owned().unwrap()).unwrap();
+        let slot = staging.take();
+        staging.mapping.bytes_mut(slot.offset, 5).unwrap().copy_from_slice(b"hello");
+        assert_eq!(other.bytes(slot.offset, 5).unwrap().to_vec(), b"hello");
+        let err = other.bytes(8190, 3).unwrap_err();
+        assert!(err.to_string().contains("outside the 8192 bytes"), "{err}");
+        assert!(other.bytes(u64::MAX, 2).is_err());
+        let second = staging.take();
+        assert_ne!(second.offset, slot.offset);
+    }
+}

@@ -1,0 +1,297 @@
+//! Each tenant its own DAOS identity: an agent whose tenants name a `daos_user` makes
+//! their DAOS calls from worker processes running as those users, and DAOS itself keeps
+//! the tenants apart.
+//!
+//! Checked against the real DAOS system of the tier (`source RUNDIR/env`), as root (the
+//! test makes the system users `dpuio-t-a`, `dpuio-t-b` and grants them the pool):
+//! - the workers run as the tenants' users, with no capabilities, in sessions of their
+//!   own, and the agent never holds the tenants' containers itself;
+//! - the containers the workers created name only their owner (`daos container get-acl`
+//!   as the tenant's user), and root, the agent's own identity, is refused by DAOS;
+//! - a worker made (by the test-only hook `DPUIO_TEST_HOOK_WORKER_MOUNT`) to open the
+//!   other tenant's container is refused by DAOS with `DER_NO_PERM`;
+//! - SIGKILL of one tenant's worker under load: the other tenant's reads go on untouched
+//!   (byte-exact, no error), and the tenant's own job continues on a new worker.
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpuio_shim::{ConnectOptions, DataPlaneOptions, TlsOptions};
+use dpuio_tests::daos::{self, label};
+use dpuio_tests::{AgentProcess, ok_stdout, seeded_bytes};
+
+const FILE_BYTES: usize = 4 << 20;
+
+/// The worker processes of this agent: pid by tenant.
+fn workers(agent_pid: u32) -> Vec<(String, u32)> {
+    let out = Command::new("pgrep").args(["-a", "-P", &agent_pid.to_string()]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("tenant-worker"))
+        .filter_map(|l| {
+            let pid = l.split_whitespace().next()?.parse().ok()?;
+            let tenant = l.rsplit_once("--tenant ")?.1.trim().to_owned();
+            Some((tenant, pid))
+        })
+        .collect()
+}
+
+/// `text` without the terminal colour escapes of the agent's log (`ESC [ ... m`).
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for e in chars.by_ref() {
+                if e == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find(|l| l.starts_with(field)).map(|l| l[field.len()..].trim().to_owned()).unwrap_or_default()
+}
+
+fn wait_until(what: &str, limit: Duration, done: impl Fn() -> bool) {
+    let since = Instant::now();
+    while !done() {
+        assert!(since.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A job for one tenant: read `file` again and again (checking every byte) and, with
+/// `put`, write a checkpoint each round; counts rounds, keeps errors.
+fn job(
+    client: dpuio_shim::Client,
+    want: Vec<u8>,
+    put: bool,
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicU64>,
+    errors: Arc<Mutex<Vec<String>>>,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut round = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        match client.read_file("/data.bin") {
+            Ok(got) if got == want => {}
+            Ok(got) => errors.lock().unwrap().push(format!("round {round}: read {} bytes that differ", got.len())),
+            Err(e) => errors.lock().unwrap().push(format!("round {round}: read: {e}")),
+        }
+        if put && let Err(e) = runtime.block_on(client.put_bytes("/ckpt.bin", &seeded_bytes(1 << 20, round))) {
+            errors.lock().unwrap().push(format!("round {round}: put: {e}"));
+        }
+        round += 1;
+        rounds.store(round, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
+    let test = "each_tenant_reaches_its_container_only_as_its_own_daos_user";
+    let Some(d) = daos::system(test) else { return };
+    let users = match (daos::tenant_identity(&d, "a"), daos::tenant_identity(&d, "b")) {
+        (Ok(a), Ok(b)) => [a, b],
+        (Err(e), _) | (_, Err(e)) => return daos::skip(test, &e),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let containers = [label("ida"), label("idb")];
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\ncreate_containers = true\n\n\
+             [[tenants]]\nname = \"a\"\ncontainer = \"{}\"\ndaos_user = \"{}\"\n\n\
+             [[tenants]]\nname = \"b\"\ncontainer = \"{}\"\ndaos_user = \"{}\"\n",
+            d.pool,
+            d.socket_dir.display(),
+            containers[0],
+            users[0],
+            containers[1],
+            users[1]
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("agent.log");
+    let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
+    // After each mount, a worker also tries tenant a's container (made first: the agent
+    // prepares its tenants' containers in name order).
+    program.env("DPUIO_TEST_HOOK_WORKER_MOUNT", &containers[0]);
+    program.stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
+    let agent = AgentProcess::start_program(
+        program,
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    let log_text = || plain(&std::fs::read_to_string(&log).unwrap_or_default());
+
+    // The workers: one per tenant, as its user and group, no capabilities, no new
+    // privileges, each the leader of a session of its own.
+    let running = workers(agent.process.id());
+    assert_eq!(running.len(), 2, "one worker per tenant, found {running:?}\n{}", log_text());
+    for (tenant, pid) in &running {
+        let user = &users[if tenant == "a" { 0 } else { 1 }];
+        let out = Command::new("id").args(["-u", user]).output().unwrap();
+        let uid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        assert!(status_field(*pid, "Uid:").split_whitespace().all(|u| u == uid), "worker of {tenant} not as {user}");
+        assert_eq!(status_field(*pid, "CapEff:"), "0000000000000000", "worker of {tenant} holds capabilities");
+        assert_eq!(status_field(*pid, "CapPrm:"), "0000000000000000", "worker of {tenant} holds capabilities");
+        assert_eq!(status_field(*pid, "NoNewPrivs:"), "1");
+        assert_eq!(status_field(*pid, "Groups:"), "", "worker of {tenant} keeps supplementary groups");
+        let sid = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let sid: u32 = sid.rsplit_once(')').unwrap().1.split_whitespace().nth(3).unwrap().parse().unwrap();
+        assert_eq!(sid, *pid, "worker of {tenant} is not in a session of its own");
+    }
+
+    // DAOS refuses tenant b's worker tenant a's container: DAOS's own check, not dpuio's.
+    let hook = log_text();
+    let refused = hook.lines().find(|l| l.contains("test hook") && l.contains("tenant=\"b\""));
+    let refused = refused.unwrap_or_else(|| panic!("no test-hook line of tenant b's worker in:\n{hook}"));
+    assert!(refused.contains("DER_NO_PERM") && refused.contains("refused"), "{refused}");
+    assert!(
+        hook.lines().any(|l| l.contains("test hook: mounted") && l.contains("tenant=\"a\"")),
+        "tenant a's own worker should mount its container:\n{hook}"
+    );
+
+    // Data through each tenant's own certificate.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let certs = dir.path().join("certs");
+    let connect = |tenant: &str| {
+        let bundle = certs.join(tenant);
+        ok_stdout(&agent.dpuctl(&["cert", "issue", "--tenant", tenant, "--out", bundle.to_str().unwrap()]));
+        let options = ConnectOptions {
+            agent: agent.url(),
+            tls: TlsOptions::bundle(bundle),
+            data_plane: Some(DataPlaneOptions { transports: "shm".into(), rings: 1, ..Default::default() }),
+            ..ConnectOptions::default()
+        };
+        runtime.block_on(dpuio_shim::Client::connect(options)).unwrap()
+    };
+    let (a, b) = (connect("a"), connect("b"));
+    let data = [seeded_bytes(FILE_BYTES, 71), seeded_bytes(FILE_BYTES, 72)];
+    runtime.block_on(a.put_bytes("/data.bin", &data[0])).unwrap();
+    runtime.block_on(b.put_bytes("/data.bin", &data[1])).unwrap();
+    assert!(a.read_file("/data.bin").unwrap() == data[0]);
+    assert!(b.read_file("/data.bin").unwrap() == data[1]);
+
+    // DAOS's own tools: each container's ACL names only its owner, the tenant's user;
+    // root (the agent's identity, and DAOS's admin on this machine) cannot open it.
+    for (i, container) in containers.iter().enumerate() {
+        let out = daos::daos_as(&users[i]).args(["container", "get-acl", &d.pool, container]).output().unwrap();
+        let acl = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "get-acl as {}: {acl}{}", users[i], String::from_utf8_lossy(&out.stderr));
+        let entries: Vec<&str> = acl.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).collect();
+        assert_eq!(entries, ["A::OWNER@:rwdtTaAo"], "the ACL of {container}:\n{acl}");
+        assert!(acl.contains(&format!("# Owner: {}@", users[i])), "the owner of {container}:\n{acl}");
+        let out = Command::new("daos").args(["container", "get-acl", &d.pool, container]).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success() && text.contains("DER_NO_PERM"), "root read {container}'s ACL: {text}");
+        let copy = dir.path().join(format!("copy{i}.bin"));
+        let out = Command::new("daos")
+            .args(["filesystem", "copy", "--src", &format!("daos://{}/{container}/data.bin", d.pool), "--dst"])
+            .arg(&copy)
+            .output()
+            .unwrap();
+        assert!(!out.status.success() && !copy.exists(), "root copied tenant data out of {container}");
+    }
+
+    // Kill tenant a's worker under load: b never notices, a's job goes on.
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let rounds = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    let jobs: Vec<_> = [(a.clone(), data[0].clone(), true), (b.clone(), data[1].clone(), false)]
+        .into_iter()
+        .zip(&rounds)
+        .map(|((client, want, put), rounds)| {
+            let (stop, rounds, errors) = (stop.clone(), rounds.clone(), errors.clone());
+            std::thread::spawn(move || job(client, want, put, stop, rounds, errors))
+        })
+        .collect();
+    wait_until("three rounds of each job", Duration::from_secs(120), || {
+        rounds.iter().all(|r| r.load(Ordering::Relaxed) >= 3)
+    });
+    let (_, victim) = running.iter().find(|(t, _)| t == "a").cloned().unwrap();
+    let other = running.iter().find(|(t, _)| t == "b").map(|(_, p)| *p).unwrap();
+    let before = [rounds[0].load(Ordering::Relaxed), rounds[1].load(Ordering::Relaxed)];
+    let killed = Instant::now();
+    assert!(Command::new("kill").args(["-KILL", &victim.to_string()]).status().unwrap().success());
+    wait_until("three more rounds of each job after the kill", Duration::from_secs(120), || {
+        rounds.iter().zip(before).all(|(r, b)| r.load(Ordering::Relaxed) >= b + 3)
+    });
+    let recovered = killed.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for j in jobs {
+        j.join().expect("a job panicked");
+    }
+    let errors = errors.lock().unwrap();
+    eprintln!(
+        "worker of tenant a SIGKILLed: both jobs three rounds further {recovered:.2?} later; rounds a {} b {}",
+        rounds[0].load(Ordering::Relaxed),
+        rounds[1].load(Ordering::Relaxed)
+    );
+    assert!(errors.is_empty(), "the jobs saw errors: {errors:#?}");
+    let now = workers(agent.process.id());
+    let new_a = now.iter().find(|(t, _)| t == "a").map(|(_, p)| *p);
+    assert!(new_a.is_some_and(|p| p != victim), "tenant a's worker was not replaced: {now:?}");
+    assert!(now.iter().any(|(t, p)| t == "b" && *p == other), "tenant b's worker changed: {now:?}");
+    assert!(a.read_file("/data.bin").unwrap() == data[0] && b.read_file("/data.bin").unwrap() == data[1]);
+    drop((a, b));
+    drop(agent);
+
+    // An ACL that admits someone else is named, by check-config and by serve.
+    let check = || {
+        let out = Command::new(dpuio_tests::binary("dpu-agent")).arg("check-config").arg(&config).output().unwrap();
+        assert!(out.status.success(), "check-config: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = check();
+    for (tenant, container) in ["a", "b"].iter().zip(&containers) {
+        let line = format!("tenant {tenant:?}: container {container:?} admits its DAOS user");
+        assert!(said.contains(&line), "check-config does not say {line:?}:\n{said}");
+    }
+    let out = daos::daos_as(&users[0])
+        .args(["container", "update-acl", &d.pool, &containers[0], "--entry", "A::root@:r"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "update-acl: {}", String::from_utf8_lossy(&out.stderr));
+    let said = check();
+    assert!(
+        said.lines()
+            .any(|l| l.contains("tenant \"a\"") && l.contains("admits other principals") && l.contains("A::root@:r")),
+        "check-config does not name tenant a's extra principal:\n{said}"
+    );
+    let log = dir.path().join("agent2.log");
+    let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
+    program.stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
+    let again = AgentProcess::start_program(
+        program,
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    let said = plain(&std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(
+        said.lines().any(|l| l.contains("WARN") && l.contains("tenant=\"a\"") && l.contains("A::root@:r")),
+        "serve does not name tenant a's extra principal:\n{said}"
+    );
+    drop(again);
+    destroy_as(&d.pool, &containers, &users);
+}
+
+/// The containers belong to the tenants' users: root cannot destroy them, so each is
+/// destroyed as its owner.
+fn destroy_as(pool: &str, containers: &[String], users: &[String]) {
+    for (container, user) in containers.iter().zip(users) {
+        let _ = daos::daos_as(user).args(["container", "destroy", "--force", pool, container]).output();
+    }
+}
