@@ -195,7 +195,6 @@ impl DataPlane {
             let queue = queue.clone();
             let times = backend_times.clone();
             let io = agent
-                .backend()
                 .io_queue()
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot make the I/O queue of an I/O thread: {e}")))?;
             io_overlaps = io.depth() > 1;

@@ -31,6 +31,10 @@ use crate::validate::{HandleInfo, RegionInfo, SessionView};
 pub trait AgentView: Send + Sync {
     /// The storage backend (each I/O thread makes its queue from it).
     fn backend(&self) -> &Arc<dyn Backend>;
+    /// The queue of one I/O thread: the backend's, unless the agent says otherwise.
+    fn io_queue(&self) -> dpuio_backend::Result<Box<dyn dpuio_backend::IoQueue>> {
+        self.backend().io_queue()
+    }
     /// The agent's limits (`max_io_bytes` bounds every request).
     fn limits(&self) -> &Limits;
     /// A tenant's configuration now (for its QoS); `None` once it is removed.

@@ -28,8 +28,9 @@ use crate::spawn::{self, Identity};
 use crate::staging::Staging;
 use crate::wire::{self, Piece, Reply, Request, Setup};
 
-/// Staging slots per worker: calls in flight at once before one waits.
-const STAGING_SLOTS: usize = 16;
+/// Staging slots per worker: pieces in flight at once before one waits (two I/O
+/// threads with a batch of 32 each).
+const STAGING_SLOTS: usize = 64;
 /// Channels kept idle per worker; more are closed when returned.
 const IDLE_CHANNELS: usize = 32;
 /// Least time between two starts of one tenant's worker, so a worker that dies at once
@@ -41,12 +42,12 @@ pub struct WorkerBackend {
     shared: Arc<Shared>,
 }
 
-struct Shared {
-    tenant: String,
+pub(crate) struct Shared {
+    pub(crate) tenant: String,
     identity: Identity,
     setup: Setup,
     exe: PathBuf,
-    slot_bytes: u64,
+    pub(crate) slot_bytes: u64,
     /// How long the worker may take to open DAOS before the start is given up.
     start_timeout: Duration,
     current: Mutex<Option<Arc<Process>>>,
@@ -56,20 +57,20 @@ struct Shared {
 }
 
 /// One worker process and what the agent holds of it.
-struct Process {
-    generation: u64,
+pub(crate) struct Process {
+    pub(crate) generation: u64,
     child: Mutex<Child>,
     control: OwnedFd,
     channels: Mutex<Vec<UnixStream>>,
-    staging: Staging,
-    lost: AtomicBool,
+    pub(crate) staging: Staging,
+    pub(crate) lost: AtomicBool,
 }
 
 /// Why a call did not get a reply: the worker process is gone (or its channel broke).
-struct Lost(io::Error);
+pub(crate) struct Lost(pub(crate) io::Error);
 
 /// A call's failure: the backend's error, or the worker lost (tried again elsewhere).
-enum Fault {
+pub(crate) enum Fault {
     Backend(Error),
     Lost(Lost),
 }
@@ -168,7 +169,7 @@ pub fn foreign_principals(identity: &Identity, owner: &str, entries: &[String]) 
 
 impl Shared {
     /// The running worker, started if there is none (or it was lost).
-    fn process(&self) -> Result<Arc<Process>> {
+    pub(crate) fn process(&self) -> Result<Arc<Process>> {
         let mut current = lock(&self.current);
         if let Some(p) = current.as_ref().filter(|p| !p.lost.load(Ordering::Relaxed)) {
             return Ok(p.clone());
@@ -293,24 +294,32 @@ impl Shared {
 
 impl Process {
     fn call(&self, request: &Request) -> std::result::Result<Reply, Lost> {
+        let mut channel = self.channel()?;
+        wire::send(&mut channel, request).map_err(Lost)?;
+        let reply = wire::recv(&mut channel).map_err(Lost)?;
+        self.give_back(channel);
+        Ok(reply)
+    }
+
+    /// An idle channel, or a new one (its other end handed to the worker).
+    pub(crate) fn channel(&self) -> std::result::Result<UnixStream, Lost> {
         if self.lost.load(Ordering::Relaxed) {
             return Err(Lost(io::Error::other("worker already lost")));
         }
-        let mut channel = match lock(&self.channels).pop() {
-            Some(c) => c,
-            None => {
-                let (ours, theirs) = UnixStream::pair().map_err(Lost)?;
-                control::send(self.control.as_fd(), &Control::Channel, Some(theirs.as_fd())).map_err(Lost)?;
-                ours
-            }
-        };
-        wire::send(&mut channel, request).map_err(Lost)?;
-        let reply = wire::recv(&mut channel).map_err(Lost)?;
+        if let Some(c) = lock(&self.channels).pop() {
+            return Ok(c);
+        }
+        let (ours, theirs) = UnixStream::pair().map_err(Lost)?;
+        control::send(self.control.as_fd(), &Control::Channel, Some(theirs.as_fd())).map_err(Lost)?;
+        Ok(ours)
+    }
+
+    /// A channel whose last reply was read in full, for the next call.
+    pub(crate) fn give_back(&self, channel: UnixStream) {
         let mut idle = lock(&self.channels);
         if idle.len() < IDLE_CHANNELS {
             idle.push(channel);
         }
-        Ok(reply)
     }
 
     /// Close the control socket and reap the child (killed if it does not go).
@@ -509,7 +518,7 @@ pub struct WorkerObject {
 
 impl WorkerObject {
     /// The object's id in `process`, reopening it there if it is a newer worker.
-    fn id(&self, process: &Process) -> std::result::Result<u64, Fault> {
+    pub(crate) fn id(&self, process: &Process) -> std::result::Result<u64, Fault> {
         let mut remote = lock(&self.remote);
         if remote.generation != process.generation {
             let options = OpenOptions { create: false, exclusive: false, truncate: false, ..self.options };
@@ -528,7 +537,7 @@ impl WorkerObject {
         Ok(remote.id)
     }
 
-    fn shared(&self) -> &Shared {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.container.shared
     }
 
@@ -585,7 +594,7 @@ impl Object for WorkerObject {
             let len = (buf.len() - done).min(slot);
             let mut target = buf.slice_mut(done..done + len);
             let n = self.piece(offset + done as u64, len as u64, false, &|_| {}, &mut |bytes| {
-                target.slice_mut(..bytes.len()).copy_from_slice(&bytes.to_vec());
+                target.slice_mut(..bytes.len()).copy_from_view(bytes);
             })? as usize;
             done += n;
             if n < len {
@@ -605,7 +614,7 @@ impl Object for WorkerObject {
                 offset + done as u64,
                 len as u64,
                 true,
-                &|mut staging| staging.copy_from_slice(&piece.to_vec()),
+                &|mut staging| staging.copy_from_view(piece),
                 &mut |_| {},
             )?;
             done += len;
@@ -633,6 +642,10 @@ impl Object for WorkerObject {
             other => Err(unexpected(other)),
         }
     }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }
 
 impl Drop for WorkerObject {
@@ -646,7 +659,7 @@ impl Drop for WorkerObject {
     }
 }
 
-fn unexpected(reply: Reply) -> Error {
+pub(crate) fn unexpected(reply: Reply) -> Error {
     Error::InvalidArgument(format!("tenant worker answered out of turn: {reply:?}"))
 }
 

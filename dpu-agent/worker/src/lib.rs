@@ -21,11 +21,13 @@
 
 pub mod client;
 mod control;
+mod queue;
 pub mod serve;
 pub mod spawn;
 mod staging;
 mod wire;
 
 pub use client::{WorkerBackend, foreign_principals};
+pub use queue::routed;
 pub use spawn::Identity;
 pub use wire::Setup;

@@ -115,6 +115,12 @@ impl Staging {
         })
     }
 
+    /// A free slot, if one is.
+    pub fn try_take(&self) -> Option<Slot<'_>> {
+        let offset = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        Some(Slot { staging: self, offset })
+    }
+
     /// A free slot's offset, waiting while all are lent.
     pub fn take(&self) -> Slot<'_> {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());

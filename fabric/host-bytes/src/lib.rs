@@ -251,6 +251,20 @@ impl<'a> HostBytesMut<'a> {
         self.as_bytes().copy_to_slice(out)
     }
 
+    /// Copies the view `src`, exactly as long, into the bytes: one copy between two
+    /// regions that other parties may read or write meanwhile (shared staging memory
+    /// and a host's mapped region). The views must not overlap; `memmove` semantics
+    /// keep even that from being undefined, only unspecified.
+    ///
+    /// # Panics
+    /// If `src.len() != self.len()`.
+    pub fn copy_from_view(&mut self, src: HostBytes<'_>) {
+        assert_eq!(src.len(), self.len, "HostBytesMut::copy_from_view from a view of another length");
+        // SAFETY: both are valid for len bytes (constructor contracts); no Rust
+        // reference to either exists, and `copy` (memmove) tolerates an overlap.
+        unsafe { std::ptr::copy(src.as_ptr(), self.ptr.as_ptr(), self.len) }
+    }
+
     /// The sub-view `range` for as long as this one is borrowed, or `None` if it does
     /// not lie inside this one.
     pub fn get_mut(&mut self, range: impl RangeBounds<usize>) -> Option<HostBytesMut<'_>> {

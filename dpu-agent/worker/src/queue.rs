@@ -1,0 +1,213 @@
+//! An I/O thread's queue in an agent whose tenants may run in workers: pieces on a
+//! worker's objects go to that worker as one request per batch, where its own DAOS event
+//! queue keeps them in flight together; the other pieces go to the agent's own queue,
+//! which runs them while the workers work.
+//!
+//! Without this a worker's object would run one piece at a time on each I/O thread
+//! (the agent's DAOS queue does not know it), which is a queue depth of two on a
+//! two-core DPU.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use dpuio_backend::{Error, IoOp, IoQueue, IoRequest, Object, Result};
+
+use crate::client::{Process, Shared, WorkerObject};
+use crate::staging::Slot;
+use crate::wire::{self, Piece, Reply, Request};
+
+/// Pieces a batch may hold (the depth of a worker's DAOS event queue).
+const DEPTH: usize = 32;
+
+/// `main`, with pieces on worker objects sent to their workers.
+pub fn routed(main: Box<dyn IoQueue>) -> Box<dyn IoQueue> {
+    Box::new(RoutedQueue { main })
+}
+
+struct RoutedQueue {
+    main: Box<dyn IoQueue>,
+}
+
+fn worker_object(object: &dyn Object) -> Option<&WorkerObject> {
+    object.as_any()?.downcast_ref()
+}
+
+/// A worker's share of a batch: its process and the batch positions of its pieces.
+struct Group {
+    shared: Arc<Shared>,
+    process: Option<Arc<Process>>,
+    positions: Vec<usize>,
+}
+
+/// A request sent to a worker: the channel its reply comes on, and per piece its batch
+/// position and staging slot.
+struct Sent<'a> {
+    process: &'a Process,
+    channel: std::os::unix::net::UnixStream,
+    pieces: Vec<(usize, Slot<'a>, u64)>,
+}
+
+impl IoQueue for RoutedQueue {
+    fn depth(&self) -> usize {
+        self.main.depth().max(DEPTH)
+    }
+
+    fn overlaps(&self, object: &dyn Object) -> bool {
+        worker_object(object).is_some() || self.main.overlaps(object)
+    }
+
+    fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, Result<usize>)) {
+        // The agent's own pieces first, the workers' after, remembering where each was.
+        let mut origin: Vec<usize> = (0..batch.len()).collect();
+        let mut own = 0;
+        for i in 0..batch.len() {
+            if worker_object(batch[i].object).is_none() {
+                batch.swap(i, own);
+                origin.swap(i, own);
+                own += 1;
+            }
+        }
+        if own == batch.len() {
+            return self.main.run(batch, done);
+        }
+        let (mine, theirs) = batch.split_at_mut(own);
+        let origin_theirs = &origin[own..];
+
+        let mut groups: Vec<Group> = Vec::new();
+        for (pos, request) in theirs.iter().enumerate() {
+            let shared = worker_object(request.object).map(WorkerObject::shared).cloned();
+            let Some(shared) = shared else { continue };
+            match groups.iter_mut().find(|g| Arc::ptr_eq(&g.shared, &shared)) {
+                Some(g) => g.positions.push(pos),
+                None => groups.push(Group { shared, process: None, positions: vec![pos] }),
+            }
+        }
+        for g in &mut groups {
+            g.process = g.shared.process().ok();
+        }
+        // Send every worker its pieces that got a slot; the rest run one by one below.
+        let mut leftover: Vec<usize> = Vec::new();
+        let mut sent: Vec<Sent<'_>> = Vec::new();
+        for g in &groups {
+            let Some(process) = g.process.as_deref() else {
+                leftover.extend(&g.positions);
+                continue;
+            };
+            match send(process, g.shared.slot_bytes, theirs, &g.positions, &mut leftover) {
+                Ok(Some(s)) => sent.push(s),
+                Ok(None) => {}
+                Err(positions) => leftover.extend(positions),
+            }
+        }
+        self.main.run(mine, &mut |i, r| done(origin[i], r));
+        for s in sent {
+            match collect(s, theirs) {
+                Ok(results) => {
+                    for (pos, r) in results {
+                        done(origin_theirs[pos], r);
+                    }
+                }
+                Err(positions) => leftover.extend(positions),
+            }
+        }
+        // Pieces without a slot, or whose worker was lost: one at a time, each made on
+        // a new worker if need be.
+        leftover.sort_unstable();
+        for pos in leftover {
+            done(origin_theirs[pos], theirs[pos].run_blocking());
+        }
+    }
+}
+
+/// Send `positions` of `theirs` to `process` as one request. Pieces without a free slot
+/// go to `leftover`; `Err` returns the positions when the worker cannot take it.
+fn send<'a>(
+    process: &'a Process,
+    slot_bytes: u64,
+    theirs: &[IoRequest<'_>],
+    positions: &[usize],
+    leftover: &mut Vec<usize>,
+) -> std::result::Result<Option<Sent<'a>>, Vec<usize>> {
+    let mut pieces = Vec::with_capacity(positions.len());
+    let mut wire_pieces = Vec::with_capacity(positions.len());
+    for &pos in positions {
+        let request = &theirs[pos];
+        let len = request.len() as u64;
+        let object = worker_object(request.object).expect("grouped as a worker object");
+        let slot = (len <= slot_bytes).then(|| process.staging.try_take()).flatten();
+        let (Some(slot), Ok(id)) = (slot, object.id(process)) else {
+            leftover.push(pos);
+            continue;
+        };
+        let write = matches!(request.op, IoOp::Write(_));
+        if let IoOp::Write(bytes) = &request.op {
+            let Ok(mut staged) = process.staging.mapping.bytes_mut(slot.offset, len) else {
+                leftover.push(pos);
+                continue;
+            };
+            staged.copy_from_view(*bytes);
+        }
+        wire_pieces.push(Piece { object: id, offset: request.offset, staging: slot.offset, len, write });
+        pieces.push((pos, slot, len));
+    }
+    if pieces.is_empty() {
+        return Ok(None);
+    }
+    let back = |pieces: Vec<(usize, Slot<'_>, u64)>| pieces.into_iter().map(|(pos, _, _)| pos).collect::<Vec<_>>();
+    let Ok(mut channel) = process.channel().map_err(|l| l.0) else { return Err(back(pieces)) };
+    if wire::send(&mut channel, &Request::Io { pieces: wire_pieces }).is_err() {
+        process.lost.store(true, Ordering::Relaxed);
+        return Err(back(pieces));
+    }
+    Ok(Some(Sent { process, channel, pieces }))
+}
+
+/// The reply to a [`Sent`]: each piece's outcome, a read's bytes copied out of its slot.
+/// `Err` returns the positions when the worker was lost before it answered.
+#[allow(clippy::type_complexity)]
+fn collect(
+    mut s: Sent<'_>,
+    theirs: &mut [IoRequest<'_>],
+) -> std::result::Result<Vec<(usize, Result<usize>)>, Vec<usize>> {
+    let reply: io::Result<Reply> = wire::recv(&mut s.channel);
+    let results = match reply {
+        Ok(Reply::Io(results)) if results.len() == s.pieces.len() => results,
+        Ok(other) => {
+            let e = crate::client::unexpected(other);
+            s.process.give_back(s.channel);
+            return Ok(s.pieces.iter().map(|(pos, _, _)| (*pos, Err(copy_error(&e)))).collect());
+        }
+        Err(_) => {
+            s.process.lost.store(true, Ordering::Relaxed);
+            return Err(s.pieces.into_iter().map(|(pos, _, _)| pos).collect());
+        }
+    };
+    s.process.give_back(s.channel);
+    let mut out = Vec::with_capacity(results.len());
+    for ((pos, slot, len), result) in s.pieces.iter().zip(results) {
+        let outcome = match result {
+            Ok(n) => {
+                let n = n.min(*len);
+                if let IoOp::Read(dst) = &mut theirs[*pos].op {
+                    match s.process.staging.mapping.bytes(slot.offset, n) {
+                        Ok(staged) => {
+                            dst.slice_mut(..n as usize).copy_from_view(staged);
+                            Ok(n as usize)
+                        }
+                        Err(e) => Err(Error::InvalidArgument(e.to_string())),
+                    }
+                } else {
+                    Ok(n as usize)
+                }
+            }
+            Err(e) => Err(e.into()),
+        };
+        out.push((*pos, outcome));
+    }
+    Ok(out)
+}
+
+fn copy_error(e: &Error) -> Error {
+    Error::from(wire::WireError::from(e))
+}
