@@ -132,6 +132,50 @@ fn qos_from_proto(q: Option<pb::Qos>) -> Result<QosConfig> {
     Ok(out)
 }
 
+/// The DAOS identity of a tenant being added: the config's for a tenant it names (the
+/// request may repeat it, not change it), else the request's, checked as the config
+/// checks it.
+fn daos_identity(
+    agent: &Agent,
+    configured: Option<&TenantConfig>,
+    t: &pb::Tenant,
+) -> std::result::Result<(String, String), Status> {
+    if let Some(c) = configured {
+        if !t.daos_user.is_empty() && (t.daos_user != c.daos_user || t.daos_group != c.daos_group) {
+            return Err(Error::invalid(
+                "tenant.daos_user",
+                format!(
+                    "tenant {:?} is named in the config file with DAOS user {:?}: leave --daos-user out, or change \
+                     the config file",
+                    t.name, c.daos_user
+                ),
+            )
+            .into());
+        }
+        return Ok((c.daos_user.clone(), c.daos_group.clone()));
+    }
+    if t.daos_user.is_empty() {
+        if !t.daos_group.is_empty() {
+            return Err(Error::invalid(
+                "tenant.daos_group",
+                "needs --daos-user: a DAOS identity is a user and its group",
+            )
+            .into());
+        }
+        return Ok((String::new(), String::new()));
+    }
+    if !matches!(agent.config.backend, crate::config::BackendConfig::Daos(_)) {
+        return Err(Error::invalid(
+            "tenant.daos_user",
+            "a DAOS identity needs the DAOS backend; this agent's backend is not DAOS",
+        )
+        .into());
+    }
+    dpuio_worker::Identity::resolve(&t.daos_user, &t.daos_group)
+        .map_err(|reason| Error::invalid("tenant.daos_user", reason))?;
+    Ok((t.daos_user.clone(), t.daos_group.clone()))
+}
+
 fn tenant_to_proto(t: &TenantConfig) -> pb::Tenant {
     pb::Tenant {
         name: t.name.clone(),
@@ -141,6 +185,8 @@ fn tenant_to_proto(t: &TenantConfig) -> pb::Tenant {
         encrypted: t.encryption.is_some(),
         max_handles_per_session: t.max_handles_per_session.unwrap_or(0),
         max_regions_per_session: t.max_regions_per_session.unwrap_or(0),
+        daos_user: t.daos_user.clone(),
+        daos_group: t.daos_group.clone(),
     }
 }
 
@@ -247,6 +293,7 @@ impl pb::admin_server::Admin for AdminService {
         tenant.max_sessions = (t.max_sessions > 0).then_some(t.max_sessions);
         tenant.max_handles_per_session = (t.max_handles_per_session > 0).then_some(t.max_handles_per_session);
         tenant.max_regions_per_session = (t.max_regions_per_session > 0).then_some(t.max_regions_per_session);
+        (tenant.daos_user, tenant.daos_group) = daos_identity(&self.agent, configured, &t)?;
         let agent = self.agent.clone();
         blocking(move || {
             agent.change_persisted(|state| {

@@ -84,6 +84,11 @@ impl TenantRecord {
 pub struct Added {
     pub container: String,
     pub changed_unix_s: u64,
+    /// `--daos-user` / `--daos-group` (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub daos_user: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub daos_group: String,
 }
 
 /// `dpuctl tenant rm` of a tenant the config names.
@@ -208,7 +213,12 @@ impl PersistedState {
             }
             None => {
                 *record = TenantRecord {
-                    added: Some(Added { container: tenant.container.clone(), changed_unix_s: now }),
+                    added: Some(Added {
+                        container: tenant.container.clone(),
+                        changed_unix_s: now,
+                        daos_user: tenant.daos_user.clone(),
+                        daos_group: tenant.daos_group.clone(),
+                    }),
                     qos: Some(Override { value: QosRecord::from(&tenant.qos), config: None, changed_unix_s: now }),
                     limits: Some(Override { value: TenantLimits::of(tenant), config: None, changed_unix_s: now }),
                     ..TenantRecord::default()
@@ -413,6 +423,8 @@ pub fn merge(config: &[TenantConfig], state: &PersistedState) -> Merged {
             continue;
         }
         let mut tenant = TenantConfig::new(name, &added.container);
+        tenant.daos_user = added.daos_user.clone();
+        tenant.daos_group = added.daos_group.clone();
         if let Some(q) = &record.qos {
             tenant.qos = q.value.into();
         }

@@ -245,6 +245,24 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     assert!(new_a.is_some_and(|p| p != victim), "tenant a's worker was not replaced: {now:?}");
     assert!(now.iter().any(|(t, p)| t == "b" && *p == other), "tenant b's worker changed: {now:?}");
     assert!(a.read_file("/data.bin").unwrap() == data[0] && b.read_file("/data.bin").unwrap() == data[1]);
+
+    // A tenant added at run time with its own DAOS identity: its worker, its ACL.
+    let user_c = daos::tenant_identity(&d, "c").unwrap_or_else(|e| panic!("{e}"));
+    let container_c = label("idc");
+    ok_stdout(&agent.dpuctl(&["tenant", "add", "c", "--container", &container_c, "--daos-user", &user_c]));
+    let listed = ok_stdout(&agent.dpuctl(&["tenant", "list"]));
+    assert!(listed.contains(&format!("DAOS identity: user {user_c}")), "{listed}");
+    let c = connect("c");
+    runtime.block_on(c.put_bytes("/data.bin", &data[0])).unwrap();
+    assert!(c.read_file("/data.bin").unwrap() == data[0]);
+    assert!(workers(agent.process.id()).iter().any(|(t, _)| t == "c"), "no worker for tenant c");
+    let out = daos::daos_as(&user_c).args(["container", "get-acl", &d.pool, &container_c]).output().unwrap();
+    let acl = String::from_utf8_lossy(&out.stdout);
+    assert!(acl.contains(&format!("# Owner: {user_c}@")) && !acl.contains("GROUP@"), "{acl}");
+    let refused = agent.dpuctl(&["tenant", "add", "e", "--daos-user", "dpuio-no-such-user"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("useradd --system dpuio-no-such-user"), "{said}");
+    drop(c);
     drop((a, b));
     drop(agent);
 
@@ -285,7 +303,11 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         "serve does not name tenant a's extra principal:\n{said}"
     );
     drop(again);
-    destroy_as(&d.pool, &containers, &users);
+    destroy_as(
+        &d.pool,
+        &[containers[0].clone(), containers[1].clone(), container_c],
+        &[users[0].clone(), users[1].clone(), user_c],
+    );
 }
 
 /// The containers belong to the tenants' users: root cannot destroy them, so each is

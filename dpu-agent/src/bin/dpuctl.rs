@@ -130,6 +130,13 @@ enum TenantCommand {
         /// Its container [default: the tenant's name].
         #[arg(long)]
         container: Option<String>,
+        /// DAOS only: the tenant's DAOS calls run as this user of the agent's machine,
+        /// in a worker process of its own (its containers admit that user only).
+        #[arg(long)]
+        daos_user: Option<String>,
+        /// With --daos-user: the worker's group [default: the user's primary group].
+        #[arg(long, requires = "daos_user")]
+        daos_group: Option<String>,
         #[command(flatten)]
         limits: LimitArgs,
         #[command(flatten)]
@@ -430,9 +437,13 @@ async fn run(socket: &Path, command: Command) -> Result<(), String> {
                     show(t.max_regions_per_session),
                     qos_line(t.qos.as_ref())
                 );
+                if !t.daos_user.is_empty() {
+                    let group = if t.daos_group.is_empty() { "its primary group" } else { t.daos_group.as_str() };
+                    println!("  DAOS identity: user {} group {group} (a worker process of its own)", t.daos_user);
+                }
             }
         }
-        Command::Tenant(TenantCommand::Add { name, container, limits, qos }) => {
+        Command::Tenant(TenantCommand::Add { name, container, daos_user, daos_group, limits, qos }) => {
             let tenant = pb::Tenant {
                 name: name.clone(),
                 container: container.unwrap_or_default(),
@@ -441,6 +452,8 @@ async fn run(socket: &Path, command: Command) -> Result<(), String> {
                 encrypted: false,
                 max_handles_per_session: limits.max_handles_per_session,
                 max_regions_per_session: limits.max_regions_per_session,
+                daos_user: daos_user.unwrap_or_default(),
+                daos_group: daos_group.unwrap_or_default(),
             };
             admin.add_tenant(pb::AddTenantRequest { tenant: Some(tenant) }).await.map_err(status("tenant add"))?;
             println!("added tenant {name} (kept in the agent's state file across restarts)");

@@ -38,12 +38,12 @@ impl AgentView for Agent {
     fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
-    /// With tenants whose DAOS calls run in workers, their pieces go to their workers
-    /// in batches (see `dpuio_worker::routed`).
+    /// Over DAOS, pieces on the objects of tenants whose calls run in workers go to
+    /// their workers in batches (see `dpuio_worker::routed`); such a tenant may also be
+    /// added after the data plane started.
     fn io_queue(&self) -> dpuio_backend::Result<Box<dyn dpuio_backend::IoQueue>> {
         let main = self.backend.io_queue()?;
-        let workers = crate::runtime::lock(&self.tenants).values().any(|t| !t.daos_user.is_empty());
-        Ok(if workers { dpuio_worker::routed(main) } else { main })
+        Ok(if self.backend.kind() == "daos" { dpuio_worker::routed(main) } else { main })
     }
     fn limits(&self) -> &Limits {
         Agent::limits(self)
