@@ -301,6 +301,10 @@ pub struct DaosConfig {
     /// How long a DAOS call that fails transiently is made again before the client
     /// hears of it (0: never).
     pub retry_seconds: u64,
+    /// Redundancy factor (`rd_fac`) of the containers the agent creates; 0: DAOS's default.
+    pub redundancy_factor: u32,
+    /// The fault domain it counts: 1 rank, 2 node; 0: DAOS's default (node).
+    pub redundancy_level: u32,
 }
 
 /// The DAOS system name DAOS uses unless its servers are configured otherwise.

@@ -32,6 +32,8 @@ pub fn daos_options(daos: &DaosConfig) -> DaosOptions {
         object_class: daos.object_class.clone(),
         retry: std::time::Duration::from_secs(daos.retry_seconds),
         private_containers: false,
+        redundancy_factor: daos.redundancy_factor,
+        redundancy_level: daos.redundancy_level,
     }
 }
 

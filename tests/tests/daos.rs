@@ -130,6 +130,8 @@ fn encrypted_tenant_over_daos_stores_only_ciphertext_and_tampering_is_detected()
             object_class: String::new(),
             retry: std::time::Duration::ZERO,
             private_containers: false,
+            redundancy_factor: 0,
+            redundancy_level: 0,
         })
         .unwrap();
         let c = outside.mount(&container, false).unwrap();

@@ -79,6 +79,8 @@ fn mount(args: &LibdfsArgs) -> Result<Arc<dyn Container>, String> {
         // libdfs as a job would call it: no retries of its own.
         retry: std::time::Duration::ZERO,
         private_containers: false,
+        redundancy_factor: 0,
+        redundancy_level: 0,
     })
     .map_err(|e| e.to_string())?;
     backend.mount(&args.container, false).map_err(|e| e.to_string())

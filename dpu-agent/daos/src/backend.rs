@@ -74,6 +74,11 @@ pub struct DaosOptions {
     /// (the owner-group entry DAOS adds is removed): set in a tenant's worker process,
     /// which runs as the tenant's `daos_user`.
     pub private_containers: bool,
+    /// Redundancy factor (`rd_fac`, 0-4) of the containers this backend creates; 0:
+    /// DAOS's default (RF0).
+    pub redundancy_factor: u32,
+    /// The fault domain level it counts: 1 rank (engine), 2 node; 0: DAOS's default (node).
+    pub redundancy_level: u32,
 }
 
 /// Why a DAOS backend could not be opened.
@@ -178,8 +183,12 @@ impl DaosBackend {
         let pool = &self.options.pool;
         let create = create && self.options.create_containers;
         let retry = Retry { deadline: self.options.retry };
-        let fs = retry.run(container, || self.pool.mount(container, create, self.options.private_containers)).map_err(
-            |e| {
+        let fs = retry
+            .run(container, || {
+                let redundancy = (self.options.redundancy_factor, self.options.redundancy_level);
+                self.pool.mount(container, create, self.options.private_containers, redundancy)
+            })
+            .map_err(|e| {
                 let what = format!("DAOS container {container:?} of pool {pool:?}");
                 match e.code {
                     Code::Der(der::NONEXIST | der::NONEXIST_CONT) => Error::NoSuchContainer {
@@ -208,8 +217,7 @@ impl DaosBackend {
                     )),
                     _ => io_error(&what, e),
                 }
-            },
-        )?;
+            })?;
         Ok(Arc::new(DaosContainer {
             fs,
             name: container.to_owned(),

@@ -216,7 +216,16 @@ impl Pool {
     /// With `private`, a container this call creates admits its owner only: DAOS gives a
     /// new container `A::OWNER@:rwdtTaAo` and `A:G:GROUP@:rwtT`, and the group entry is
     /// removed before the container is used (the owner is this process's DAOS user).
-    pub fn mount(self: &Arc<Self>, label: &str, create: bool, private: bool) -> Result<Arc<Fs>, CallError> {
+    ///
+    /// `redundancy` (factor, level; 0 for DAOS's default) is the new container's
+    /// `rd_fac` and `rd_lvl`.
+    pub fn mount(
+        self: &Arc<Self>,
+        label: &str,
+        create: bool,
+        private: bool,
+        redundancy: (u32, u32),
+    ) -> Result<Arc<Fs>, CallError> {
         let api = self.rt.api;
         let c_label = cstring(label)?;
         let mut coh = daos_handle_t::default();
@@ -237,19 +246,28 @@ impl Pool {
         let mut rc = open(&mut coh);
         if create && is_nonexist(rc) {
             let mut uuid: sys::uuid_t = [0; 16];
-            // SAFETY: poh is connected; c_label outlives the call; attr NULL means DFS
-            // defaults; the uuid out-pointer is valid; NULL coh/dfs ask for neither to
-            // be left open.
+            let props = redundancy_props(api, redundancy)?;
+            // SAFETY: dfs_attr_t is plain old data; all zero is DFS's defaults.
+            let mut attr: sys::dfs_attr_t = unsafe { std::mem::zeroed() };
+            attr.da_props = props;
+            // SAFETY: poh is connected; c_label outlives the call; attr (zero but for
+            // its properties, NULL when none) outlives it; the uuid out-pointer is valid;
+            // NULL coh/dfs ask for neither to be left open.
             let erc = unsafe {
                 (api.dfs_cont_create_with_label)(
                     self.poh,
                     c_label.as_ptr(),
-                    ptr::null_mut(),
+                    (&mut attr as *mut sys::dfs_attr_t).cast(),
                     &mut uuid,
                     ptr::null_mut(),
                     ptr::null_mut(),
                 )
             };
+            if !props.is_null() {
+                // SAFETY: allocated by daos_prop_alloc in redundancy_props, freed once;
+                // DFS copied what it needed.
+                unsafe { (api.daos_prop_free)(props) };
+            }
             // EEXIST: another agent created it in between; open it all the same.
             if erc != 0 && erc != libc::EEXIST {
                 return Err(errno_error("dfs_cont_create_with_label", erc));
@@ -279,6 +297,32 @@ impl Pool {
         }
         Ok(Arc::new(Fs { pool: self.clone(), coh, dfs }))
     }
+}
+
+/// The `rd_fac` and `rd_lvl` properties of a new container (NULL: DAOS's defaults).
+fn redundancy_props(api: &Api, (factor, level): (u32, u32)) -> Result<*mut sys::daos_prop_t, CallError> {
+    let wanted: Vec<(u32, u64)> = [(sys::DAOS_PROP_CO_REDUN_FAC, factor), (sys::DAOS_PROP_CO_REDUN_LVL, level)]
+        .into_iter()
+        .filter(|(_, v)| *v > 0)
+        .map(|(t, v)| (t, u64::from(v)))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(ptr::null_mut());
+    }
+    // SAFETY: allocates a zeroed property list of that many entries (or NULL).
+    let props = unsafe { (api.daos_prop_alloc)(wanted.len() as u32) };
+    // SAFETY: a non-NULL result has dpp_nr entries at dpp_entries.
+    let Some(list) = (unsafe { props.as_mut() }) else {
+        return Err(errno_error("daos_prop_alloc", libc::ENOMEM));
+    };
+    for (i, (kind, value)) in wanted.into_iter().enumerate() {
+        // SAFETY: i < dpp_nr (allocated for exactly these entries).
+        let entry = unsafe { &mut *list.dpp_entries.add(i) };
+        entry.dpe_type = kind;
+        // The union's u64 member: a number, not a pointer.
+        entry.dpe_val_ptr = value as usize as *mut std::ffi::c_void;
+    }
+    Ok(props)
 }
 
 fn is_nonexist(rc: c_int) -> bool {

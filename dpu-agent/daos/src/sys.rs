@@ -217,6 +217,28 @@ pub struct daos_prop_t {
 }
 const _: () = assert!(size_of::<daos_prop_t>() == 16);
 
+/// `dfs_attr_t` (daos_fs.h): how `dfs_cont_create_with_label` makes a container.
+#[repr(C)]
+pub struct dfs_attr_t {
+    pub da_id: u64,
+    pub da_chunk_size: u64,
+    pub da_oclass_id: u32,
+    pub da_props: *mut daos_prop_t,
+    pub da_mode: u32,
+    pub da_dir_oclass_id: u32,
+    pub da_file_oclass_id: u32,
+    pub da_hints: [c_char; 128],
+}
+const _: () = assert!(offset_of!(dfs_attr_t, da_props) == 24);
+const _: () = assert!(offset_of!(dfs_attr_t, da_mode) == 32);
+const _: () = assert!(offset_of!(dfs_attr_t, da_hints) == 44);
+const _: () = assert!(size_of::<dfs_attr_t>() == 176);
+
+/// `DAOS_PROP_CO_REDUN_FAC` (DAOS_PROP_CO_MIN 0x1000 + 7): the redundancy factor.
+pub const DAOS_PROP_CO_REDUN_FAC: u32 = 0x1007;
+/// `DAOS_PROP_CO_REDUN_LVL`: the fault domain level it counts (1 rank, 2 node).
+pub const DAOS_PROP_CO_REDUN_LVL: u32 = 0x1008;
+
 /// `DAOS_PROP_CO_ACL` of `enum daos_cont_props` (DAOS_PROP_CO_MIN 0x1000 + 10).
 pub const DAOS_PROP_CO_ACL: u32 = 0x100a;
 /// `DAOS_PROP_CO_OWNER`: the owner's principal, `user@`.
@@ -266,6 +288,7 @@ api! {
     // libdaos_common's, found through libdaos (dlsym searches a library's dependencies).
     daos: daos_prop_entry_get: fn(*mut daos_prop_t, u32) -> *mut daos_prop_entry;
     daos: daos_prop_free: fn(*mut daos_prop_t) -> ();
+    daos: daos_prop_alloc: fn(u32) -> *mut daos_prop_t;
     daos: daos_acl_to_strs: fn(*mut c_void, *mut *mut *mut c_char, *mut usize) -> c_int;
     daos: daos_eq_create: fn(*mut daos_handle_t) -> c_int;
     daos: daos_eq_destroy: fn(daos_handle_t, c_int) -> c_int;

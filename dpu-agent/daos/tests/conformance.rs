@@ -70,6 +70,8 @@ fn daos_backend() -> &'static DaosBackend {
             object_class: String::new(),
             retry: std::time::Duration::from_secs(120),
             private_containers: false,
+            redundancy_factor: 0,
+            redundancy_level: 0,
         })
         .unwrap_or_else(|e| panic!("DAOS is reachable but the backend did not open: {e}"))
     })

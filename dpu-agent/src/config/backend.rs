@@ -6,8 +6,17 @@ use super::check::{Checker, check_daos_label, join};
 use super::{BackendConfig, DEFAULT_DAOS_CHUNK_BYTES, DEFAULT_DAOS_SYSTEM, DEFAULT_RETRY_SECONDS, DaosConfig};
 
 const LOCAL_KEYS: &[&str] = &["path"];
-const DAOS_KEYS: &[&str] =
-    &["pool", "system", "agent_socket_dir", "create_containers", "chunk_bytes", "object_class", "retry_seconds"];
+const DAOS_KEYS: &[&str] = &[
+    "pool",
+    "system",
+    "agent_socket_dir",
+    "create_containers",
+    "chunk_bytes",
+    "object_class",
+    "retry_seconds",
+    "redundancy_factor",
+    "redundancy_level",
+];
 
 impl Checker {
     /// `[backend]` (absent: the local backend under `data_dir`). Keys of the other
@@ -107,6 +116,19 @@ impl Checker {
         self.object_class("backend.object_class", &object_class, "the container's default");
         let retry_seconds =
             self.integer(t, "backend", "retry_seconds", 0, 3600).map_or(DEFAULT_RETRY_SECONDS, |n| n as u64);
+        let redundancy_factor = self.integer(t, "backend", "redundancy_factor", 0, 4).map_or(0, |n| n as u32);
+        let redundancy_level = match self.string(t, "backend", "redundancy_level").as_deref() {
+            None => 0,
+            Some("rank") => 1,
+            Some("node") => 2,
+            Some(other) => {
+                self.issue(
+                    "backend.redundancy_level",
+                    format!("{other:?}: expected \"rank\" (engines) or \"node\" (machines, DAOS's default)"),
+                );
+                0
+            }
+        };
         (self.issues.len() == issues).then(|| DaosConfig {
             pool: pool.unwrap_or_default(),
             system,
@@ -115,6 +137,8 @@ impl Checker {
             chunk_bytes,
             object_class,
             retry_seconds,
+            redundancy_factor,
+            redundancy_level,
         })
     }
 
@@ -150,6 +174,8 @@ impl super::DaosConfig {
             chunk_bytes: self.chunk_bytes,
             object_class: self.object_class.clone(),
             retry_ms: self.retry_seconds.saturating_mul(1000),
+            redundancy_factor: self.redundancy_factor,
+            redundancy_level: self.redundancy_level,
         }
     }
 }

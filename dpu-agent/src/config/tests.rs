@@ -154,6 +154,8 @@ fn daos_backend_parses_with_defaults_and_every_key() {
             chunk_bytes: 1 << 20,
             object_class: String::new(),
             retry_seconds: crate::config::DEFAULT_RETRY_SECONDS,
+            redundancy_factor: 0,
+            redundancy_level: 0,
         })
     );
     let config = Config::parse(
@@ -166,11 +168,18 @@ fn daos_backend_parses_with_defaults_and_every_key() {
         create_containers = true
         chunk_bytes = 8388608
         object_class = "RP_2G1"
+        redundancy_factor = 1
+        redundancy_level = "rank"
         "#,
     )
     .unwrap();
     let BackendConfig::Daos(d) = config.backend else { panic!("not daos") };
     assert_eq!((d.system.as_str(), d.chunk_bytes, d.object_class.as_str()), ("prod", 8 << 20, "RP_2G1"));
+    assert_eq!((d.redundancy_factor, d.redundancy_level), (1, 1));
+    let found =
+        issues("[backend]\nkind = \"daos\"\npool = \"t\"\nredundancy_factor = 5\nredundancy_level = \"rack\"\n");
+    let keys: Vec<&str> = found.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["backend.redundancy_factor", "backend.redundancy_level"], "{found:?}");
     assert_eq!((d.agent_socket_dir, d.create_containers), (Some("/run/daos_agent".into()), true));
 }
 

@@ -75,6 +75,8 @@ fn open_backend(setup: &Setup) -> Result<DaosBackend> {
         object_class: setup.object_class.clone(),
         retry: Duration::from_millis(setup.retry_ms),
         private_containers: true,
+        redundancy_factor: setup.redundancy_factor,
+        redundancy_level: setup.redundancy_level,
     };
     DaosBackend::open(options).map_err(|e| match e {
         dpuio_daos::OpenError::Pool { .. } => {

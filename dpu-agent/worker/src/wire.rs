@@ -28,6 +28,8 @@ pub struct Setup {
     pub chunk_bytes: u64,
     pub object_class: String,
     pub retry_ms: u64,
+    pub redundancy_factor: u32,
+    pub redundancy_level: u32,
 }
 
 /// A request on a channel. Containers and objects are named by the ids the worker gave
