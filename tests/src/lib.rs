@@ -89,9 +89,14 @@ fn unique_label(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000_000)
 }
 
-/// Run DAOS's own `daos` tool, which must succeed; its stdout.
-fn daos_tool(args: &[&std::ffi::OsStr]) -> String {
-    let out = Command::new("daos")
+/// Run DAOS's own `daos` tool (as `user` if given: the tenant's DAOS identity), which
+/// must succeed; its stdout.
+fn daos_tool(user: Option<&str>, args: &[&std::ffi::OsStr]) -> String {
+    let mut tool = match user {
+        Some(user) => daos::daos_as(user),
+        None => Command::new("daos"),
+    };
+    let out = tool
         .args(args)
         .output()
         .expect("run daos (is DAOS's bin directory on PATH? source the env file of daos-up.sh)");
@@ -102,6 +107,12 @@ fn daos_tool(args: &[&std::ffi::OsStr]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Let a tenant's DAOS user (not root) write into a scratch directory of the test's.
+fn open_to_all(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("chmod the scratch directory");
 }
 
 /// Every entry under `dir` with its bytes, keyed by its path relative to `dir`
@@ -144,6 +155,10 @@ pub struct StorageUnderTest {
 
 struct DaosContainers {
     pool: String,
+    /// `DPUIO_TEST_DAOS_IDENTITY=1`: each tenant NAME runs as the DAOS user
+    /// `dpuio-t-NAME` (a worker process of its own), and its container is seen from
+    /// outside as that user (root is not in its ACL).
+    identities: bool,
     prefix: String,
     /// Every label handed out: the containers to destroy (an agent creates them on
     /// first use, so some may not exist).
@@ -156,7 +171,13 @@ impl StorageUnderTest {
     pub fn new(test: &str, data_dir: &Path) -> StorageUnderTest {
         let daos = daos_pool_under_test().map(|pool| {
             let tag: String = test.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(16).collect();
-            DaosContainers { pool, prefix: unique_label(&format!("e2e-{tag}")), labels: Mutex::new(BTreeSet::new()) }
+            let identities = std::env::var("DPUIO_TEST_DAOS_IDENTITY").as_deref() == Ok("1");
+            DaosContainers {
+                pool,
+                identities,
+                prefix: unique_label(&format!("e2e-{tag}")),
+                labels: Mutex::new(BTreeSet::new()),
+            }
         });
         StorageUnderTest { data_dir: data_dir.to_owned(), daos }
     }
@@ -168,6 +189,25 @@ impl StorageUnderTest {
             None => String::new(),
             Some(d) => format!("[backend]\nkind = \"daos\"\npool = \"{}\"\ncreate_containers = true\n", d.pool),
         }
+    }
+
+    /// Lines for the `[[tenants]]` table of tenant `name` beyond its name and container:
+    /// its DAOS identity under `DPUIO_TEST_DAOS_IDENTITY=1` (the user made and admitted
+    /// to the pool first), else nothing.
+    pub fn tenant_settings(&self, name: &str) -> String {
+        match &self.daos {
+            Some(d) if d.identities => {
+                let daos = daos::Daos { pool: d.pool.clone(), socket_dir: PathBuf::new() };
+                let user = daos::tenant_identity(&daos, name).unwrap_or_else(|e| panic!("tenant {name}'s DAOS user: {e}"));
+                format!("daos_user = \"{user}\"\n")
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// Who sees tenant `name`'s container from outside: its DAOS user, or root.
+    fn outside_user(&self, name: &str) -> Option<String> {
+        self.daos.as_ref().filter(|d| d.identities).map(|_| format!("dpuio-t-{name}"))
     }
 
     /// The container to configure for what the test calls `name`: `name` itself on
@@ -193,9 +233,10 @@ impl StorageUnderTest {
             None => snapshot_tree(&self.local_root(name)),
             Some(d) => {
                 let out = tempfile::tempdir().expect("a scratch directory for the copy");
+                open_to_all(out.path());
                 // The root of a container copied into an existing directory lands in it,
                 // not in a subdirectory.
-                daos_tool(&[
+                daos_tool(self.outside_user(name).as_deref(), &[
                     "filesystem".as_ref(),
                     "copy".as_ref(),
                     "--src".as_ref(),
@@ -226,10 +267,15 @@ impl StorageUnderTest {
             }
             Some(d) => {
                 let scratch = tempfile::tempdir().expect("a scratch directory for the copy");
+                open_to_all(scratch.path());
+                let user = self.outside_user(name);
                 let local = scratch.path().join("stored");
                 let url = format!("daos://{}/{}/{relative}", d.pool, self.container(name));
                 let copy = |src: &std::ffi::OsStr, dst: &std::ffi::OsStr| {
-                    daos_tool(&["filesystem".as_ref(), "copy".as_ref(), "--src".as_ref(), src, "--dst".as_ref(), dst]);
+                    daos_tool(
+                        user.as_deref(),
+                        &["filesystem".as_ref(), "copy".as_ref(), "--src".as_ref(), src, "--dst".as_ref(), dst],
+                    );
                 };
                 copy(url.as_ref(), local.as_os_str());
                 let mut bytes = std::fs::read(&local).expect("read the copied-out file");
@@ -252,7 +298,10 @@ impl Drop for StorageUnderTest {
         // The pool is shared by every test and engineer on the machine: give the space back.
         if let Some(d) = &self.daos {
             for label in d.labels.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                let _ = Command::new("daos").args(["container", "destroy", "--force", &d.pool, label]).output();
+                // A tenant's own container is its DAOS user's to destroy.
+                let owner = label.strip_prefix(&format!("{}-", d.prefix)).and_then(|name| self.outside_user(name));
+                let mut tool = owner.as_deref().map_or_else(|| Command::new("daos"), daos::daos_as);
+                let _ = tool.args(["container", "destroy", "--force", &d.pool, label]).output();
             }
         }
     }

@@ -34,10 +34,12 @@ fn start_two_tenants(test: &str) -> Setup {
     std::fs::write(
         &config,
         format!(
-            "{}[[tenants]]\nname = \"a\"\ncontainer = \"{}\"\n[[tenants]]\nname = \"b\"\ncontainer = \"{}\"\n",
+            "{}[[tenants]]\nname = \"a\"\ncontainer = \"{}\"\n{}[[tenants]]\nname = \"b\"\ncontainer = \"{}\"\n{}",
             storage.backend_config(),
             storage.container("a"),
-            storage.container("b")
+            storage.tenant_settings("a"),
+            storage.container("b"),
+            storage.tenant_settings("b")
         ),
     )
     .unwrap();
