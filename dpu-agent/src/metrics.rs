@@ -656,6 +656,9 @@ pub struct TenantGauges {
     pub requests_in_flight: u64,
     /// The key version new files are wrapped under (encrypted tenants).
     pub key_version: Option<u32>,
+    /// Times its DAOS worker was lost and replaced (tenants with a `daos_user` whose
+    /// worker has started).
+    pub worker_restarts: Option<u64>,
 }
 
 /// One data-plane transport's figures now.
@@ -688,6 +691,7 @@ impl Collector for GaugeCollector {
         let tenant_gauge = || Family::<TenantLabel, Gauge>::default();
         let (sessions, handles, regions, in_flight, keys) =
             (tenant_gauge(), tenant_gauge(), tenant_gauge(), tenant_gauge(), tenant_gauge());
+        let restarts = Family::<TenantLabel, Counter>::default();
         let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         for t in gauges.tenants() {
             let label = TenantLabel { tenant: t.tenant };
@@ -698,6 +702,9 @@ impl Collector for GaugeCollector {
             if let Some(v) = t.key_version {
                 keys.get_or_create(&label).set(v.into());
             }
+            if let Some(n) = t.worker_restarts {
+                restarts.get_or_create(&label).inc_by(n);
+            }
         }
         let e = &mut encoder;
         encode_family(e, "sessions", "Sessions attached now", &sessions)?;
@@ -705,6 +712,12 @@ impl Collector for GaugeCollector {
         encode_family(e, "regions", "Registered host memory regions now", &regions)?;
         encode_family(e, "requests_in_flight", "Data-plane requests taken and not yet completed", &in_flight)?;
         encode_family(e, "key_version", "The key version new files are wrapped under (encrypted tenants)", &keys)?;
+        encode_family(
+            e,
+            "daos_worker_restarts",
+            "Times the tenant's DAOS worker process was lost and replaced (tenants with a daos_user)",
+            &restarts,
+        )?;
 
         let peers = Family::<ProviderLabel, Gauge>::default();
         let malformed = Family::<ProviderLabel, Counter>::default();

@@ -198,7 +198,8 @@ impl StorageUnderTest {
         match &self.daos {
             Some(d) if d.identities => {
                 let daos = daos::Daos { pool: d.pool.clone(), socket_dir: PathBuf::new() };
-                let user = daos::tenant_identity(&daos, name).unwrap_or_else(|e| panic!("tenant {name}'s DAOS user: {e}"));
+                let user =
+                    daos::tenant_identity(&daos, name).unwrap_or_else(|e| panic!("tenant {name}'s DAOS user: {e}"));
                 format!("daos_user = \"{user}\"\n")
             }
             _ => String::new(),
@@ -236,14 +237,17 @@ impl StorageUnderTest {
                 open_to_all(out.path());
                 // The root of a container copied into an existing directory lands in it,
                 // not in a subdirectory.
-                daos_tool(self.outside_user(name).as_deref(), &[
-                    "filesystem".as_ref(),
-                    "copy".as_ref(),
-                    "--src".as_ref(),
-                    format!("daos://{}/{}/", d.pool, self.container(name)).as_ref(),
-                    "--dst".as_ref(),
-                    out.path().as_os_str(),
-                ]);
+                daos_tool(
+                    self.outside_user(name).as_deref(),
+                    &[
+                        "filesystem".as_ref(),
+                        "copy".as_ref(),
+                        "--src".as_ref(),
+                        format!("daos://{}/{}/", d.pool, self.container(name)).as_ref(),
+                        "--dst".as_ref(),
+                        out.path().as_os_str(),
+                    ],
+                );
                 snapshot_tree(out.path())
             }
         }
@@ -554,4 +558,14 @@ pub fn mapped_files(pid: u32, name: &str) -> Vec<String> {
 pub fn ok_stdout(out: &Output) -> String {
     assert!(out.status.success(), "command failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout.clone()).expect("utf-8 output")
+}
+
+/// The text of an agent's `GET /metrics` at `addr` (its `[metrics] listen`).
+pub fn scrape_metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nAccept: text/plain\r\n\r\n").expect("send the scrape");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read the scrape");
+    text
 }

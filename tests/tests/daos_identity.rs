@@ -110,6 +110,7 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         &config,
         format!(
             "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\ncreate_containers = true\n\n\
+             [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
              [[tenants]]\nname = \"a\"\ncontainer = \"{}\"\ndaos_user = \"{}\"\n\n\
              [[tenants]]\nname = \"b\"\ncontainer = \"{}\"\ndaos_user = \"{}\"\n",
             d.pool,
@@ -244,6 +245,11 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     let new_a = now.iter().find(|(t, _)| t == "a").map(|(_, p)| *p);
     assert!(new_a.is_some_and(|p| p != victim), "tenant a's worker was not replaced: {now:?}");
     assert!(now.iter().any(|(t, p)| t == "b" && *p == other), "tenant b's worker changed: {now:?}");
+    let metrics = dpuio_tests::scrape_metrics(agent.process.metrics_addr().expect("[metrics] listen is set"));
+    for (tenant, restarts) in [("a", 1), ("b", 0)] {
+        let line = format!("dpuio_daos_worker_restarts_total{{tenant=\"{tenant}\"}} {restarts}");
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
+    }
     assert!(a.read_file("/data.bin").unwrap() == data[0] && b.read_file("/data.bin").unwrap() == data[1]);
 
     // A tenant added at run time with its own DAOS identity: its worker, its ACL.

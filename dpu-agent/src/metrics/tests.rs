@@ -72,6 +72,7 @@ impl Gauges for Fixed {
             regions: 4,
             requests_in_flight: 5,
             key_version: Some(7),
+            worker_restarts: Some(1),
         }]
     }
     fn transports(&self) -> Vec<TransportGauges> {
@@ -91,6 +92,7 @@ fn gauges_are_read_when_scraped_while_their_source_lives() {
         (r#"dpuio_regions{tenant="a"}"#, 4.0),
         (r#"dpuio_requests_in_flight{tenant="a"}"#, 5.0),
         (r#"dpuio_key_version{tenant="a"}"#, 7.0),
+        (r#"dpuio_daos_worker_restarts_total{tenant="a"}"#, 1.0),
         (r#"dpuio_transport_peers{provider="ucx"}"#, 2.0),
         (r#"dpuio_transport_malformed_doorbells_total{provider="ucx"}"#, 9.0),
     ] {

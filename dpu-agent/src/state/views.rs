@@ -92,6 +92,11 @@ impl Gauges for Agent {
                 }
             }
         }
+        for (tenant, worker) in lock(&self.workers).iter() {
+            if let Some(g) = by_name.get_mut(tenant) {
+                g.worker_restarts = Some(worker.restarts());
+            }
+        }
         let mut all: Vec<TenantGauges> = by_name.into_values().collect();
         all.sort_by(|a, b| a.tenant.cmp(&b.tenant));
         all

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Per-tenant DAOS workers against the in-process path, in one run: one agent on the DAOS
+# backend with two tenants, "inproc" (DAOS calls in the agent) and "worker" (daos_user:
+# its DAOS calls in a worker process as a user of its own), the same `dpuio bench`
+# workloads as each, alternated ROUNDS times; prints each row and the worker/in-process
+# ratios of throughput and host CPU per GiB.
+#
+# Needs root (it makes the system user dpuio-bench-w), a running DAOS system whose env
+# file is sourced (DAOS_POOL, DAOS_AGENT_DRPC_DIR, DAOS_RUNDIR: ../shared/daos/daos-up.sh),
+# and release builds of dpu-agent, dpuio and dpuio-bench. Everything it makes (agent,
+# containers) is removed at exit; the user stays.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: host-shim/bench/daos-identity.sh [-b BIN_DIR] [-r ROUNDS] -- BENCH_ARGS...
+
+  -b BIN_DIR   holds dpu-agent, dpuctl, dpuio and dpuio-bench (default target/release)
+  -r ROUNDS    how many times each tenant runs the workloads, alternating (default 2)
+  BENCH_ARGS   what `dpuio bench` gets (the script adds --agent, the tenant's bundle,
+               --paths shm and --json), e.g. seq-read --queue-depth 8 --file-bytes 256MiB
+
+example: host-shim/bench/daos-identity.sh -- seq-read --queue-depth 8 --file-bytes 256MiB --seconds 5
+EOF
+}
+die() { echo "daos-identity.sh: $*" >&2; exit 2; }
+
+bin=target/release
+rounds=2
+while getopts "b:r:h" opt; do
+    case $opt in
+        b) bin=$OPTARG ;;
+        r) rounds=$OPTARG ;;
+        h) usage; exit 0 ;;
+        *) usage >&2; exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+[ "${1:-}" != -- ] || shift
+(($#)) || die "no workload after '--' (e.g. -- seq-read --queue-depth 8)"
+for b in dpu-agent dpuctl dpuio dpuio-bench; do
+    [ -x "$bin/$b" ] || die "$bin/$b is missing: build it (cargo build --release --bins) or pass -b DIR"
+done
+bin=$(cd "$bin" && pwd)
+[ "$(id -u)" = 0 ] || die "making the tenant's DAOS user needs root"
+for v in DAOS_POOL DAOS_AGENT_DRPC_DIR DAOS_RUNDIR; do
+    [ -n "${!v:-}" ] || die "$v is not set: start DAOS (../shared/daos/daos-up.sh RUNDIR) and source RUNDIR/env"
+done
+command -v python3 >/dev/null || die "python3 is missing (apt-get install python3)"
+
+user=dpuio-bench-w
+id "$user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$user"
+dmg -o "$DAOS_RUNDIR/daos_control.yml" pool update-acl "$DAOS_POOL" --entry "A::$user@:rw" >/dev/null ||
+    die "dmg pool update-acl failed: is $DAOS_RUNDIR/daos_control.yml the running system's?"
+
+work=$(mktemp -d)
+tag=$$
+agent_pid=
+cleanup() {
+    [ -z "$agent_pid" ] || kill -9 "$agent_pid" 2>/dev/null || true
+    daos container destroy --force "$DAOS_POOL" "idb-in-$tag" >/dev/null 2>&1 || true
+    runuser -u "$user" -- daos container destroy --force "$DAOS_POOL" "idb-w-$tag" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+cat >"$work/agent.toml" <<EOF
+[backend]
+kind = "daos"
+pool = "$DAOS_POOL"
+agent_socket_dir = "$DAOS_AGENT_DRPC_DIR"
+create_containers = true
+
+[[tenants]]
+name = "inproc"
+container = "idb-in-$tag"
+
+[[tenants]]
+name = "worker"
+container = "idb-w-$tag"
+daos_user = "$user"
+EOF
+(unset LD_LIBRARY_PATH; RUST_LOG=warn DPUIO_CONFIG_DIR="$work/client" exec "$bin/dpu-agent" serve \
+    --config "$work/agent.toml" --data-dir "$work/data" --listen 127.0.0.1:0 >"$work/agent.out" 2>"$work/agent.err") &
+agent_pid=$!
+for _ in $(seq 300); do
+    grep -q "listening on" "$work/agent.out" 2>/dev/null && break
+    kill -0 "$agent_pid" 2>/dev/null || { cat "$work/agent.err" >&2; die "the agent stopped"; }
+    sleep 0.2
+done
+addr=$(sed -n 's/^dpu-agent listening on \([^ ]*\) .*/\1/p' "$work/agent.out")
+[ -n "$addr" ] || die "the agent did not say where it listens"
+for t in inproc worker; do
+    "$bin/dpuctl" --data-dir "$work/data" cert issue --tenant "$t" --out "$work/$t" >/dev/null ||
+        die "dpuctl cert issue --tenant $t failed"
+done
+
+for round in $(seq "$rounds"); do
+    for t in inproc worker; do
+        DPUIO_CONFIG_DIR="$work/$t" "$bin/dpuio" bench --agent "$addr" --paths shm --json --agent-pid "$agent_pid" "$@" |
+            sed "s/^{/{\"tenant\":\"$t\",\"round\":$round,/" >>"$work/rows.json"
+    done
+done
+
+python3 - "$work/rows.json" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(f"{'workload':<12} {'tenant':<7} {'round':>5} {'GiB/s':>8} {'IOPS':>10} {'host s/GiB':>11}")
+for r in rows:
+    print(f"{r['workload']:<12} {r['tenant']:<7} {r['round']:>5} {r['gib_per_s'] or 0:>8.3f} {r['iops']:>10.0f} "
+          f"{r['host_cpu_s_per_gib'] or 0:>11.4f}")
+print()
+for w in dict.fromkeys(r["workload"] for r in rows):
+    def mean(t, k):
+        v = [r[k] for r in rows if r["workload"] == w and r["tenant"] == t and r[k]]
+        return sum(v) / len(v) if v else float("nan")
+    rate = "gib_per_s" if any(r["gib_per_s"] for r in rows if r["workload"] == w) else "iops"
+    print(f"{w}: worker/in-process throughput {mean('worker', rate) / mean('inproc', rate):.3f}x, "
+          f"host CPU per GiB {mean('worker', 'host_cpu_s_per_gib') / mean('inproc', 'host_cpu_s_per_gib'):.3f}x")
+EOF
