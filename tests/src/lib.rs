@@ -109,10 +109,11 @@ fn daos_tool(user: Option<&str>, args: &[&std::ffi::OsStr]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Let a tenant's DAOS user (not root) write into a scratch directory of the test's.
-fn open_to_all(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("chmod the scratch directory");
+/// Give a scratch directory of the test's to a tenant's DAOS user (not root), who copies
+/// into it.
+fn give_to(dir: &Path, user: &str) {
+    let out = Command::new("chown").arg(user).arg(dir).output().expect("run chown");
+    assert!(out.status.success(), "chown {user} {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
 }
 
 /// Every entry under `dir` with its bytes, keyed by its path relative to `dir`
@@ -234,7 +235,10 @@ impl StorageUnderTest {
             None => snapshot_tree(&self.local_root(name)),
             Some(d) => {
                 let out = tempfile::tempdir().expect("a scratch directory for the copy");
-                open_to_all(out.path());
+                if let Some(user) = self.outside_user(name) {
+                    // DAOS sets the copied root's permissions on it: the user must own it.
+                    give_to(out.path(), &user);
+                }
                 // The root of a container copied into an existing directory lands in it,
                 // not in a subdirectory.
                 daos_tool(
@@ -271,8 +275,10 @@ impl StorageUnderTest {
             }
             Some(d) => {
                 let scratch = tempfile::tempdir().expect("a scratch directory for the copy");
-                open_to_all(scratch.path());
                 let user = self.outside_user(name);
+                if let Some(user) = &user {
+                    give_to(scratch.path(), user);
+                }
                 let local = scratch.path().join("stored");
                 let url = format!("daos://{}/{}/{relative}", d.pool, self.container(name));
                 let copy = |src: &std::ffi::OsStr, dst: &std::ffi::OsStr| {
