@@ -57,7 +57,7 @@ work=$(mktemp -d)
 tag=$$
 agent_pid=
 cleanup() {
-    [ -z "$agent_pid" ] || kill -9 "$agent_pid" 2>/dev/null || true
+    if [ -n "$agent_pid" ]; then kill -9 "$agent_pid" 2>/dev/null || true; wait "$agent_pid" 2>/dev/null || true; fi
     daos container destroy --force "$DAOS_POOL" "idb-in-$tag" >/dev/null 2>&1 || true
     runuser -u "$user" -- daos container destroy --force "$DAOS_POOL" "idb-w-$tag" >/dev/null 2>&1 || true
     rm -rf "$work"
