@@ -559,20 +559,21 @@ impl WorkerObject {
                 fill(p.staging.mapping.bytes_mut(slot.offset, len).map_err(staging_error)?);
             }
             let request = Request::Io { pieces: vec![Piece { object, offset, staging: slot.offset, len, write }] };
-            match p.call(&request)? {
-                Reply::Io(mut results) if results.len() == 1 => match results.pop() {
-                    Some(Ok(n)) => {
-                        let n = n.min(len);
-                        if !write {
-                            drain(p.staging.mapping.bytes(slot.offset, n).map_err(staging_error)?);
-                        }
-                        Ok(n)
+            let mut channel = p.channel()?;
+            wire::send(&mut channel, &request).map_err(Lost)?;
+            let mut outcome = None;
+            wire::recv_pieces(&mut channel, 1, &mut |_, r| outcome = Some(r)).map_err(Lost)?;
+            p.give_back(channel);
+            match outcome {
+                Some(Ok(n)) => {
+                    let n = n.min(len);
+                    if !write {
+                        drain(p.staging.mapping.bytes(slot.offset, n).map_err(staging_error)?);
                     }
-                    Some(Err(e)) => Err(Fault::Backend(e.into())),
-                    None => Err(Fault::Backend(Error::InvalidArgument("empty I/O reply".into()))),
-                },
-                Reply::Failed(e) => Err(Fault::Backend(e.into())),
-                other => Err(Fault::Backend(unexpected(other))),
+                    Ok(n)
+                }
+                Some(Err(e)) => Err(Fault::Backend(e.into())),
+                None => Err(Fault::Backend(Error::InvalidArgument("the worker reported no piece".into()))),
             }
         })
     }

@@ -7,7 +7,6 @@
 //! (the agent's DAOS queue does not know it), which is a queue depth of two on a
 //! two-core DPU.
 
-use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -15,7 +14,7 @@ use dpuio_backend::{Error, IoOp, IoQueue, IoRequest, Object, Result};
 
 use crate::client::{Process, Shared, WorkerObject};
 use crate::staging::Slot;
-use crate::wire::{self, Piece, Reply, Request};
+use crate::wire::{self, Piece, Request};
 
 /// Pieces a batch may hold (the depth of a worker's DAOS event queue).
 const DEPTH: usize = 32;
@@ -102,13 +101,8 @@ impl IoQueue for RoutedQueue {
         }
         self.main.run(mine, &mut |i, r| done(origin[i], r));
         for s in sent {
-            match collect(s, theirs) {
-                Ok(results) => {
-                    for (pos, r) in results {
-                        done(origin_theirs[pos], r);
-                    }
-                }
-                Err(positions) => leftover.extend(positions),
+            if let Err(positions) = collect(s, theirs, &mut |pos, r| done(origin_theirs[pos], r)) {
+                leftover.extend(positions);
             }
         }
         // Pieces without a slot, or whose worker was lost: one at a time, each made on
@@ -163,51 +157,46 @@ fn send<'a>(
     Ok(Some(Sent { process, channel, pieces }))
 }
 
-/// The reply to a [`Sent`]: each piece's outcome, a read's bytes copied out of its slot.
-/// `Err` returns the positions when the worker was lost before it answered.
-#[allow(clippy::type_complexity)]
+/// The reply to a [`Sent`]: `done(position, outcome)` for each piece as the worker
+/// reports it, a read's bytes first copied out of its slot. `Err` returns the positions
+/// not reported when the worker was lost.
 fn collect(
     mut s: Sent<'_>,
     theirs: &mut [IoRequest<'_>],
-) -> std::result::Result<Vec<(usize, Result<usize>)>, Vec<usize>> {
-    let reply: io::Result<Reply> = wire::recv(&mut s.channel);
-    let results = match reply {
-        Ok(Reply::Io(results)) if results.len() == s.pieces.len() => results,
-        Ok(other) => {
-            let e = crate::client::unexpected(other);
-            s.process.give_back(s.channel);
-            return Ok(s.pieces.iter().map(|(pos, _, _)| (*pos, Err(copy_error(&e)))).collect());
-        }
-        Err(_) => {
-            s.process.lost.store(true, Ordering::Relaxed);
-            return Err(s.pieces.into_iter().map(|(pos, _, _)| pos).collect());
-        }
-    };
-    s.process.give_back(s.channel);
-    let mut out = Vec::with_capacity(results.len());
-    for ((pos, slot, len), result) in s.pieces.iter().zip(results) {
+    done: &mut dyn FnMut(usize, Result<usize>),
+) -> std::result::Result<(), Vec<usize>> {
+    let mut reported = vec![false; s.pieces.len()];
+    let staging = &s.process.staging.mapping;
+    let pieces = &s.pieces;
+    let answered = wire::recv_pieces(&mut s.channel, pieces.len(), &mut |index, result| {
+        let (pos, slot, len) = (&pieces[index].0, &pieces[index].1, pieces[index].2);
+        reported[index] = true;
         let outcome = match result {
             Ok(n) => {
-                let n = n.min(*len);
-                if let IoOp::Read(dst) = &mut theirs[*pos].op {
-                    match s.process.staging.mapping.bytes(slot.offset, n) {
+                let n = n.min(len);
+                match &mut theirs[*pos].op {
+                    IoOp::Read(dst) => match staging.bytes(slot.offset, n) {
                         Ok(staged) => {
                             dst.slice_mut(..n as usize).copy_from_view(staged);
                             Ok(n as usize)
                         }
                         Err(e) => Err(Error::InvalidArgument(e.to_string())),
-                    }
-                } else {
-                    Ok(n as usize)
+                    },
+                    IoOp::Write(_) => Ok(n as usize),
                 }
             }
             Err(e) => Err(e.into()),
         };
-        out.push((*pos, outcome));
+        done(*pos, outcome);
+    });
+    match answered {
+        Ok(()) => {
+            s.process.give_back(s.channel);
+            Ok(())
+        }
+        Err(_) => {
+            s.process.lost.store(true, Ordering::Relaxed);
+            Err(s.pieces.iter().zip(&reported).filter(|(_, r)| !**r).map(|((pos, _, _), _)| *pos).collect())
+        }
     }
-    Ok(out)
-}
-
-fn copy_error(e: &Error) -> Error {
-    Error::from(wire::WireError::from(e))
 }

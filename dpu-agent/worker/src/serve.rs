@@ -117,7 +117,14 @@ impl Worker {
                     return;
                 }
             };
-            let reply = self.handle(request, &mut queue).unwrap_or_else(|e| Reply::Failed(WireError::from(&e)));
+            if let Request::Io { pieces } = &request {
+                if let Err(e) = self.io(pieces, &mut queue, &mut stream) {
+                    tracing::warn!(error = %e, "tenant worker cannot answer the agent");
+                    return;
+                }
+                continue;
+            }
+            let reply = self.handle(request).unwrap_or_else(|e| Reply::Failed(WireError::from(&e)));
             if let Err(e) = wire::send(&mut stream, &reply) {
                 tracing::warn!(error = %e, "tenant worker cannot answer the agent");
                 return;
@@ -133,7 +140,7 @@ impl Worker {
         lock(&self.objects).get(&id).cloned().ok_or_else(|| unknown("object", id))
     }
 
-    fn handle(&self, request: Request, queue: &mut Option<Box<dyn IoQueue>>) -> Result<Reply> {
+    fn handle(&self, request: Request) -> Result<Reply> {
         let path = |p: &str| NsPath::parse(p);
         Ok(match request {
             Request::Mount { container, create, object_class } => {
@@ -192,12 +199,8 @@ impl Worker {
                 self.container(container)?.sync()?;
                 Reply::Done
             }
-            Request::Io { pieces } => {
-                let queue = match queue {
-                    Some(q) => q,
-                    None => queue.insert(self.backend.io_queue()?),
-                };
-                Reply::Io(self.io(&pieces, queue))
+            Request::Io { .. } => {
+                return Err(Error::InvalidArgument("an I/O request is answered piece by piece".into()));
             }
             Request::ObjectStat { object } => Reply::Attr(WireAttr::from(&self.object(object)?.stat()?)),
             Request::ObjectTruncate { object, size } => {
@@ -215,11 +218,34 @@ impl Worker {
         })
     }
 
-    /// Run the pieces on this channel's event queue; a piece whose object or staging
-    /// range is wrong fails alone.
-    fn io(&self, pieces: &[Piece], queue: &mut Box<dyn IoQueue>) -> Vec<std::result::Result<u64, WireError>> {
-        let mut results: Vec<std::result::Result<u64, WireError>> =
-            vec![Err(WireError::InvalidArgument("piece not run".into())); pieces.len()];
+    /// Run the pieces on this channel's event queue (made on first use), reporting each
+    /// on `stream` as it completes, then [`Reply::Done`]; a piece whose object or
+    /// staging range is wrong fails alone. An error is the channel's (the agent gone).
+    fn io(
+        &self,
+        pieces: &[Piece],
+        queue: &mut Option<Box<dyn IoQueue>>,
+        stream: &mut UnixStream,
+    ) -> std::io::Result<()> {
+        let mut broken: Option<std::io::Error> = None;
+        let mut report = |index: usize, result: std::result::Result<u64, WireError>| {
+            if broken.is_none()
+                && let Err(e) = wire::send(stream, &Reply::Piece { index: index as u32, result })
+            {
+                broken = Some(e);
+            }
+        };
+        let queue = match queue {
+            Some(q) => q,
+            None => match self.backend.io_queue() {
+                Ok(q) => queue.insert(q),
+                Err(e) => {
+                    let e = WireError::from(&e);
+                    (0..pieces.len()).for_each(|i| report(i, Err(e.clone())));
+                    return broken.map_or_else(|| wire::send(stream, &Reply::Done), Err);
+                }
+            },
+        };
         let mut objects = Vec::with_capacity(pieces.len());
         let mut runnable = Vec::with_capacity(pieces.len());
         for (i, piece) in pieces.iter().enumerate() {
@@ -228,7 +254,7 @@ impl Worker {
                     objects.push(o);
                     runnable.push((i, piece));
                 }
-                Err(e) => results[i] = Err(WireError::from(&e)),
+                Err(e) => report(i, Err(WireError::from(&e))),
             }
         }
         let mut batch = Vec::with_capacity(runnable.len());
@@ -244,13 +270,11 @@ impl Worker {
                     batch.push(IoRequest { object: object.as_ref(), offset: piece.offset, op });
                     index.push(*i);
                 }
-                Err(e) => results[*i] = Err(WireError::InvalidArgument(e.to_string())),
+                Err(e) => report(*i, Err(WireError::InvalidArgument(e.to_string()))),
             }
         }
-        queue.run(&mut batch, &mut |j, r| {
-            results[index[j]] = r.map(|n| n as u64).map_err(|e| WireError::from(&e));
-        });
-        results
+        queue.run(&mut batch, &mut |j, r| report(index[j], r.map(|n| n as u64).map_err(|e| WireError::from(&e))));
+        broken.map_or_else(|| wire::send(stream, &Reply::Done), Err)
     }
 }
 

@@ -176,8 +176,12 @@ pub enum Reply {
         object: u64,
         writable: bool,
     },
-    /// Each piece's bytes moved, or its error, in the order of the request.
-    Io(Vec<Result<u64, WireError>>),
+    /// One piece of a [`Request::Io`] done: its index in the request, and the bytes it
+    /// moved or its error. Sent as each completes; [`Reply::Done`] follows the last.
+    Piece {
+        index: u32,
+        result: Result<u64, WireError>,
+    },
     Failed(WireError),
 }
 
@@ -310,6 +314,48 @@ impl From<WireError> for Error {
     }
 }
 
+/// Read the answer to a [`Request::Io`] of `pieces` pieces: `on_piece(index, result)`
+/// for each as the worker reports it, until its closing [`Reply::Done`]. A
+/// [`Reply::Failed`] (the request refused as a whole) is each unreported piece's error.
+/// An I/O error means the worker is gone; the pieces reported so far stand.
+pub fn recv_pieces(
+    stream: &mut impl Read,
+    pieces: usize,
+    on_piece: &mut dyn FnMut(usize, Result<u64, WireError>),
+) -> io::Result<()> {
+    let mut reported = vec![false; pieces];
+    loop {
+        match recv::<Reply>(stream)? {
+            Reply::Piece { index, result } => {
+                let index = index as usize;
+                match reported.get_mut(index) {
+                    Some(seen) if !*seen => *seen = true,
+                    _ => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("worker reported piece {index} of {pieces} twice or out of range"),
+                        ));
+                    }
+                }
+                on_piece(index, result);
+            }
+            Reply::Done if reported.iter().all(|r| *r) => return Ok(()),
+            Reply::Failed(e) => {
+                for (index, _) in reported.iter().enumerate().filter(|(_, r)| !**r) {
+                    on_piece(index, Err(e.clone()));
+                }
+                return Ok(());
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("worker answered an I/O request with {other:?}"),
+                ));
+            }
+        }
+    }
+}
+
 /// Write one message.
 pub fn send<T: Serialize>(stream: &mut impl Write, message: &T) -> io::Result<()> {
     let body = serde_json::to_vec(message).map_err(io::Error::other)?;
@@ -354,6 +400,40 @@ mod tests {
         let e = Error::Io { context: "dfs_read".into(), source: io::Error::from_raw_os_error(libc::EIO) };
         let back: Error = WireError::from(&e).into();
         assert!(matches!(&back, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EIO)), "{back}");
+    }
+
+    #[test]
+    fn pieces_are_reported_once_each_and_a_refusal_covers_the_rest() {
+        let ok = |index| Reply::Piece { index, result: Ok(u64::from(index) + 1) };
+        let mut stream = Vec::new();
+        for reply in [ok(1), ok(0), Reply::Done] {
+            send(&mut stream, &reply).unwrap();
+        }
+        let mut seen = Vec::new();
+        recv_pieces(&mut stream.as_slice(), 2, &mut |i, r| seen.push((i, r.unwrap()))).unwrap();
+        assert_eq!(seen, [(1, 2), (0, 1)]);
+
+        let mut stream = Vec::new();
+        for reply in [ok(0), Reply::Failed(WireError::InvalidArgument("no".into()))] {
+            send(&mut stream, &reply).unwrap();
+        }
+        let mut failed = Vec::new();
+        recv_pieces(&mut stream.as_slice(), 3, &mut |i, r| {
+            if r.is_err() {
+                failed.push(i)
+            }
+        })
+        .unwrap();
+        assert_eq!(failed, [1, 2]);
+
+        for replies in [vec![ok(0), ok(0)], vec![ok(5)], vec![ok(0), Reply::Done, Reply::Done]] {
+            let mut stream = Vec::new();
+            for reply in &replies {
+                send(&mut stream, reply).unwrap();
+            }
+            let err = recv_pieces(&mut stream.as_slice(), 2, &mut |_, _| {}).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{replies:?}: {err}");
+        }
     }
 
     #[test]
