@@ -69,6 +69,27 @@ fn wait_until(what: &str, limit: Duration, done: impl Fn() -> bool) {
     }
 }
 
+/// An agent on `config` in `dir`, its log in `log`; with `hook`, its workers also try to
+/// mount that container after each mount (the test-only hook).
+fn start_agent(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    log: &std::path::Path,
+    hook: Option<&str>,
+) -> AgentProcess {
+    let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
+    if let Some(container) = hook {
+        program.env("DPUIO_TEST_HOOK_WORKER_MOUNT", container);
+    }
+    program.stderr(Stdio::from(std::fs::File::create(log).unwrap()));
+    AgentProcess::start_program(
+        program,
+        &dir.join("data"),
+        &["--config", config.to_str().unwrap()],
+        Duration::from_secs(60),
+    )
+}
+
 /// A job for one tenant: read `file` again and again (checking every byte) and, with
 /// `put`, write a checkpoint each round; counts rounds, keeps errors.
 fn job(
@@ -123,17 +144,9 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     )
     .unwrap();
     let log = dir.path().join("agent.log");
-    let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
     // After each mount, a worker also tries tenant a's container (made first: the agent
     // prepares its tenants' containers in name order).
-    program.env("DPUIO_TEST_HOOK_WORKER_MOUNT", &containers[0]);
-    program.stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
-    let agent = AgentProcess::start_program(
-        program,
-        &dir.path().join("data"),
-        &["--config", config.to_str().unwrap()],
-        Duration::from_secs(60),
-    );
+    let agent = start_agent(dir.path(), &config, &log, Some(&containers[0]));
     let log_text = || plain(&std::fs::read_to_string(&log).unwrap_or_default());
 
     // The workers: one per tenant, as its user and group, no capabilities, no new
@@ -295,14 +308,7 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         "check-config does not name tenant a's extra principal:\n{said}"
     );
     let log = dir.path().join("agent2.log");
-    let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
-    program.stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
-    let again = AgentProcess::start_program(
-        program,
-        &dir.path().join("data"),
-        &["--config", config.to_str().unwrap()],
-        Duration::from_secs(60),
-    );
+    let again = start_agent(dir.path(), &config, &log, None);
     let said = plain(&std::fs::read_to_string(&log).unwrap_or_default());
     assert!(
         said.lines().any(|l| l.contains("WARN") && l.contains("tenant=\"a\"") && l.contains("A::root@:r")),
