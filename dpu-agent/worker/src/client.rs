@@ -61,10 +61,14 @@ pub(crate) struct Process {
     pub(crate) generation: u64,
     child: Mutex<Child>,
     control: OwnedFd,
-    channels: Mutex<Vec<UnixStream>>,
+    channels: Mutex<Vec<Channel>>,
     pub(crate) staging: Staging,
     pub(crate) lost: AtomicBool,
 }
+
+/// One channel to a worker, read through a buffer: a batch's piece reports often arrive
+/// together, and each would otherwise cost two reads.
+pub(crate) type Channel = std::io::BufReader<UnixStream>;
 
 /// Why a call did not get a reply: the worker process is gone (or its channel broke).
 pub(crate) struct Lost(pub(crate) io::Error);
@@ -295,14 +299,14 @@ impl Shared {
 impl Process {
     fn call(&self, request: &Request) -> std::result::Result<Reply, Lost> {
         let mut channel = self.channel()?;
-        wire::send(&mut channel, request).map_err(Lost)?;
+        wire::send(channel.get_mut(), request).map_err(Lost)?;
         let reply = wire::recv(&mut channel).map_err(Lost)?;
         self.give_back(channel);
         Ok(reply)
     }
 
     /// An idle channel, or a new one (its other end handed to the worker).
-    pub(crate) fn channel(&self) -> std::result::Result<UnixStream, Lost> {
+    pub(crate) fn channel(&self) -> std::result::Result<Channel, Lost> {
         if self.lost.load(Ordering::Relaxed) {
             return Err(Lost(io::Error::other("worker already lost")));
         }
@@ -311,11 +315,11 @@ impl Process {
         }
         let (ours, theirs) = UnixStream::pair().map_err(Lost)?;
         control::send(self.control.as_fd(), &Control::Channel, Some(theirs.as_fd())).map_err(Lost)?;
-        Ok(ours)
+        Ok(Channel::new(ours))
     }
 
     /// A channel whose last reply was read in full, for the next call.
-    pub(crate) fn give_back(&self, channel: UnixStream) {
+    pub(crate) fn give_back(&self, channel: Channel) {
         let mut idle = lock(&self.channels);
         if idle.len() < IDLE_CHANNELS {
             idle.push(channel);
@@ -560,7 +564,7 @@ impl WorkerObject {
             }
             let request = Request::Io { pieces: vec![Piece { object, offset, staging: slot.offset, len, write }] };
             let mut channel = p.channel()?;
-            wire::send(&mut channel, &request).map_err(Lost)?;
+            wire::send(channel.get_mut(), &request).map_err(Lost)?;
             let mut outcome = None;
             wire::recv_pieces(&mut channel, 1, &mut |_, r| outcome = Some(r)).map_err(Lost)?;
             p.give_back(channel);

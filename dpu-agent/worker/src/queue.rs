@@ -43,7 +43,7 @@ struct Group {
 /// position and staging slot.
 struct Sent<'a> {
     process: &'a Process,
-    channel: std::os::unix::net::UnixStream,
+    channel: crate::client::Channel,
     pieces: Vec<(usize, Slot<'a>, u64)>,
 }
 
@@ -150,7 +150,7 @@ fn send<'a>(
     }
     let back = |pieces: Vec<(usize, Slot<'_>, u64)>| pieces.into_iter().map(|(pos, _, _)| pos).collect::<Vec<_>>();
     let Ok(mut channel) = process.channel().map_err(|l| l.0) else { return Err(back(pieces)) };
-    if wire::send(&mut channel, &Request::Io { pieces: wire_pieces }).is_err() {
+    if wire::send(channel.get_mut(), &Request::Io { pieces: wire_pieces }).is_err() {
         process.lost.store(true, Ordering::Relaxed);
         return Err(back(pieces));
     }

@@ -106,7 +106,9 @@ struct Worker {
 }
 
 impl Worker {
-    fn serve(&self, mut stream: UnixStream) {
+    fn serve(&self, stream: UnixStream) {
+        // Requests are read through a buffer; replies are written whole, one write each.
+        let mut stream = std::io::BufReader::new(stream);
         let mut queue: Option<Box<dyn IoQueue>> = None;
         loop {
             let request: Request = match wire::recv(&mut stream) {
@@ -118,14 +120,14 @@ impl Worker {
                 }
             };
             if let Request::Io { pieces } = &request {
-                if let Err(e) = self.io(pieces, &mut queue, &mut stream) {
+                if let Err(e) = self.io(pieces, &mut queue, stream.get_mut()) {
                     tracing::warn!(error = %e, "tenant worker cannot answer the agent");
                     return;
                 }
                 continue;
             }
             let reply = self.handle(request).unwrap_or_else(|e| Reply::Failed(WireError::from(&e)));
-            if let Err(e) = wire::send(&mut stream, &reply) {
+            if let Err(e) = wire::send(stream.get_mut(), &reply) {
                 tracing::warn!(error = %e, "tenant worker cannot answer the agent");
                 return;
             }
