@@ -137,9 +137,37 @@ pub fn start(exe: &Path, tenant: &str, identity: &Identity, control: OwnedFd) ->
             Ok(())
         });
     }
-    let child = command.spawn();
+    let child = spawn_from_a_lasting_thread(command);
     drop(control);
     child
+}
+
+/// A process-lifetime thread that forks every worker. The parent-death signal fires
+/// when the *thread* that forked the child exits, not the process: a worker forked from
+/// a thread of a pool (tokio's blocking threads leave after ten idle seconds) would be
+/// killed with it.
+fn spawn_from_a_lasting_thread(command: Command) -> io::Result<Child> {
+    type Job = (Command, std::sync::mpsc::Sender<io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Job>>> = std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let started = std::thread::Builder::new().name("dpuio-worker-spawner".into()).spawn(move || {
+            for (mut command, reply) in queue {
+                let _ = reply.send(command.spawn());
+            }
+        });
+        if let Err(e) = started {
+            tracing::error!(error = %e, "cannot start the thread that starts tenant workers");
+        }
+        std::sync::Mutex::new(jobs)
+    });
+    let (reply, answer) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((command, reply))
+        .map_err(|_| io::Error::other("the thread that starts tenant workers is gone"))?;
+    answer.recv().map_err(|_| io::Error::other("the thread that starts tenant workers is gone"))?
 }
 
 /// The control socket a worker was started with (fd 3), taken once.
