@@ -193,6 +193,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_child_outlives_the_thread_that_asked_for_it() {
+        // The parent-death signal follows the forking thread: a child forked by a thread
+        // that then ends must not get it.
+        let asked = std::thread::spawn(|| {
+            let mut command = Command::new("sleep");
+            command.arg("30");
+            // SAFETY: prctl is async-signal-safe; the closure runs in the forked child.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            spawn_from_a_lasting_thread(command)
+        });
+        let mut child = asked.join().unwrap().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let status = child.try_wait().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(status.is_none(), "the child died with the thread that asked for it: {status:?}");
+    }
+
+    #[test]
     fn root_and_unknown_names_are_refused_with_what_to_do() {
         let err = Identity::resolve("root", "").unwrap_err();
         assert!(err.contains("unprivileged"), "{err}");
