@@ -129,6 +129,7 @@ fn encrypted_tenant_over_daos_stores_only_ciphertext_and_tampering_is_detected()
             chunk_bytes: dpuio_daos::DEFAULT_CHUNK_BYTES,
             object_class: String::new(),
             retry: std::time::Duration::ZERO,
+            call_timeout: std::time::Duration::ZERO,
         })
         .unwrap();
         let c = outside.mount(&container, false).unwrap();

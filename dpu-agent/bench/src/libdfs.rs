@@ -78,6 +78,8 @@ fn mount(args: &LibdfsArgs) -> Result<Arc<dyn Container>, String> {
         object_class: String::new(),
         // libdfs as a job would call it: no retries of its own.
         retry: std::time::Duration::ZERO,
+        // Nor a deadline: each call made on the calling thread, as libdfs's own.
+        call_timeout: std::time::Duration::ZERO,
     })
     .map_err(|e| e.to_string())?;
     backend.mount(&args.container, false).map_err(|e| e.to_string())

@@ -66,6 +66,8 @@ pub fn is_transient(e: &CallError) -> bool {
                 | der::TX_RESTART
                 | der::NO_SERVICE
         ),
+        // The call's whole time is up (crate::deadline): nothing is left to retry in.
+        Code::NoAnswer => false,
     }
 }
 

@@ -69,6 +69,7 @@ fn daos_backend() -> &'static DaosBackend {
             chunk_bytes: dpuio_daos::DEFAULT_CHUNK_BYTES,
             object_class: String::new(),
             retry: std::time::Duration::from_secs(120),
+            call_timeout: std::time::Duration::from_secs(180),
         })
         .unwrap_or_else(|e| panic!("DAOS is reachable but the backend did not open: {e}"))
     })

@@ -3,11 +3,22 @@
 use std::path::{Path, PathBuf};
 
 use super::check::{Checker, check_daos_label, join};
-use super::{BackendConfig, DEFAULT_DAOS_CHUNK_BYTES, DEFAULT_DAOS_SYSTEM, DEFAULT_RETRY_SECONDS, DaosConfig};
+use super::{
+    BackendConfig, DEFAULT_CALL_TIMEOUT_SECONDS, DEFAULT_DAOS_CHUNK_BYTES, DEFAULT_DAOS_SYSTEM, DEFAULT_RETRY_SECONDS,
+    DaosConfig,
+};
 
 const LOCAL_KEYS: &[&str] = &["path"];
-const DAOS_KEYS: &[&str] =
-    &["pool", "system", "agent_socket_dir", "create_containers", "chunk_bytes", "object_class", "retry_seconds"];
+const DAOS_KEYS: &[&str] = &[
+    "pool",
+    "system",
+    "agent_socket_dir",
+    "create_containers",
+    "chunk_bytes",
+    "object_class",
+    "retry_seconds",
+    "call_timeout_seconds",
+];
 
 impl Checker {
     /// `[backend]` (absent: the local backend under `data_dir`). Keys of the other
@@ -107,6 +118,20 @@ impl Checker {
         self.object_class("backend.object_class", &object_class, "the container's default");
         let retry_seconds =
             self.integer(t, "backend", "retry_seconds", 0, 3600).map_or(DEFAULT_RETRY_SECONDS, |n| n as u64);
+        // Unset: the retry bound plus DAOS's 60 s RPC timeout for the last try.
+        let call_timeout_seconds = self
+            .integer(t, "backend", "call_timeout_seconds", 1, 7200)
+            .map_or(DEFAULT_CALL_TIMEOUT_SECONDS.max(retry_seconds + 60), |n| n as u64);
+        if t.contains_key("call_timeout_seconds") && call_timeout_seconds < retry_seconds {
+            self.issue(
+                "backend.call_timeout_seconds",
+                format!(
+                    "{call_timeout_seconds} is shorter than retry_seconds ({retry_seconds}): a call would be cut off \
+                     while it is still being retried; make it at least {retry_seconds} (some 60 s more leaves DAOS's \
+                     RPC timeout to the last try)"
+                ),
+            );
+        }
         (self.issues.len() == issues).then(|| DaosConfig {
             pool: pool.unwrap_or_default(),
             system,
@@ -115,6 +140,7 @@ impl Checker {
             chunk_bytes,
             object_class,
             retry_seconds,
+            call_timeout_seconds,
         })
     }
 
