@@ -116,6 +116,7 @@ fn start_agent(dir: &std::path::Path, name: &str, pool: &str, socket_dir: &str, 
         format!(
             "[backend]\nkind = \"daos\"\npool = \"{pool}\"\nagent_socket_dir = \"{socket_dir}\"\n\
              retry_seconds = {RETRY_SECONDS}\ncall_timeout_seconds = {CALL_TIMEOUT_SECONDS}\n\n\
+             [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
              [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n"
         ),
     )
@@ -271,6 +272,13 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     eprintln!("the job's failed calls: {kinds:#?}");
     eprintln!("what the second agent said on its way out: {said:#?}");
 
+    // What the agent says happened.
+    let metrics = scrape(agent.process.metrics_addr().expect("[metrics] listen is set"));
+    let figures: Vec<&str> = metrics.lines().filter(|l| l.starts_with("dpuio_daos_")).collect();
+    eprintln!("the agent's DAOS counters afterwards: {figures:?}");
+    let unanswered = figures.iter().find_map(|l| l.strip_prefix("dpuio_daos_unanswered_calls_total "));
+    assert!(unanswered.is_some_and(|n| n.trim() != "0"), "no unanswered DAOS call counted: {figures:?}");
+
     // Nothing acknowledged is lost: every dataset file and acknowledged checkpoint.
     for i in 0..FILES {
         assert!(client.read_file(&format!("/data/f{i}")).unwrap() == dataset(i), "/data/f{i} differs afterwards");
@@ -279,4 +287,13 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
         let path = format!("/ckpt/step{step}");
         assert!(client.read_file(&path).unwrap() == checkpoint(step), "{path} (acknowledged) is not step {step}'s");
     }
+}
+
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
 }

@@ -26,6 +26,7 @@
 //! region; they cannot be left behind on a thread, because the memory DAOS writes is not
 //! theirs to keep (see docs/daos.md, "Not done yet").
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -36,6 +37,11 @@ use crate::error::{CallError, Code};
 pub const MAX_STUCK: usize = 32;
 /// Idle call threads kept for the next calls; more end when their call is done.
 const MAX_IDLE: usize = 16;
+
+/// Calls past their deadline, and calls refused while others were: for the metrics
+/// (`crate::retry::retry_stats`).
+pub(crate) static UNANSWERED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// A call whose deadline passed and that DAOS has not answered yet.
 struct Stuck {
@@ -98,6 +104,7 @@ pub fn call<T: Send + 'static>(
                 let id = calls.next_id;
                 calls.next_id += 1;
                 calls.stuck.push(Stuck { id, what: format!("{call_name} {what}"), since: started });
+                UNANSWERED.fetch_add(1, Ordering::Relaxed);
                 id
             };
             tracing::error!(call = call_name, what, waited = %format!("{:.1?}", started.elapsed()),
@@ -136,6 +143,7 @@ fn probe_or_refuse(call_name: &'static str, deadline: Duration) -> Result<(), Ca
     );
     let probe_due = calls.last_probe.is_none_or(|t| t.elapsed() >= deadline);
     if calls.stuck.len() >= MAX_STUCK || !probe_due {
+        REFUSED.fetch_add(1, Ordering::Relaxed);
         return Err(no_answer(call_name, why));
     }
     calls.last_probe = Some(Instant::now());
@@ -149,7 +157,7 @@ pub fn refuse_while_stuck(call_name: &'static str) -> Result<(), CallError> {
     let calls = calls();
     match calls.stuck.first() {
         None => Ok(()),
-        Some(oldest) => Err(no_answer(
+        Some(oldest) => Err(refused(no_answer(
             call_name,
             format!(
                 "not sent: DAOS has left {} call(s) unanswered (the oldest, {}, for {:.0?})",
@@ -157,8 +165,13 @@ pub fn refuse_while_stuck(call_name: &'static str) -> Result<(), CallError> {
                 oldest.what,
                 oldest.since.elapsed()
             ),
-        )),
+        ))),
     }
+}
+
+fn refused(e: CallError) -> CallError {
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    e
 }
 
 /// A wait that cannot be abandoned (I/O on an event queue, whose memory DAOS may still
@@ -187,6 +200,7 @@ impl Waiting {
             calls.next_id += 1;
             calls.stuck.push(Stuck { id, what: self.what.clone(), since: self.since });
             self.listed = Some(id);
+            UNANSWERED.fetch_add(1, Ordering::Relaxed);
             drop(calls);
             tracing::error!(what = self.what, waited = %format!("{:.1?}", self.since.elapsed()),
                 "DAOS did not answer by the deadline ([backend] call_timeout_seconds); this I/O waits for DAOS (DAOS \
