@@ -86,9 +86,26 @@ pub fn call<T: Send + 'static>(
     }
     let started = Instant::now();
     probe_or_refuse(call_name, deadline)?;
+    let id = {
+        let mut calls = calls();
+        calls.next_id += 1;
+        calls.next_id
+    };
     let (tx, rx) = mpsc::sync_channel(1);
+    let what = what.to_owned();
+    let listed_as = format!("{call_name} {what}");
     let job: Job = Box::new(move || {
-        let _ = tx.send(call());
+        let result = call();
+        // Under the lock, so that the caller either takes the answer or lists the call
+        // as stuck, never both nor neither.
+        let mut calls = calls();
+        let len = calls.stuck.len();
+        calls.stuck.retain(|s| s.id != id);
+        if calls.stuck.len() < len {
+            tracing::warn!(call = call_name, what, after = %format!("{:.1?}", started.elapsed()),
+                "a DAOS call left unanswered at its deadline came back");
+        }
+        let _ = tx.send(result);
     });
     if let Err(e) = submit(job) {
         return Err(no_answer(call_name, format!("no thread to make it on: {e}")));
@@ -99,29 +116,16 @@ pub fn call<T: Send + 'static>(
             Err(no_answer(call_name, "its call thread ended without an answer (it panicked)".to_owned()))
         }
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            let id = {
-                let mut calls = calls();
-                let id = calls.next_id;
-                calls.next_id += 1;
-                calls.stuck.push(Stuck { id, what: format!("{call_name} {what}"), since: started });
-                UNANSWERED.fetch_add(1, Ordering::Relaxed);
-                id
-            };
-            tracing::error!(call = call_name, what, waited = %format!("{:.1?}", started.elapsed()),
+            let mut calls = calls();
+            if let Ok(result) = rx.try_recv() {
+                return result;
+            }
+            calls.stuck.push(Stuck { id, what: listed_as.clone(), since: started });
+            drop(calls);
+            UNANSWERED.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(call = listed_as, waited = %format!("{:.1?}", started.elapsed()),
                 "DAOS did not answer by the deadline ([backend] call_timeout_seconds); answering unavailable, the \
                  call stays on its thread until DAOS answers");
-            // The answer still comes here once DAOS gives it: the watcher takes the call
-            // off the stuck list then.
-            let what = what.to_owned();
-            let watcher: Job = Box::new(move || {
-                let answered = rx.recv().is_ok();
-                let mut calls = calls();
-                calls.stuck.retain(|s| s.id != id);
-                drop(calls);
-                tracing::warn!(call = call_name, what, answered, after = %format!("{:.1?}", started.elapsed()),
-                    "a DAOS call left unanswered at its deadline came back");
-            });
-            let _ = submit(watcher);
             Err(no_answer(call_name, format!("DAOS did not answer within {deadline:.0?}")))
         }
     }
@@ -196,8 +200,8 @@ impl Waiting {
         }
         if self.listed.is_none() {
             let mut calls = calls();
-            let id = calls.next_id;
             calls.next_id += 1;
+            let id = calls.next_id;
             calls.stuck.push(Stuck { id, what: self.what.clone(), since: self.since });
             self.listed = Some(id);
             UNANSWERED.fetch_add(1, Ordering::Relaxed);
