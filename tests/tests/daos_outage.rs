@@ -218,7 +218,8 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     assert!(matches!(status, Some(code) if code != 0), "a drain on a dead DAOS exited with {status:?}:\n{log}");
     let said: Vec<&str> = log.lines().filter(|l| l.starts_with("dpu-agent:")).collect();
     assert!(!said.is_empty(), "the stopped agent said nothing on its way out:\n{log}");
-    let _ = waiting.join();
+    // Its call ends with the agent (the shim's keep-alive finds it gone); not waited for.
+    drop(waiting);
 
     // DAOS back: the same agent process serves again.
     let down_for = killed.elapsed();
