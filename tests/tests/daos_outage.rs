@@ -138,7 +138,10 @@ fn start_agent(dir: &std::path::Path, name: &str, pool: &str, socket_dir: &str, 
 fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     let test = "every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again";
     let Some(d) = engines(test, 1) else { return };
-    let dir = tempfile::tempdir().unwrap();
+    // Kept when the test fails: the agents' logs are what tells why.
+    let dir = std::env::temp_dir().join(format!("dpuio-daos-outage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    eprintln!("agent logs in {} (removed if the test passes)", dir.display());
     let container = label("outage");
     let created = Command::new("daos")
         .args(["container", "create", &d.pool, &container, "--type=POSIX"])
@@ -146,9 +149,9 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
         .expect("run daos");
     assert!(created.status.success(), "daos container create: {}", String::from_utf8_lossy(&created.stderr));
     let socket_dir = d.socket_dir.to_str().unwrap();
-    let agent = start_agent(dir.path(), "agent", &d.pool, socket_dir, &container);
+    let agent = start_agent(&dir, "agent", &d.pool, socket_dir, &container);
     // A second agent on the same container, SIGTERMed while DAOS is gone.
-    let mut stopping = start_agent(dir.path(), "stopping", &d.pool, socket_dir, &container);
+    let mut stopping = start_agent(&dir, "stopping", &d.pool, socket_dir, &container);
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let connect = |a: &AgentProcess| {
@@ -214,7 +217,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     let drain_bound = Duration::from_secs(CALL_TIMEOUT_SECONDS) + DRAIN_MARGIN + SLACK;
     let status = stopping.wait(drain_bound);
     let drained = signalled.elapsed();
-    let log = std::fs::read_to_string(dir.path().join("stopping.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(dir.join("stopping.log")).unwrap_or_default();
     assert!(matches!(status, Some(code) if code != 0), "a drain on a dead DAOS exited with {status:?}:\n{log}");
     let said: Vec<&str> = log.lines().filter(|l| l.starts_with("dpu-agent:")).collect();
     assert!(!said.is_empty(), "the stopped agent said nothing on its way out:\n{log}");
@@ -288,6 +291,8 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
         let path = format!("/ckpt/step{step}");
         assert!(client.read_file(&path).unwrap() == checkpoint(step), "{path} (acknowledged) is not step {step}'s");
     }
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn scrape(addr: &str) -> String {
