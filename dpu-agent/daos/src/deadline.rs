@@ -121,6 +121,8 @@ pub fn call<T: Send + 'static>(
                 return result;
             }
             calls.stuck.push(Stuck { id, what: listed_as.clone(), since: started });
+            // DAOS just proved silent: the next probe is due a deadline from now.
+            calls.last_probe = Some(Instant::now());
             drop(calls);
             UNANSWERED.fetch_add(1, Ordering::Relaxed);
             tracing::error!(call = listed_as, waited = %format!("{:.1?}", started.elapsed()),
@@ -132,8 +134,9 @@ pub fn call<T: Send + 'static>(
 }
 
 /// While DAOS leaves calls unanswered, new calls are answered at once rather than each
-/// left waiting on a thread of its own: all but one a deadline period (the probe, which
-/// finds DAOS back even if the stuck calls were to stay stuck) and all past [`MAX_STUCK`].
+/// left waiting on a thread of its own: all but one a deadline period, counted from the
+/// last call that went unanswered (the probe, which finds DAOS back even if the stuck
+/// calls were to stay stuck), and all past [`MAX_STUCK`].
 /// The stuck calls come back once DAOS answers again (seen: some 10 s after `dmg system
 /// start`), and calls go through again from then on.
 fn probe_or_refuse(call_name: &'static str, deadline: Duration) -> Result<(), CallError> {
@@ -203,6 +206,7 @@ impl Waiting {
             calls.next_id += 1;
             let id = calls.next_id;
             calls.stuck.push(Stuck { id, what: self.what.clone(), since: self.since });
+            calls.last_probe = Some(Instant::now());
             self.listed = Some(id);
             UNANSWERED.fetch_add(1, Ordering::Relaxed);
             drop(calls);
