@@ -317,6 +317,15 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
         dp.shutdown();
     }
     agent.flush_put_journal();
+    // Not a clean stop while DAOS still owes answers: say which, and exit non-zero.
+    let stuck = dpuio_daos::stuck_calls();
+    if !stuck.is_empty() {
+        for (call, waited) in &stuck {
+            tracing::error!(call, waited = %format!("{waited:.0?}"), "stopping: DAOS has not answered this call");
+        }
+        let calls: Vec<String> = stuck.iter().map(|(call, waited)| format!("{call} ({waited:.0?})")).collect();
+        return Err(ServeError::DaosUnanswered { count: stuck.len(), calls: calls.join(", ") });
+    }
     tracing::info!(sessions, "stopped: sessions closed, containers synced");
     Ok(())
 }
@@ -410,7 +419,9 @@ fn drain_bound(config: &Config) -> Option<Duration> {
 /// What a drain may take beyond one DAOS call's deadline: closing sessions and flushing.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
-/// The exit status of an agent whose drain did not end in time ([`drain_bound`]).
+/// The exit status of an agent that stopped without DAOS's answer to every call: its
+/// drain did not end in time ([`drain_bound`]), or DAOS still left calls unanswered
+/// ([`ServeError::DaosUnanswered`]).
 pub const EXIT_DRAIN_TIMEOUT: i32 = 3;
 
 /// From the signal on: at `bound`, if the agent is still draining, say what is stuck and

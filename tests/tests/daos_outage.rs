@@ -192,6 +192,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     let first = runtime.block_on(client.stat("/data/f1")).expect_err("a stat with every engine gone");
     let to_error = killed.elapsed();
     let message = first.to_string();
+    eprintln!("first UNAVAILABLE {to_error:.1?} after the loss: {message}");
     assert_eq!(first.code(), Some(tonic::Code::Unavailable), "{message}");
     assert!(message.contains("no answer") && message.contains("dmg system query"), "{message}");
     let bound = Duration::from_secs(CALL_TIMEOUT_SECONDS) + SLACK;
@@ -200,6 +201,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     let asked = Instant::now();
     let again = runtime.block_on(client.stat("/data/f2")).expect_err("a second stat with every engine gone");
     let to_second_error = asked.elapsed();
+    eprintln!("the next {to_second_error:.2?} after it was asked: {again}");
     assert_eq!(again.code(), Some(tonic::Code::Unavailable), "{again}");
     assert!(to_second_error < Duration::from_secs(5), "the second UNAVAILABLE took {to_second_error:.1?}: {again}");
     // Through the ring too (an open-read), not only over gRPC.
@@ -217,6 +219,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     let drain_bound = Duration::from_secs(CALL_TIMEOUT_SECONDS) + DRAIN_MARGIN + SLACK;
     let status = stopping.wait(drain_bound);
     let drained = signalled.elapsed();
+    eprintln!("the second agent exited {status:?} {drained:.1?} after SIGTERM");
     let log = std::fs::read_to_string(dir.join("stopping.log")).unwrap_or_default();
     assert!(matches!(status, Some(code) if code != 0), "a drain on a dead DAOS exited with {status:?}:\n{log}");
     let said: Vec<&str> = log.lines().filter(|l| l.starts_with("dpu-agent:")).collect();
