@@ -230,8 +230,10 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     // DAOS back: the same agent process serves again.
     let down_for = killed.elapsed();
     let cpu_down = cpu_seconds(agent.process.id()) - cpu_before;
+    let starting = Instant::now();
     script(&["start-all", rundir]);
     let back = Instant::now();
+    let start_all = back - starting;
     let served = loop {
         match runtime.block_on(client.stat("/data/f0")) {
             Ok(_) => break back.elapsed(),
@@ -269,7 +271,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
         "every engine lost (CRT_TIMEOUT=10 s, retry_seconds={RETRY_SECONDS}, call_timeout_seconds=\
          {CALL_TIMEOUT_SECONDS}): first UNAVAILABLE {to_error:.1?} after the loss, the next {to_second_error:.2?}; \
          second agent exited {status:?} {drained:.1?} after SIGTERM; DAOS down {down_for:.1?}, the agent's CPU meanwhile \
-         {cpu_down:.1} s ({:.0}% of a core); served again {served:.1?} after `start-all` returned; job: {} calls, {} \
+         {cpu_down:.1} s ({:.0}% of a core); served again {served:.1?} after `start-all` returned ({start_all:.1?}: every engine joined, the pool answering); job: {} calls, {} \
          failed ({} of them UNAVAILABLE), the slowest after the loss {slowest:.1?}",
         100.0 * cpu_down / down_for.as_secs_f64(),
         seen.calls.len(),
