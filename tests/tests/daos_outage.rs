@@ -263,6 +263,13 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     assert!(seen.wrong.is_empty(), "reads returned wrong bytes: {:#?}", seen.wrong);
     let errors: Vec<&Call> = seen.calls.iter().filter(|c| c.error.is_some()).collect();
     let slowest = seen.calls.iter().filter(|c| c.started > killed).map(|c| c.ended - c.started).max();
+    // A call in flight at the loss whose data-plane I/O DAOS held: it waits for DAOS
+    // (the memory is the host's) and ends once DAOS is back; not bounded, shown.
+    let spanning = seen.calls.iter().filter(|c| c.started <= killed && c.ended > killed).map(|c| {
+        let outcome = if c.error.is_some() { "failed" } else { "succeeded" };
+        format!("{} {outcome} after {:.1?}", c.what, c.ended - c.started)
+    });
+    let spanning: Vec<String> = spanning.collect();
     let kinds: Vec<String> = errors
         .iter()
         .map(|c| format!("{} after {:.1?}: {}", c.what, c.started.duration_since(killed), c.error.as_deref().unwrap()))
@@ -272,7 +279,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
          {CALL_TIMEOUT_SECONDS}): first UNAVAILABLE {to_error:.1?} after the loss, the next {to_second_error:.2?}; \
          second agent exited {status:?} {drained:.1?} after SIGTERM; DAOS down {down_for:.1?}, the agent's CPU meanwhile \
          {cpu_down:.1} s ({:.0}% of a core); served again {served:.1?} after `start-all` returned ({start_all:.1?}: every engine joined, the pool answering); job: {} calls, {} \
-         failed ({} of them UNAVAILABLE), the slowest after the loss {slowest:.1?}",
+         failed ({} of them UNAVAILABLE), the slowest begun after the loss {slowest:.1?}; in flight at the loss: {spanning:?}",
         100.0 * cpu_down / down_for.as_secs_f64(),
         seen.calls.len(),
         errors.len(),
