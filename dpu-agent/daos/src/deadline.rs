@@ -15,9 +15,10 @@
 //! and `Arc`s of the handles), so nothing is freed under DAOS, and once DAOS answers its
 //! result is dropped (an object it opened is released) and the thread is free again.
 //!
-//! What a stuck call costs: its thread, and while DAOS does not answer, its polling (a
-//! blocking DAOS call progresses the network itself; with `D_POLL_TIMEOUT` at its default
-//! of 0 that is a busy loop, about a core per stuck call, see `dfs::Runtime::get`).
+//! What a stuck call costs: its thread, and while DAOS does not answer, its polling: a
+//! blocking DAOS call progresses the network itself (`daos_event_priv_wait`), and with
+//! `D_POLL_TIMEOUT` at its default of 0 that is a busy loop, up to a core per stuck call
+//! (what a stopping agent burned for half an hour, waiting on one).
 //! Stuck calls are therefore limited ([`MAX_STUCK`]): past it, a call is answered at once
 //! without reaching DAOS. They are listed for the agent's shutdown report
 //! ([`stuck_calls`]).
