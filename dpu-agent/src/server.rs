@@ -426,11 +426,14 @@ pub const EXIT_DRAIN_TIMEOUT: i32 = 3;
 
 /// From the signal on: at `bound`, if the agent is still draining, say what is stuck and
 /// exit with [`EXIT_DRAIN_TIMEOUT`], without waiting for DAOS (or syncing on it) for ever.
-fn drain_watchdog(agent: Arc<Agent>, bound: Duration) {
+///
+/// It holds the agent weakly: a drain that ends in time drops the agent (and finalises
+/// DAOS) as if there were no watchdog.
+fn drain_watchdog(agent: std::sync::Weak<Agent>, bound: Duration) {
     let spawned = std::thread::Builder::new().name("dpuio-drain-watchdog".to_owned()).spawn(move || {
         std::thread::sleep(bound);
         let stuck = dpuio_daos::stuck_calls();
-        let sessions = agent.session_count();
+        let sessions = agent.upgrade().map_or(0, |a| a.session_count());
         for (call, waited) in &stuck {
             tracing::error!(call, waited = %format!("{waited:.0?}"), "stopping: DAOS has not answered this call");
         }
@@ -466,7 +469,7 @@ fn shutdown_signal(
         agent.set_draining();
         tracing::info!(signal = name, bound = ?drain_bound, "stopping: no new sessions, finishing calls in flight");
         if let Some(bound) = drain_bound {
-            drain_watchdog(agent, bound);
+            drain_watchdog(Arc::downgrade(&agent), bound);
         }
     })
 }
