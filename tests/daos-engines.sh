@@ -8,6 +8,9 @@
 #   tests/daos-engines.sh kill RUNDIR RANK          SIGKILL one engine (an engine fault)
 #   tests/daos-engines.sh restart RUNDIR RANK       start it again, wait until it joined, and
 #                                                   reintegrate it into the pool
+#   tests/daos-engines.sh kill-all RUNDIR           SIGKILL every engine (the whole system lost)
+#   tests/daos-engines.sh start-all RUNDIR          start every engine again (dmg system start),
+#                                                   wait until all joined and the pool answers
 #
 # Env: DAOS_PREFIX (the x86 DAOS tree, default /opt/daos; unpacked from ../shared/daos when
 # missing, as daos-up.sh does), DAOS_POOL (default tank), DAOS_POOL_SIZE (default 2GB, spread
@@ -33,7 +36,7 @@ NSVC=${DAOS_POOL_NSVC:-1}
 
 say() { printf 'daos-engines: %s\n' "$*" >&2; }
 die() { printf 'daos-engines: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 dmg() { "$P/bin/dmg" -o "$R/daos_control.yml" "$@"; }
 
@@ -199,6 +202,40 @@ restart_engine() {
     say "rank $rank is back"
 }
 
+kill_all() {
+    local n=0 pid
+    for pid in $(pgrep -x daos_engine); do
+        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q "^D_LOG_FILE=$R/"; then
+            kill -9 "$pid"
+            n=$((n + 1))
+        fi
+    done
+    [ "$n" -gt 0 ] || die "no running engine of $R"
+    say "SIGKILL sent to all $n engines of $R"
+}
+
+start_all() {
+    local i n
+    source "$R/env"
+    n=$DAOS_ENGINES
+    dmg system start >"$R/log/start.all.out" 2>&1 ||
+        die "dmg system start failed: $(tail -3 "$R/log/start.all.out")"
+    wait_joined "$n" 120
+    # Every engine died at once, so no rank was excluded (the pool service died with them);
+    # reintegrate any that were, then wait until the pool answers again.
+    if dmg pool query "$DAOS_POOL" 2>/dev/null | grep -q 'disabled=[1-9]'; then
+        for ((i = 0; i < n; i++)); do
+            dmg pool reintegrate "$DAOS_POOL" --ranks="$i" >>"$R/log/reint.all.out" 2>&1 || true
+        done
+    fi
+    for i in $(seq 120); do
+        dmg pool query "$DAOS_POOL" >/dev/null 2>&1 && break
+        sleep 1
+    done
+    dmg pool query "$DAOS_POOL" >/dev/null 2>&1 || die "pool $DAOS_POOL does not answer 120 s after the restart"
+    say "all $n engines are back"
+}
+
 down() {
     [ -d "$R" ] || return 0
     [ -f "$R/daos_control.yml" ] && timeout 30 "$P/bin/dmg" -o "$R/daos_control.yml" system stop --force >/dev/null 2>&1
@@ -227,5 +264,7 @@ case "$cmd" in
     down) set +e; down ;;
     kill) [ $# = 1 ] || usage; kill_engine "$1" ;;
     restart) [ $# = 1 ] || usage; restart_engine "$1" ;;
+    kill-all) [ $# = 0 ] || usage; kill_all ;;
+    start-all) [ $# = 0 ] || usage; start_all ;;
     *) usage ;;
 esac

@@ -34,6 +34,8 @@
 //! # object_class = ""                   # e.g. "SX", "RP_2G1"; empty: the container's default
 //! # retry_seconds = 120                 # how long a DAOS call failing transiently (an engine
 //! #                                     # gone, the pool map moving) is made again; 0: never
+//! # call_timeout_seconds = 180          # the longest a DAOS call waits for DAOS (every engine
+//! #                                     # gone: DAOS answers nothing) before UNAVAILABLE
 //!
 //! [limits]
 //! max_sessions = 1024
@@ -305,6 +307,9 @@ pub struct DaosConfig {
     pub redundancy_factor: u32,
     /// The fault domain it counts: 1 rank, 2 node; 0: DAOS's default (node).
     pub redundancy_level: u32,
+    /// The longest a DAOS metadata call, its retries included, waits for DAOS before
+    /// the client hears `UNAVAILABLE`; at least `retry_seconds`.
+    pub call_timeout_seconds: u64,
 }
 
 /// The DAOS system name DAOS uses unless its servers are configured otherwise.
@@ -313,6 +318,9 @@ pub const DEFAULT_DAOS_SYSTEM: &str = "daos_server";
 /// DAOS's own RPC timeout (60 s) plus the time the system takes to exclude a dead engine
 /// (about 20 s), with room to spare. The shim waits longer than this for a completion.
 pub const DEFAULT_RETRY_SECONDS: u64 = 120;
+/// How long a DAOS call may go unanswered unless the config says: the retry bound plus
+/// DAOS's own 60 s RPC timeout for the last try. The shim waits longer (300 s).
+pub const DEFAULT_CALL_TIMEOUT_SECONDS: u64 = 180;
 /// DFS's default chunk size.
 pub const DEFAULT_DAOS_CHUNK_BYTES: u64 = 1 << 20;
 

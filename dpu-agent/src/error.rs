@@ -92,6 +92,8 @@ pub fn reason(e: &Error) -> Option<Reason> {
         BackendError::IsADirectory { .. } => Some(Reason::IsADirectory),
         BackendError::DirectoryNotEmpty { .. } => Some(Reason::DirectoryNotEmpty),
         BackendError::Io { .. } if backend_code(b) == Code::ResourceExhausted => Some(Reason::NoSpace),
+        // Not "the agent is gone": a client resending at once would wait on DAOS again.
+        BackendError::Unavailable { .. } => Some(Reason::StorageUnavailable),
         _ => None,
     }
 }

@@ -131,6 +131,10 @@ fn main() -> ExitCode {
             }));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e @ dpu_agent::serve_error::ServeError::DaosUnanswered { .. }) => {
+                    eprintln!("dpu-agent: {e}");
+                    ExitCode::from(dpu_agent::server::EXIT_DRAIN_TIMEOUT as u8)
+                }
                 Err(e) => {
                     eprintln!("dpu-agent: {e}");
                     ExitCode::FAILURE

@@ -756,6 +756,16 @@ impl Collector for GaugeCollector {
                     "Retried DAOS calls still failing at [backend] retry_seconds: answered UNAVAILABLE",
                     r.gave_up,
                 ),
+                (
+                    "daos_unanswered_calls",
+                    "DAOS calls left unanswered past [backend] call_timeout_seconds (every engine gone?)",
+                    r.unanswered,
+                ),
+                (
+                    "daos_refused_calls",
+                    "DAOS calls answered UNAVAILABLE without being sent, while DAOS left others unanswered",
+                    r.refused,
+                ),
             ];
             for (name, help, n) in families {
                 encode_family(e, name, help, &counter(n))?;

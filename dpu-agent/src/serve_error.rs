@@ -63,6 +63,15 @@ pub enum ServeError {
     Interface(#[source] fabric::Error),
     #[error("shutting down: {0}")]
     Shutdown(#[source] crate::error::Error),
+    /// The agent stopped while DAOS still left calls unanswered (every engine gone):
+    /// what DAOS acknowledged is kept, a change answered UNAVAILABLE may or may not apply.
+    #[error(
+        "stopped with {} DAOS call(s) unanswered: {calls}. DAOS did not answer them (every engine gone?): check \
+         `dmg system query`; what DAOS acknowledged is kept, a change answered UNAVAILABLE may or may not have been \
+         applied",
+        .count
+    )]
+    DaosUnanswered { count: usize, calls: String },
     #[error("TLS: {0}")]
     Tls(String),
     #[error("admin socket {path}: {source}")]

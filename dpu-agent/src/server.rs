@@ -34,6 +34,7 @@ pub fn daos_options(daos: &DaosConfig) -> DaosOptions {
         private_containers: false,
         redundancy_factor: daos.redundancy_factor,
         redundancy_level: daos.redundancy_level,
+        call_timeout: std::time::Duration::from_secs(daos.call_timeout_seconds),
     }
 }
 
@@ -267,7 +268,7 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
     let flusher = tokio::spawn(flush_put_journal(agent.clone()));
     let (closed_tx, closed_rx) = tokio::sync::mpsc::unbounded_channel();
     let orphans = tokio::spawn(reap_orphans(agent.clone(), closed_rx));
-    let signalled = shutdown_signal(agent.clone())?;
+    let signalled = shutdown_signal(agent.clone(), drain_bound(&agent.config))?;
     // From the signal on, health says NOT_SERVING (kubelet's readiness, load balancers)
     // while calls in flight finish.
     let draining = health_reporter.clone();
@@ -319,6 +320,15 @@ pub async fn serve(config: Config, on_listening: impl FnOnce(Listening)) -> Resu
         dp.shutdown();
     }
     agent.flush_put_journal();
+    // Not a clean stop while DAOS still owes answers: say which, and exit non-zero.
+    let stuck = dpuio_daos::stuck_calls();
+    if !stuck.is_empty() {
+        for (call, waited) in &stuck {
+            tracing::error!(call, waited = %format!("{waited:.0?}"), "stopping: DAOS has not answered this call");
+        }
+        let calls: Vec<String> = stuck.iter().map(|(call, waited)| format!("{call} ({waited:.0?})")).collect();
+        return Err(ServeError::DaosUnanswered { count: stuck.len(), calls: calls.join(", ") });
+    }
     tracing::info!(sessions, "stopped: sessions closed, containers synced");
     Ok(())
 }
@@ -396,7 +406,58 @@ fn incoming(
     })
 }
 
-fn shutdown_signal(agent: Arc<Agent>) -> Result<impl std::future::Future<Output = ()>, ServeError> {
+/// How long past the signal a stopping agent may take to drain before it exits anyway
+/// (over DAOS): a metadata call waits for DAOS at most `call_timeout_seconds`, and the
+/// drain makes at most one more (the containers' sync), so a drain still going after
+/// that and [`DRAIN_MARGIN`] waits for a DAOS that does not answer: data-plane I/O DAOS
+/// holds, which cannot be abandoned, or a call stuck before the signal.
+fn drain_bound(config: &Config) -> Option<Duration> {
+    match &config.backend {
+        BackendConfig::Daos(daos) => Some(Duration::from_secs(daos.call_timeout_seconds) + DRAIN_MARGIN),
+        // Local file system calls return (or the kernel's own timeouts end them).
+        BackendConfig::Local { .. } => None,
+    }
+}
+
+/// What a drain may take beyond one DAOS call's deadline: closing sessions and flushing.
+const DRAIN_MARGIN: Duration = Duration::from_secs(5);
+
+/// The exit status of an agent that stopped without DAOS's answer to every call: its
+/// drain did not end in time ([`drain_bound`]), or DAOS still left calls unanswered
+/// ([`ServeError::DaosUnanswered`]).
+pub const EXIT_DRAIN_TIMEOUT: i32 = 3;
+
+/// From the signal on: at `bound`, if the agent is still draining, say what is stuck and
+/// exit with [`EXIT_DRAIN_TIMEOUT`], without waiting for DAOS (or syncing on it) for ever.
+///
+/// It holds the agent weakly: a drain that ends in time drops the agent (and finalises
+/// DAOS) as if there were no watchdog.
+fn drain_watchdog(agent: std::sync::Weak<Agent>, bound: Duration) {
+    let spawned = std::thread::Builder::new().name("dpuio-drain-watchdog".to_owned()).spawn(move || {
+        std::thread::sleep(bound);
+        let stuck = dpuio_daos::stuck_calls();
+        let sessions = agent.upgrade().map_or(0, |a| a.session_count());
+        for (call, waited) in &stuck {
+            tracing::error!(call, waited = %format!("{waited:.0?}"), "stopping: DAOS has not answered this call");
+        }
+        let calls: Vec<String> = stuck.iter().map(|(call, waited)| format!("{call} ({waited:.0?})")).collect();
+        let message = format!(
+            "dpu-agent: the drain did not finish within {bound:.0?} of the signal ([backend] call_timeout_seconds +              {DRAIN_MARGIN:.0?}): {sessions} session(s) still open; DAOS calls unanswered: {}. Exiting without              waiting for DAOS: check `dmg system query` (every engine Joined?); what DAOS acknowledged is kept, a              change it did not acknowledge may or may not have been applied",
+            if calls.is_empty() { "none listed (a call still within its deadline)".to_owned() } else { calls.join(", ") }
+        );
+        tracing::error!(sessions, stuck = stuck.len(), "{message}");
+        eprintln!("{message}");
+        std::process::exit(EXIT_DRAIN_TIMEOUT);
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no drain watchdog: the drain is not bounded");
+    }
+}
+
+fn shutdown_signal(
+    agent: Arc<Agent>,
+    drain_bound: Option<Duration>,
+) -> Result<impl std::future::Future<Output = ()>, ServeError> {
     use tokio::signal::unix::{SignalKind, signal};
     fabric::drop_load_time_signal_handlers();
     fabric::restore_default_termination_signals();
@@ -409,7 +470,10 @@ fn shutdown_signal(agent: Arc<Agent>) -> Result<impl std::future::Future<Output 
         };
         // New sessions are refused from here on; calls in flight run to completion.
         agent.set_draining();
-        tracing::info!(signal = name, "stopping: no new sessions, finishing calls in flight");
+        tracing::info!(signal = name, bound = ?drain_bound, "stopping: no new sessions, finishing calls in flight");
+        if let Some(bound) = drain_bound {
+            drain_watchdog(Arc::downgrade(&agent), bound);
+        }
     })
 }
 

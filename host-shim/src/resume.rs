@@ -79,6 +79,8 @@ pub(crate) fn classify(result: &Result<(), tonic::Status>) -> Probe {
     let reason = status.metadata().get(METADATA_KEY).and_then(|v| v.to_str().ok()).and_then(Reason::parse);
     match status.code() {
         _ if reason == Some(Reason::NoSession) => Probe::Forgotten,
+        // The agent answered: its storage is what is unavailable.
+        _ if reason == Some(Reason::StorageUnavailable) => Probe::Alive,
         tonic::Code::FailedPrecondition | tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => Probe::Ended,
         // Connection refused or reset, a deadline, an agent draining: ask again later.
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
@@ -277,6 +279,9 @@ mod tests {
         assert!(worth_resending(&reset, true));
         assert!(!worth_resending(&tonic::Status::not_found("no such file"), true));
         assert!(!worth_resending(&tonic::Status::failed_precondition("not mounted"), true));
+        let storage = with_reason(tonic::Code::Unavailable, Reason::StorageUnavailable);
+        assert_eq!(classify(&Err(storage.clone())), Probe::Alive, "the agent answered; DAOS did not");
+        assert!(!worth_resending(&storage, true), "resent at once, it would wait on DAOS again");
     }
 
     #[test]

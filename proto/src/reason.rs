@@ -26,6 +26,10 @@ pub enum Reason {
     /// The agent does not know the session (it restarted, or the lease lapsed): a
     /// client may attach again and resume; the call was not run.
     NoSession,
+    /// The agent is there but its storage is not (DAOS answered nothing by the call's
+    /// deadline, or failed transiently past the retry bound): an `UNAVAILABLE` that a
+    /// client must not take for a lost agent and resend at once.
+    StorageUnavailable,
 }
 
 impl Reason {
@@ -37,6 +41,7 @@ impl Reason {
             Reason::DirectoryNotEmpty => "directory-not-empty",
             Reason::NoSpace => "no-space",
             Reason::NoSession => "no-session",
+            Reason::StorageUnavailable => "storage-unavailable",
         }
     }
 
@@ -49,6 +54,7 @@ impl Reason {
             Reason::DirectoryNotEmpty => 3,
             Reason::NoSpace => 4,
             Reason::NoSession => 5,
+            Reason::StorageUnavailable => 6,
         }
     }
 
@@ -63,8 +69,14 @@ impl Reason {
     }
 }
 
-const ALL: [Reason; 5] =
-    [Reason::NotADirectory, Reason::IsADirectory, Reason::DirectoryNotEmpty, Reason::NoSpace, Reason::NoSession];
+const ALL: [Reason; 6] = [
+    Reason::NotADirectory,
+    Reason::IsADirectory,
+    Reason::DirectoryNotEmpty,
+    Reason::NoSpace,
+    Reason::NoSession,
+    Reason::StorageUnavailable,
+];
 
 #[cfg(test)]
 mod tests {

@@ -170,3 +170,54 @@ pub fn daos_as(user: &str) -> Command {
     c.args(["-u", user, "--", "daos"]);
     c
 }
+
+/// The multi-engine system of `tests/daos-engines.sh` (`RUNDIR/env` in the environment).
+pub struct Engines {
+    pub rundir: PathBuf,
+    pub pool: String,
+    pub socket_dir: PathBuf,
+    pub engines: u32,
+    /// The rank of the pool service's leader.
+    pub leader: u32,
+}
+
+/// The system of `tests/daos-engines.sh` if it has at least `min_engines` engines, or
+/// `None` after printing why `test` is skipped (a failure under `DPUIO_REQUIRE_DAOS=1`).
+pub fn engines(test: &str, min_engines: u32) -> Option<Engines> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let (Some(rundir), Some(pool), Some(socket_dir)) =
+        (var("DAOS_RUNDIR"), var("DAOS_POOL"), var("DAOS_AGENT_DRPC_DIR"))
+    else {
+        skip(test, "no DAOS system (start one with tests/daos-engines.sh up RUNDIR 3, then source RUNDIR/env)");
+        return None;
+    };
+    let engines = var("DAOS_ENGINES").and_then(|n| n.parse().ok()).unwrap_or(1);
+    let leader = var("DAOS_POOL_LEADER").and_then(|n| n.parse().ok());
+    match leader {
+        Some(leader) if engines >= min_engines => {
+            Some(Engines { rundir: rundir.into(), pool, socket_dir: socket_dir.into(), engines, leader })
+        }
+        _ => {
+            skip(
+                test,
+                &format!(
+                    "the DAOS system of {rundir} has {engines} engine(s) and no DAOS_POOL_LEADER: this test needs a \
+                     system of tests/daos-engines.sh with at least {min_engines} (tests/daos-engines.sh up RUNDIR 3)"
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// Run `tests/daos-engines.sh ARGS`; panics with its output if it fails.
+pub fn script(args: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("daos-engines.sh");
+    let out = Command::new(&script).args(args).output().expect("run tests/daos-engines.sh");
+    assert!(
+        out.status.success(),
+        "daos-engines.sh {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

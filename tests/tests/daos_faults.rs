@@ -9,65 +9,17 @@
 //! `DAOS_AGENT_DRPC_DIR` from `RUNDIR/env`; without them the test says it is skipped and
 //! why (a failure under `DPUIO_REQUIRE_DAOS=1`).
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dpuio_tests::daos::{label, skip};
+use dpuio_tests::daos::{engines, label, script};
 use dpuio_tests::{AgentProcess, seeded_bytes};
 
 const FILES: usize = 4;
 const FILE_BYTES: usize = 4 << 20;
 const CHECKPOINT_SLOTS: u64 = 3;
-
-/// The multi-engine system of `tests/daos-engines.sh`.
-struct Engines {
-    rundir: PathBuf,
-    pool: String,
-    socket_dir: PathBuf,
-    engines: u32,
-    leader: u32,
-}
-
-fn engines(test: &str) -> Option<Engines> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let (Some(rundir), Some(pool), Some(socket_dir)) =
-        (var("DAOS_RUNDIR"), var("DAOS_POOL"), var("DAOS_AGENT_DRPC_DIR"))
-    else {
-        skip(test, "no DAOS system (start one with tests/daos-engines.sh up RUNDIR 3, then source RUNDIR/env)");
-        return None;
-    };
-    let engines = var("DAOS_ENGINES").and_then(|n| n.parse().ok()).unwrap_or(1);
-    let leader = var("DAOS_POOL_LEADER").and_then(|n| n.parse().ok());
-    match leader {
-        Some(leader) if engines >= 3 => {
-            Some(Engines { rundir: rundir.into(), pool, socket_dir: socket_dir.into(), engines, leader })
-        }
-        _ => {
-            skip(
-                test,
-                &format!(
-                    "the DAOS system of {rundir} has {engines} engine(s) and no DAOS_POOL_LEADER: this test needs \
-                     tests/daos-engines.sh up RUNDIR 3 (a replicated file needs two engines left after one is lost)"
-                ),
-            );
-            None
-        }
-    }
-}
-
-fn script(args: &[&str]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("daos-engines.sh");
-    let out = Command::new(&script).args(args).output().expect("run tests/daos-engines.sh");
-    assert!(
-        out.status.success(),
-        "daos-engines.sh {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// One step of the job: when it started, how long it took, what went wrong.
 struct Step {
@@ -112,7 +64,7 @@ fn job(client: dpuio_shim::Client, stop: Arc<AtomicBool>, steps: Arc<Mutex<Vec<S
 #[test]
 fn a_job_rides_out_the_loss_and_return_of_an_engine() {
     let test = "a_job_rides_out_the_loss_and_return_of_an_engine";
-    let Some(d) = engines(test) else { return };
+    let Some(d) = engines(test, 3) else { return };
     let dir = tempfile::tempdir().unwrap();
     let container = label("faults");
     // Redundancy factor 1 counted in ranks (every engine here is on one node, one fault

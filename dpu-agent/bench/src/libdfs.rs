@@ -81,6 +81,8 @@ fn mount(args: &LibdfsArgs) -> Result<Arc<dyn Container>, String> {
         private_containers: false,
         redundancy_factor: 0,
         redundancy_level: 0,
+        // Nor a deadline: each call made on the calling thread, as libdfs's own.
+        call_timeout: std::time::Duration::ZERO,
     })
     .map_err(|e| e.to_string())?;
     backend.mount(&args.container, false).map_err(|e| e.to_string())

@@ -30,6 +30,7 @@ use dpuio_backend::{
 };
 
 use crate::anchor::AnchorKey;
+use crate::deadline;
 use crate::dfs::{AsyncIo, EventQueue, Fs, Obj, Pool, Runtime, SetupError, Stat};
 use crate::error::{CallError, Code, der};
 use crate::retry::{self, Retry, Tries};
@@ -79,6 +80,10 @@ pub struct DaosOptions {
     pub redundancy_factor: u32,
     /// The fault domain level it counts: 1 rank (engine), 2 node; 0: DAOS's default (node).
     pub redundancy_level: u32,
+    /// The longest a metadata call, its retries included, waits for DAOS before the
+    /// client hears `UNAVAILABLE` (with every engine gone DAOS answers nothing); also
+    /// when data-plane I/O left waiting is listed as stuck. Zero: no deadline.
+    pub call_timeout: Duration,
 }
 
 /// Why a DAOS backend could not be opened.
@@ -155,7 +160,7 @@ impl Backend for DaosBackend {
 
     fn io_queue(&self) -> Result<Box<dyn IoQueue>> {
         let eq = self.pool.event_queue(IO_QUEUE_DEPTH).map_err(|e| io_error("DAOS event queue", e))?;
-        Ok(Box::new(DaosIoQueue { eq }))
+        Ok(Box::new(DaosIoQueue { eq, call_timeout: self.options.call_timeout }))
     }
 
     fn mount(&self, container: &str, create: bool) -> Result<Arc<dyn Container>> {
@@ -183,41 +188,43 @@ impl DaosBackend {
         let pool = &self.options.pool;
         let create = create && self.options.create_containers;
         let retry = Retry { deadline: self.options.retry };
-        let fs = retry
-            .run(container, || {
-                let redundancy = (self.options.redundancy_factor, self.options.redundancy_level);
-                self.pool.mount(container, create, self.options.private_containers, redundancy)
-            })
-            .map_err(|e| {
-                let what = format!("DAOS container {container:?} of pool {pool:?}");
-                match e.code {
-                    Code::Der(der::NONEXIST | der::NONEXIST_CONT) => Error::NoSuchContainer {
-                        name: container.to_owned(),
-                        hint: format!(
-                            " in DAOS pool {pool:?} ({e}): create it with `daos container create {pool} {container} \
+        let call_timeout = self.options.call_timeout;
+        let (mounting, label) = (self.pool.clone(), container.to_owned());
+        let (private, redundancy) =
+            (self.options.private_containers, (self.options.redundancy_factor, self.options.redundancy_level));
+        let fs = deadline::call("dfs_mount", container, call_timeout, move || {
+            retry.run(&label, || mounting.mount(&label, create, private, redundancy))
+        })
+        .map_err(|e| {
+            let what = format!("DAOS container {container:?} of pool {pool:?}");
+            match e.code {
+                Code::Der(der::NONEXIST | der::NONEXIST_CONT) => Error::NoSuchContainer {
+                    name: container.to_owned(),
+                    hint: format!(
+                        " in DAOS pool {pool:?} ({e}): create it with `daos container create {pool} {container} \
                          --type=POSIX`, or set [backend] create_containers = true"
-                        ),
-                    },
-                    Code::Der(der::NO_PERM) | Code::Errno(libc::EPERM | libc::EACCES) => Error::Denied {
-                        what,
-                        // dfs_* turn DER_NO_PERM into EPERM; name both.
-                        reason: format!(
-                            "{e}{}: grant this agent's user (uid {}) access with `daos container update-acl {pool} \
+                    ),
+                },
+                Code::Der(der::NO_PERM) | Code::Errno(libc::EPERM | libc::EACCES) => Error::Denied {
+                    what,
+                    // dfs_* turn DER_NO_PERM into EPERM; name both.
+                    reason: format!(
+                        "{e}{}: grant this agent's user (uid {}) access with `daos container update-acl {pool} \
                          {container} --entry A::<user>@:rwdtTaAo`",
-                            if matches!(e.code, Code::Errno(_)) { " (DER_NO_PERM from DAOS)" } else { "" },
-                            real_uid()
-                        ),
-                    },
-                    Code::Der(der::UNREACH | der::TIMEDOUT | der::AGENT_COMM) => {
-                        Error::Unavailable { what, reason: format!("{e}: check `dmg system query`") }
-                    }
-                    Code::Errno(libc::EINVAL) if e.call == "dfs_mount" => Error::InvalidArgument(format!(
-                        "{what} is not a POSIX (DFS) container ({e}): give the tenant a container made with \
-                     `daos container create {pool} <label> --type=POSIX`"
-                    )),
-                    _ => io_error(&what, e),
+                        if matches!(e.code, Code::Errno(_)) { " (DER_NO_PERM from DAOS)" } else { "" },
+                        real_uid()
+                    ),
+                },
+                Code::Der(der::UNREACH | der::TIMEDOUT | der::AGENT_COMM) | Code::NoAnswer => {
+                    Error::Unavailable { what, reason: format!("{e}: {CHECK_DAOS}") }
                 }
-            })?;
+                Code::Errno(libc::EINVAL) if e.call == "dfs_mount" => Error::InvalidArgument(format!(
+                    "{what} is not a POSIX (DFS) container ({e}): give the tenant a container made with \
+                     `daos container create {pool} <label> --type=POSIX`"
+                )),
+                _ => io_error(&what, e),
+            }
+        })?;
         Ok(Arc::new(DaosContainer {
             fs,
             name: container.to_owned(),
@@ -225,6 +232,7 @@ impl DaosBackend {
             object_class,
             anchors: self.anchors.clone(),
             retry,
+            call_timeout,
         }))
     }
 }
@@ -237,7 +245,12 @@ pub struct DaosContainer {
     object_class: u32,
     anchors: Arc<AnchorKey>,
     retry: Retry,
+    call_timeout: Duration,
 }
+
+/// What an operator checks when DAOS does not answer or cannot be reached.
+const CHECK_DAOS: &str = "check that every DAOS engine is up (`dmg system query`: all Joined) and the DAOS client log; \
+    the agent serves again once DAOS answers, with no restart";
 
 /// A DAOS failure at `path` as a backend error, with the DAOS name in the message.
 fn map(path: &str, e: CallError) -> Error {
@@ -253,20 +266,28 @@ fn map(path: &str, e: CallError) -> Error {
         Code::Errno(libc::EPERM | libc::EACCES) | Code::Der(der::NO_PERM) => {
             Error::Denied { what: path, reason: format!("{e}: check the container's ACL (daos container get-acl)") }
         }
+        Code::NoAnswer => {
+            Error::Unavailable { what: path, reason: format!("{e} ([backend] call_timeout_seconds): {CHECK_DAOS}") }
+        }
         _ if retry::is_transient(&e) => Error::Unavailable {
             what: path,
-            reason: format!(
-                "{e}, still failing at the retry deadline ([backend] retry_seconds): check `dmg system query`"
-            ),
+            reason: format!("{e}, still failing at the retry deadline ([backend] retry_seconds): {CHECK_DAOS}"),
         },
         _ => io_error(&path, e),
     }
 }
 
-/// `call` made again while it fails transiently (see [`Retry`]), a failure mapped as
-/// [`map`] does.
-fn retried<T>(retry: Retry, path: &str, call: impl FnMut() -> std::result::Result<T, CallError>) -> Result<T> {
-    retry.run(path, call).map_err(|e| map(path, e))
+/// `call` made on a call thread and again while it fails transiently (see [`Retry`]),
+/// all of it within `call_timeout` ([`deadline::call`]). `name` is the DAOS function.
+fn bounded<T: Send + 'static>(
+    retry: Retry,
+    call_timeout: Duration,
+    name: &'static str,
+    path: &str,
+    mut call: impl FnMut() -> std::result::Result<T, CallError> + Send + 'static,
+) -> std::result::Result<T, CallError> {
+    let what = path.to_owned();
+    deadline::call(name, path, call_timeout, move || retry.run(&what, &mut call))
 }
 
 fn io_error(what: &str, e: CallError) -> Error {
@@ -315,21 +336,40 @@ impl DaosContainer {
     /// The container's owner (`user@`) and its ACL entries in DAOS's own format
     /// (`A::OWNER@:rwdtTaAo`), as `daos container get-acl` prints them.
     pub fn acl(&self) -> Result<(String, Vec<String>)> {
-        retried(self.retry, &self.name, || self.fs.acl())
+        let fs = self.fs.clone();
+        self.bounded("daos_cont_get_acl", &NsPath::root(), move || fs.acl())
     }
 
     /// The open directory `path` (its stat checked to be a directory), opened
     /// read-write: DFS refuses entries made or removed through a read-only parent.
-    fn dir(&self, path: &NsPath) -> Result<Obj> {
-        let (obj, st) = retried(self.retry, path.as_str(), || self.fs.lookup(path.as_str(), true))?;
+    fn dir(&self, path: &NsPath) -> Result<Arc<Obj>> {
+        let (obj, st) = self.lookup(path, true)?;
         match kind_of(path.as_str(), &st)? {
-            EntryKind::Directory => Ok(obj),
+            EntryKind::Directory => Ok(Arc::new(obj)),
             EntryKind::File => Err(Error::NotADirectory { path: path.to_string() }),
         }
     }
 
+    /// `dfs_lookup` of `path`, bounded.
+    fn lookup(&self, path: &NsPath, write: bool) -> Result<(Obj, Stat)> {
+        let (fs, p) = (self.fs.clone(), path.to_string());
+        bounded(self.retry, self.call_timeout, "dfs_lookup", path.as_str(), move || fs.lookup(&p, write))
+            .map_err(|e| map(path.as_str(), e))
+    }
+
+    /// `call` bounded ([`bounded`]) with this container's settings, a failure mapped
+    /// for `path`.
+    fn bounded<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        path: &NsPath,
+        call: impl FnMut() -> std::result::Result<T, CallError> + Send + 'static,
+    ) -> Result<T> {
+        bounded(self.retry, self.call_timeout, name, path.as_str(), call).map_err(|e| map(path.as_str(), e))
+    }
+
     /// The parent directory object of a non-root path (`None`: the root) and the name.
-    fn parent<'p>(&self, path: &'p NsPath) -> Result<(Option<Obj>, &'p str)> {
+    fn parent<'p>(&self, path: &'p NsPath) -> Result<(Option<Arc<Obj>>, &'p str)> {
         let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
             return Err(Error::InvalidArgument(format!("{path}: the container root has no parent")));
         };
@@ -338,8 +378,10 @@ impl DaosContainer {
     }
 
     /// Stat of `name` in `parent`; `None` when it does not exist.
-    fn probe(&self, parent: Option<&Obj>, name: &str, path: &NsPath) -> Result<Option<Stat>> {
-        match self.retry.run(path.as_str(), || self.fs.stat(parent, name)) {
+    fn probe(&self, parent: Option<&Arc<Obj>>, name: &str, path: &NsPath) -> Result<Option<Stat>> {
+        let (fs, parent, name) = (self.fs.clone(), parent.cloned(), name.to_owned());
+        let stat = move || fs.stat(parent.as_deref(), &name);
+        match bounded(self.retry, self.call_timeout, "dfs_stat", path.as_str(), stat) {
             Ok(st) => Ok(Some(st)),
             Err(e) if e.code == Code::Errno(libc::ENOENT) => Ok(None),
             Err(e) => Err(map(path.as_str(), e)),
@@ -393,10 +435,34 @@ impl DaosContainer {
         }
         let object_class = if layout.object_class != 0 { layout.object_class } else { self.object_class };
         let chunk_bytes = if layout.chunk_bytes != 0 { layout.chunk_bytes } else { self.chunk_bytes };
-        let obj = retried(self.retry, path.as_str(), || {
-            self.fs.open(parent.as_ref(), name, libc::S_IFREG | (mode & 0o7777), flags, object_class, chunk_bytes)
+        let (fs, name) = (self.fs.clone(), name.to_owned());
+        let obj = self.bounded("dfs_open", path, move || {
+            fs.open(parent.as_deref(), &name, libc::S_IFREG | (mode & 0o7777), flags, object_class, chunk_bytes)
         })?;
-        Ok(DaosObject { obj, path: path.clone(), writable: options.write, retry: self.retry })
+        Ok(DaosObject {
+            obj: Arc::new(obj),
+            path: path.clone(),
+            writable: options.write,
+            retry: self.retry,
+            call_timeout: self.call_timeout,
+        })
+    }
+}
+
+impl DaosContainer {
+    /// `dfs_move`, bounded.
+    fn bounded_rename(
+        &self,
+        from: &NsPath,
+        src_parent: Option<Arc<Obj>>,
+        src_name: &str,
+        dst_parent: Option<Arc<Obj>>,
+        dst_name: &str,
+    ) -> Result<()> {
+        let (fs, src_name, dst_name) = (self.fs.clone(), src_name.to_owned(), dst_name.to_owned());
+        self.bounded("dfs_move", from, move || {
+            fs.rename(src_parent.as_deref(), &src_name, dst_parent.as_deref(), &dst_name)
+        })
     }
 }
 
@@ -410,7 +476,7 @@ impl Container for DaosContainer {
     }
 
     fn stat(&self, path: &NsPath) -> Result<Attr> {
-        let (obj, st) = retried(self.retry, path.as_str(), || self.fs.lookup(path.as_str(), false))?;
+        let (obj, st) = self.lookup(path, false)?;
         with_object_id(attr(path.as_str(), &st)?, &obj, path)
     }
 
@@ -419,7 +485,8 @@ impl Container for DaosContainer {
             return Err(Error::AlreadyExists { path: path.to_string() });
         }
         let (parent, name) = self.parent(path)?;
-        retried(self.retry, path.as_str(), || self.fs.mkdir(parent.as_ref(), name, mode & 0o7777, self.object_class))?;
+        let (fs, name, class) = (self.fs.clone(), name.to_owned(), self.object_class);
+        self.bounded("dfs_mkdir", path, move || fs.mkdir(parent.as_deref(), &name, mode & 0o7777, class))?;
         self.stat(path)
     }
 
@@ -439,8 +506,14 @@ impl Container for DaosContainer {
         let mut entries = Vec::new();
         while entries.len() < max && !position.is_eof() {
             let want = (max - entries.len()).min(READDIR_CALL_ENTRIES) as u32;
-            let batch = self.retry.run(path.as_str(), || self.fs.readdir(&dir, &mut position, want));
-            for (name, st) in batch.map_err(|e| map(path.as_str(), e))? {
+            let (fs, from, dir) = (self.fs.clone(), position, dir.clone());
+            // Each try starts from the same position: a failed call may have moved its copy.
+            let (batch, next) = self.bounded("dfs_readdirplus", path, move || {
+                let mut at = from;
+                fs.readdir(&dir, &mut at, want).map(|batch| (batch, at))
+            })?;
+            position = next;
+            for (name, st) in batch {
                 let Ok(child) = path.join(&name) else {
                     tracing::warn!(container = self.name, dir = %path, name, "readdir: skipping a name dpuio cannot serve");
                     continue;
@@ -464,7 +537,8 @@ impl Container for DaosContainer {
             return Err(Error::InvalidArgument("/: the container root cannot be removed".to_owned()));
         }
         let (parent, name) = self.parent(path)?;
-        retried(self.retry, path.as_str(), || self.fs.remove(parent.as_ref(), name, recursive))
+        let (fs, name) = (self.fs.clone(), name.to_owned());
+        self.bounded("dfs_remove", path, move || fs.remove(parent.as_deref(), &name, recursive))
     }
 
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
@@ -480,9 +554,7 @@ impl Container for DaosContainer {
         if self.probe(dst_parent.as_ref(), dst_name, to)?.is_some() {
             return Err(Error::AlreadyExists { path: to.to_string() });
         }
-        retried(self.retry, from.as_str(), || {
-            self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name)
-        })
+        self.bounded_rename(from, src_parent, src_name, dst_parent, dst_name)
     }
 
     fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
@@ -506,9 +578,7 @@ impl Container for DaosContainer {
         // environment both happen in one DAOS transaction; without it a crash between
         // the two leaves no entry at `to` (the new data stays under `from`): see
         // docs/daos.md.
-        retried(self.retry, from.as_str(), || {
-            self.fs.rename(src_parent.as_ref(), src_name, dst_parent.as_ref(), dst_name)
-        })
+        self.bounded_rename(from, src_parent, src_name, dst_parent, dst_name)
     }
 
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
@@ -517,7 +587,8 @@ impl Container for DaosContainer {
     }
 
     fn sync(&self) -> Result<()> {
-        retried(self.retry, "/", || self.fs.sync())
+        let fs = self.fs.clone();
+        self.bounded("dfs_sync", &NsPath::root(), move || fs.sync())
     }
 }
 
@@ -528,6 +599,8 @@ impl Container for DaosContainer {
 /// first such piece, so at most one waits for the others).
 struct DaosIoQueue {
     eq: EventQueue,
+    /// When a batch DAOS leaves unanswered is listed as stuck.
+    call_timeout: Duration,
 }
 
 fn daos_object(object: &dyn Object) -> Option<&DaosObject> {
@@ -550,11 +623,18 @@ impl IoQueue for DaosIoQueue {
         let mut indices = Vec::with_capacity(batch.len());
         let mut objects = Vec::with_capacity(batch.len());
         let mut others = Vec::new();
+        // A batch cannot be left behind at a deadline (DAOS writes the memory it lends):
+        // none is sent while DAOS leaves calls unanswered.
+        let refused = deadline::refuse_while_stuck("dfs_read/dfs_write").err();
         for (i, request) in batch.iter_mut().enumerate() {
             let Some(object) = daos_object(request.object) else {
                 others.push(i);
                 continue;
             };
+            if let Some(e) = &refused {
+                done(i, Err(map(object.path.as_str(), e.clone())));
+                continue;
+            }
             let offset = request.offset;
             match &mut request.op {
                 IoOp::Read(buf) => ops.push(AsyncIo::Read { obj: &object.obj, buf: buf.reborrow(), offset }),
@@ -581,7 +661,7 @@ impl IoQueue for DaosIoQueue {
             .collect();
         let mut short = Vec::new();
         let mut again = Vec::new();
-        self.eq.run(&mut ops, &mut |k, result| {
+        self.eq.run(&mut ops, self.call_timeout, &mut |k, result| {
             let (i, object) = (indices[k], objects[k]);
             match result {
                 Ok(n) if n > 0 && read_lens[k].is_some_and(|len| n < len) => short.push((k, n)),
@@ -630,10 +710,11 @@ impl IoQueue for DaosIoQueue {
 
 /// An open DFS file.
 pub struct DaosObject {
-    obj: Obj,
+    obj: Arc<Obj>,
     path: NsPath,
     writable: bool,
     retry: Retry,
+    call_timeout: Duration,
 }
 
 impl DaosObject {
@@ -664,13 +745,17 @@ impl Object for DaosObject {
 
     /// `dfs_read` straight into the view (the host's mapped region on the data plane).
     fn read_into(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
+        // Into memory the caller lends: this call cannot be left behind at a deadline,
+        // so none is made while DAOS leaves others unanswered.
+        deadline::refuse_while_stuck("dfs_read").map_err(|e| map(self.path.as_str(), e))?;
         let mut done = 0;
         // dfs_read returns short only at the end of the file; loop in case a read over
         // many chunks ever comes back short before it.
         while done < buf.len() {
-            let n = retried(self.retry, self.path.as_str(), || {
-                self.obj.read_at(buf.slice_mut(done..), offset + done as u64)
-            })?;
+            let n = self
+                .retry
+                .run(self.path.as_str(), || self.obj.read_at(buf.slice_mut(done..), offset + done as u64))
+                .map_err(|e| map(self.path.as_str(), e))?;
             if n == 0 {
                 break;
             }
@@ -682,11 +767,15 @@ impl Object for DaosObject {
     /// `dfs_write` straight from the view: DAOS reads each byte once.
     fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         self.check_write(buf.len(), offset)?;
-        retried(self.retry, self.path.as_str(), || self.obj.write_at(buf, offset))
+        // As for read_into.
+        deadline::refuse_while_stuck("dfs_write").map_err(|e| map(self.path.as_str(), e))?;
+        self.retry.run(self.path.as_str(), || self.obj.write_at(buf, offset)).map_err(|e| map(self.path.as_str(), e))
     }
 
     fn stat(&self) -> Result<Attr> {
-        let st = retried(self.retry, self.path.as_str(), || self.obj.stat())?;
+        let obj = self.obj.clone();
+        let st = bounded(self.retry, self.call_timeout, "dfs_ostat", self.path.as_str(), move || obj.stat())
+            .map_err(|e| map(self.path.as_str(), e))?;
         with_object_id(attr(self.path.as_str(), &st)?, &self.obj, &self.path)
     }
 
@@ -694,7 +783,9 @@ impl Object for DaosObject {
         if !self.writable {
             return Err(self.read_only("truncate"));
         }
-        retried(self.retry, self.path.as_str(), || self.obj.truncate(size))
+        let obj = self.obj.clone();
+        bounded(self.retry, self.call_timeout, "dfs_punch", self.path.as_str(), move || obj.truncate(size))
+            .map_err(|e| map(self.path.as_str(), e))
     }
 
     fn sync(&self) -> Result<()> {

@@ -16,9 +16,11 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use dpuio_backend::{HostBytes, HostBytesMut};
 
+use crate::deadline::Waiting;
 use crate::error::{CallError, Code, errno_name};
 use crate::sys::{self, Api, daos_anchor_t, daos_event_t, daos_handle_t, dfs_obj_t, dfs_t};
 
@@ -807,10 +809,18 @@ impl EventQueue {
 
     /// Run every operation of `ops`, at most [`EventQueue::depth`] in flight, calling
     /// `done(index, result)` for each as it completes (bytes read, short only at the
-    /// end of the file; or bytes written). Returns when all have completed.
-    pub fn run(&mut self, ops: &mut [AsyncIo<'_>], done: &mut dyn FnMut(usize, Result<usize, CallError>)) {
+    /// end of the file; or bytes written). Returns when all have completed: DAOS writes
+    /// the memory they borrow until then, so a batch DAOS does not answer (every engine
+    /// gone) waits for it, listed as stuck from `deadline` on ([`Waiting`]).
+    pub fn run(
+        &mut self,
+        ops: &mut [AsyncIo<'_>],
+        deadline: Duration,
+        done: &mut dyn FnMut(usize, Result<usize, CallError>),
+    ) {
+        let waiting = Waiting::new(format!("dfs_read/dfs_write: a batch of {} on an event queue", ops.len()), deadline);
         // Drains what is still in flight if `done` panics, before the borrows end.
-        let mut batch = Batch { eq: self, launched: 0 };
+        let mut batch = Batch { eq: self, launched: 0, waiting };
         let mut next = 0;
         while next < ops.len() || batch.launched > 0 {
             while next < ops.len()
@@ -896,7 +906,11 @@ impl EventQueue {
 struct Batch<'q> {
     eq: &'q mut EventQueue,
     launched: usize,
+    waiting: Waiting,
 }
+
+/// How long one `daos_eq_poll` waits before the batch checks its deadline.
+const POLL_SLICE_US: i64 = 1_000_000;
 
 impl Batch<'_> {
     /// Wait for at least one completion; return each completed operation's index and
@@ -906,17 +920,23 @@ impl Batch<'_> {
         let mut failures = 0u32;
         let n = loop {
             // SAFETY: the EQ is open; `polled` holds `depth` pointers, the most DAOS
-            // may write; waiting only on running events, for ever.
+            // may write; waiting only on running events, a slice at a time.
             let n = unsafe {
                 (api.daos_eq_poll)(
                     self.eq.eqh,
                     1,
-                    sys::DAOS_EQ_WAIT,
+                    POLL_SLICE_US,
                     self.eq.polled.len() as u32,
                     self.eq.polled.as_mut_ptr(),
                 )
             };
-            if n >= 0 {
+            if n == 0 {
+                // Nothing completed in this slice: past the deadline the batch is listed
+                // as stuck, and goes on waiting (its memory is DAOS's until then).
+                self.waiting.check();
+                continue;
+            }
+            if n > 0 {
                 break n as usize;
             }
             // Operations are in flight into memory this batch borrows: returning now

@@ -38,6 +38,9 @@ pub enum Code {
     Der(i32),
     /// An errno from a `dfs_*` call.
     Errno(i32),
+    /// DAOS did not answer the call by its deadline (`crate::deadline`): with every
+    /// engine gone libdaos retries without end and returns nothing.
+    NoAnswer,
 }
 
 /// A failed DAOS call: which function, what it returned, and the DAOS name of it.
@@ -73,6 +76,7 @@ impl CallError {
             Code::Der(der::UNREACH) => libc::EHOSTUNREACH,
             Code::Der(der::TIMEDOUT) => libc::ETIMEDOUT,
             Code::Der(_) => libc::EIO,
+            Code::NoAnswer => libc::ETIMEDOUT,
         }
     }
 }

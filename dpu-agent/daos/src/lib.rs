@@ -15,6 +15,9 @@
 //! - `retry`: which DAOS failures are transient (an engine gone, a pool map moving) and
 //!   how long a call is made again before the client hears of it, with counts for the
 //!   agent's metrics.
+//! - `deadline`: a deadline on each blocking call, since with every engine gone DAOS
+//!   answers nothing (it retries inside libdaos without end): a call past it is answered
+//!   unavailable and left to finish on a thread of its own.
 //! - `anchor`: readdir anchors handed to clients, authenticated DFS positions.
 //! - [`DaosBackend`]: the `dpuio_backend` traits over all of the above.
 //!
@@ -22,12 +25,13 @@
 //! ABI): only `sys` and `dfs` hold it; `anchor` and `backend` forbid it.
 //!
 //! Deliberately not here yet: per-tenant worker processes under the tenant's uid (DAOS
-//! credentials follow the agent's uid), and asynchronous calls for metadata (namespace
-//! operations are blocking calls on the agent's blocking pool, which is also why a call
-//! DAOS never answers, with every engine gone, cannot be bounded).
+//! credentials follow the agent's uid), and a bound on data-plane reads and writes DAOS
+//! never answers (they write memory the host lent, so they wait for DAOS; see
+//! `deadline`).
 
 mod anchor;
 mod backend;
+mod deadline;
 mod dfs;
 pub mod error;
 mod retry;
@@ -36,6 +40,7 @@ mod sys;
 // Public for the fuzz targets (fuzz/): a token is bytes from an untrusted host.
 pub use anchor::AnchorKey;
 pub use backend::{DEFAULT_CHUNK_BYTES, DaosBackend, DaosContainer, DaosOptions, OpenError};
+pub use deadline::{MAX_STUCK, stuck_calls};
 pub use dfs::{DEFAULT_AGENT_SOCKET_DIR, SetupError, default_agent_socket_dir, load_libraries, prefix_from_env};
 pub use retry::{RetryStats, retry_stats};
 pub use sys::{DAOS_ANCHOR_BYTES, daos_anchor_t};

@@ -27,6 +27,11 @@ pub struct RetryStats {
     pub recovered: u64,
     /// Retried calls still failing at the deadline: answered as unavailable.
     pub gave_up: u64,
+    /// Calls DAOS left unanswered past `[backend] call_timeout_seconds` (answered
+    /// unavailable, or data-plane I/O that waited on): `crate::deadline`.
+    pub unanswered: u64,
+    /// Calls answered unavailable without being sent, while DAOS left others unanswered.
+    pub refused: u64,
 }
 
 static RETRIED_CALLS: AtomicU64 = AtomicU64::new(0);
@@ -41,6 +46,8 @@ pub fn retry_stats() -> RetryStats {
         retries: RETRIES.load(Ordering::Relaxed),
         recovered: RECOVERED.load(Ordering::Relaxed),
         gave_up: GAVE_UP.load(Ordering::Relaxed),
+        unanswered: crate::deadline::UNANSWERED.load(Ordering::Relaxed),
+        refused: crate::deadline::REFUSED.load(Ordering::Relaxed),
     }
 }
 
@@ -66,6 +73,8 @@ pub fn is_transient(e: &CallError) -> bool {
                 | der::TX_RESTART
                 | der::NO_SERVICE
         ),
+        // The call's whole time is up (crate::deadline): nothing is left to retry in.
+        Code::NoAnswer => false,
     }
 }
 

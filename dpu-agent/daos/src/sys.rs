@@ -157,9 +157,6 @@ impl daos_event_t {
     pub const ZERO: daos_event_t = daos_event_t { ev_error: 0, ev_private: [0; 20], ev_debug: 0 };
 }
 
-/// `DAOS_EQ_WAIT`: `daos_eq_poll` waits until an event completes.
-pub const DAOS_EQ_WAIT: i64 = -1;
-
 /// `uuid_t` of libuuid: 16 bytes.
 pub type uuid_t = [u8; 16];
 const _: () = assert!(size_of::<uuid_t>() == 16);

@@ -72,6 +72,7 @@ fn daos_backend() -> &'static DaosBackend {
             private_containers: false,
             redundancy_factor: 0,
             redundancy_level: 0,
+            call_timeout: std::time::Duration::from_secs(180),
         })
         .unwrap_or_else(|e| panic!("DAOS is reachable but the backend did not open: {e}"))
     })

@@ -3,7 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use super::check::{Checker, check_daos_label, join};
-use super::{BackendConfig, DEFAULT_DAOS_CHUNK_BYTES, DEFAULT_DAOS_SYSTEM, DEFAULT_RETRY_SECONDS, DaosConfig};
+use super::{
+    BackendConfig, DEFAULT_CALL_TIMEOUT_SECONDS, DEFAULT_DAOS_CHUNK_BYTES, DEFAULT_DAOS_SYSTEM, DEFAULT_RETRY_SECONDS,
+    DaosConfig,
+};
 
 const LOCAL_KEYS: &[&str] = &["path"];
 const DAOS_KEYS: &[&str] = &[
@@ -16,6 +19,7 @@ const DAOS_KEYS: &[&str] = &[
     "retry_seconds",
     "redundancy_factor",
     "redundancy_level",
+    "call_timeout_seconds",
 ];
 
 impl Checker {
@@ -129,6 +133,20 @@ impl Checker {
                 0
             }
         };
+        // Unset: the retry bound plus DAOS's 60 s RPC timeout for the last try.
+        let call_timeout_seconds = self
+            .integer(t, "backend", "call_timeout_seconds", 1, 7200)
+            .map_or(DEFAULT_CALL_TIMEOUT_SECONDS.max(retry_seconds + 60), |n| n as u64);
+        if t.contains_key("call_timeout_seconds") && call_timeout_seconds < retry_seconds {
+            self.issue(
+                "backend.call_timeout_seconds",
+                format!(
+                    "{call_timeout_seconds} is shorter than retry_seconds ({retry_seconds}): a call would be cut off \
+                     while it is still being retried; make it at least {retry_seconds} (some 60 s more leaves DAOS's \
+                     RPC timeout to the last try)"
+                ),
+            );
+        }
         (self.issues.len() == issues).then(|| DaosConfig {
             pool: pool.unwrap_or_default(),
             system,
@@ -139,6 +157,7 @@ impl Checker {
             retry_seconds,
             redundancy_factor,
             redundancy_level,
+            call_timeout_seconds,
         })
     }
 
@@ -174,6 +193,7 @@ impl super::DaosConfig {
             chunk_bytes: self.chunk_bytes,
             object_class: self.object_class.clone(),
             retry_ms: self.retry_seconds.saturating_mul(1000),
+            call_timeout_ms: self.call_timeout_seconds.saturating_mul(1000),
             redundancy_factor: self.redundancy_factor,
             redundancy_level: self.redundancy_level,
         }

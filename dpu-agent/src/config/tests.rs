@@ -156,6 +156,7 @@ fn daos_backend_parses_with_defaults_and_every_key() {
             retry_seconds: crate::config::DEFAULT_RETRY_SECONDS,
             redundancy_factor: 0,
             redundancy_level: 0,
+            call_timeout_seconds: crate::config::DEFAULT_CALL_TIMEOUT_SECONDS,
         })
     );
     let config = Config::parse(
@@ -202,7 +203,17 @@ fn a_tenant_names_its_object_class_and_retries_have_a_bound() {
     )
     .unwrap();
     let BackendConfig::Daos(d) = &config.backend else { panic!("not daos") };
-    assert_eq!(d.retry_seconds, 30);
+    assert_eq!((d.retry_seconds, d.call_timeout_seconds), (30, 180));
+    let long = Config::parse("[backend]\nkind = \"daos\"\npool = \"tank\"\nretry_seconds = 600\n").unwrap();
+    let BackendConfig::Daos(d) = &long.backend else { panic!("not daos") };
+    assert_eq!(d.call_timeout_seconds, 660, "unset, it leaves the last try DAOS's 60 s RPC timeout");
+    let set = Config::parse("[backend]\nkind = \"daos\"\npool = \"t\"\nretry_seconds = 5\ncall_timeout_seconds = 10\n");
+    let BackendConfig::Daos(d) = &set.unwrap().backend else { panic!("not daos") };
+    assert_eq!((d.retry_seconds, d.call_timeout_seconds), (5, 10));
+    let short = issues("[backend]\nkind = \"daos\"\npool = \"t\"\nretry_seconds = 30\ncall_timeout_seconds = 20\n");
+    assert_eq!(short.len(), 1, "{short:?}");
+    assert_eq!(short[0].key, "backend.call_timeout_seconds");
+    assert!(short[0].reason.contains("shorter than retry_seconds (30)"), "{short:?}");
     let classes: Vec<&str> = config.tenants.iter().map(|t| t.object_class.as_str()).collect();
     assert_eq!(classes, ["RP_2G1", ""]);
 

@@ -80,6 +80,7 @@ fn open_backend(setup: &Setup) -> Result<DaosBackend> {
         chunk_bytes: setup.chunk_bytes,
         object_class: setup.object_class.clone(),
         retry: Duration::from_millis(setup.retry_ms),
+        call_timeout: Duration::from_millis(setup.call_timeout_ms),
         private_containers: true,
         redundancy_factor: setup.redundancy_factor,
         redundancy_level: setup.redundancy_level,

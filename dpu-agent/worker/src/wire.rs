@@ -28,6 +28,7 @@ pub struct Setup {
     pub chunk_bytes: u64,
     pub object_class: String,
     pub retry_ms: u64,
+    pub call_timeout_ms: u64,
     pub redundancy_factor: u32,
     pub redundancy_level: u32,
 }

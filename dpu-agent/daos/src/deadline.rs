@@ -1,0 +1,293 @@
+//! Calls DAOS may never answer: a deadline on each blocking DAOS call.
+//!
+//! With every engine gone, a DFS call does not fail: libdaos's object layer treats
+//! `DER_TIMEDOUT` and network errors as retryable and makes the RPC again, refreshing the
+//! pool map between tries, without end (`obj_retry_error` and `obj_retry_cb` in DAOS 2.9's
+//! `src/object/cli_obj.c`), so the call blocks until DAOS is back. Nothing in DAOS bounds
+//! it: `daos_event_abort` is a no-op ("we don't support task and RPC abort",
+//! `src/client/api/event.c`), and the object layer's `no_retry` is not reachable through
+//! the API. [`crate::retry`]'s bound acts only on failures DAOS returns.
+//!
+//! So the backend makes each blocking call on a *call thread* of this module and waits
+//! for it at most the deadline (`[backend] call_timeout_seconds`). A call whose time is
+//! up is answered [`Code::NoAnswer`] (the client hears `UNAVAILABLE`), and is left to
+//! finish on its thread: it owns everything it passes to DAOS (its names, out-pointers,
+//! and `Arc`s of the handles), so nothing is freed under DAOS, and once DAOS answers its
+//! result is dropped (an object it opened is released) and the thread is free again.
+//!
+//! What a stuck call costs: its thread, and while DAOS does not answer, its polling: a
+//! blocking DAOS call progresses the network itself (`daos_event_priv_wait`), and with
+//! `D_POLL_TIMEOUT` at its default of 0 that is a busy loop, up to a core per stuck call
+//! (what a stopping agent burned for half an hour, waiting on one).
+//! Stuck calls are therefore limited ([`MAX_STUCK`]): past it, a call is answered at once
+//! without reaching DAOS. They are listed for the agent's shutdown report
+//! ([`stuck_calls`]).
+//!
+//! Not here: data-plane reads and writes on an event queue or into a borrowed host
+//! region; they cannot be left behind on a thread, because the memory DAOS writes is not
+//! theirs to keep (see docs/daos.md, "Not done yet").
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::error::{CallError, Code};
+
+/// Calls left waiting on DAOS at most; past this, calls are answered without DAOS.
+pub const MAX_STUCK: usize = 32;
+/// Idle call threads kept for the next calls; more end when their call is done.
+const MAX_IDLE: usize = 16;
+
+/// Calls past their deadline, and calls refused while others were: for the metrics
+/// (`crate::retry::retry_stats`).
+pub(crate) static UNANSWERED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// A call whose deadline passed and that DAOS has not answered yet.
+struct Stuck {
+    id: u64,
+    what: String,
+    since: Instant,
+}
+
+struct Calls {
+    idle: Vec<mpsc::Sender<Job>>,
+    stuck: Vec<Stuck>,
+    next_id: u64,
+    /// When the last call went to DAOS while others were stuck.
+    last_probe: Option<Instant>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+static CALLS: Mutex<Calls> = Mutex::new(Calls { idle: Vec::new(), stuck: Vec::new(), next_id: 0, last_probe: None });
+
+fn calls() -> MutexGuard<'static, Calls> {
+    CALLS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The calls DAOS has left unanswered past their deadline: what each was and how long
+/// it has waited, oldest first.
+pub fn stuck_calls() -> Vec<(String, Duration)> {
+    calls().stuck.iter().map(|s| (s.what.clone(), s.since.elapsed())).collect()
+}
+
+/// Make `call` on a call thread and wait for it at most `deadline` (`Duration::ZERO`:
+/// no deadline, the call is made here). `call_name` is the DAOS function for the error,
+/// `what` names the call for logs (a path).
+pub fn call<T: Send + 'static>(
+    call_name: &'static str,
+    what: &str,
+    deadline: Duration,
+    call: impl FnOnce() -> Result<T, CallError> + Send + 'static,
+) -> Result<T, CallError> {
+    if deadline.is_zero() {
+        return call();
+    }
+    let started = Instant::now();
+    probe_or_refuse(call_name, deadline)?;
+    let id = {
+        let mut calls = calls();
+        calls.next_id += 1;
+        calls.next_id
+    };
+    let (tx, rx) = mpsc::sync_channel(1);
+    let what = what.to_owned();
+    let listed_as = format!("{call_name} {what}");
+    let job: Job = Box::new(move || {
+        let result = call();
+        // Under the lock, so that the caller either takes the answer or lists the call
+        // as stuck, never both nor neither.
+        let mut calls = calls();
+        let len = calls.stuck.len();
+        calls.stuck.retain(|s| s.id != id);
+        if calls.stuck.len() < len {
+            tracing::warn!(call = call_name, what, after = %format!("{:.1?}", started.elapsed()),
+                "a DAOS call left unanswered at its deadline came back");
+        }
+        let _ = tx.send(result);
+    });
+    if let Err(e) = submit(job) {
+        return Err(no_answer(call_name, format!("no thread to make it on: {e}")));
+    }
+    match rx.recv_timeout(deadline) {
+        Ok(result) => result,
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err(no_answer(call_name, "its call thread ended without an answer (it panicked)".to_owned()))
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            let mut calls = calls();
+            if let Ok(result) = rx.try_recv() {
+                return result;
+            }
+            calls.stuck.push(Stuck { id, what: listed_as.clone(), since: started });
+            // DAOS just proved silent: the next probe is due a deadline from now.
+            calls.last_probe = Some(Instant::now());
+            drop(calls);
+            UNANSWERED.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(call = listed_as, waited = %format!("{:.1?}", started.elapsed()),
+                "DAOS did not answer by the deadline ([backend] call_timeout_seconds); answering unavailable, the \
+                 call stays on its thread until DAOS answers");
+            Err(no_answer(call_name, format!("DAOS did not answer within {deadline:.0?}")))
+        }
+    }
+}
+
+/// While DAOS leaves calls unanswered, new calls are answered at once rather than each
+/// left waiting on a thread of its own: all but one a deadline period, counted from the
+/// last call that went unanswered (the probe, which finds DAOS back even if the stuck
+/// calls were to stay stuck), and all past [`MAX_STUCK`].
+/// The stuck calls come back once DAOS answers again (seen: some 10 s after `dmg system
+/// start`), and calls go through again from then on.
+fn probe_or_refuse(call_name: &'static str, deadline: Duration) -> Result<(), CallError> {
+    let mut calls = calls();
+    let Some(oldest) = calls.stuck.first() else { return Ok(()) };
+    let why = format!(
+        "not sent: DAOS has left {} call(s) unanswered (the oldest, {}, for {:.0?})",
+        calls.stuck.len(),
+        oldest.what,
+        oldest.since.elapsed()
+    );
+    let probe_due = calls.last_probe.is_none_or(|t| t.elapsed() >= deadline);
+    if calls.stuck.len() >= MAX_STUCK || !probe_due {
+        REFUSED.fetch_add(1, Ordering::Relaxed);
+        return Err(no_answer(call_name, why));
+    }
+    calls.last_probe = Some(Instant::now());
+    Ok(())
+}
+
+/// For calls that cannot be left behind on a thread (reads and writes into memory the
+/// caller lends DAOS): `Err` while DAOS leaves calls unanswered, so that none is made
+/// to wait for a DAOS known not to answer.
+pub fn refuse_while_stuck(call_name: &'static str) -> Result<(), CallError> {
+    let calls = calls();
+    match calls.stuck.first() {
+        None => Ok(()),
+        Some(oldest) => Err(refused(no_answer(
+            call_name,
+            format!(
+                "not sent: DAOS has left {} call(s) unanswered (the oldest, {}, for {:.0?})",
+                calls.stuck.len(),
+                oldest.what,
+                oldest.since.elapsed()
+            ),
+        ))),
+    }
+}
+
+fn refused(e: CallError) -> CallError {
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    e
+}
+
+/// A wait that cannot be abandoned (I/O on an event queue, whose memory DAOS may still
+/// write) listed as stuck from its deadline until it ends, so that the shutdown report
+/// names it and new calls are refused meanwhile.
+pub struct Waiting {
+    what: String,
+    since: Instant,
+    deadline: Duration,
+    listed: Option<u64>,
+}
+
+impl Waiting {
+    pub fn new(what: String, deadline: Duration) -> Waiting {
+        Waiting { what, since: Instant::now(), deadline, listed: None }
+    }
+
+    /// Whether the deadline passed; lists the wait as stuck the first time it has.
+    pub fn check(&mut self) -> bool {
+        if self.deadline.is_zero() || self.since.elapsed() < self.deadline {
+            return false;
+        }
+        if self.listed.is_none() {
+            let mut calls = calls();
+            calls.next_id += 1;
+            let id = calls.next_id;
+            calls.stuck.push(Stuck { id, what: self.what.clone(), since: self.since });
+            calls.last_probe = Some(Instant::now());
+            self.listed = Some(id);
+            UNANSWERED.fetch_add(1, Ordering::Relaxed);
+            drop(calls);
+            tracing::error!(what = self.what, waited = %format!("{:.1?}", self.since.elapsed()),
+                "DAOS did not answer by the deadline ([backend] call_timeout_seconds); this I/O waits for DAOS (DAOS \
+                 writes the memory it was given until it completes), other calls are answered unavailable meanwhile");
+        }
+        true
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(id) = self.listed {
+            calls().stuck.retain(|s| s.id != id);
+            tracing::warn!(what = self.what, after = %format!("{:.1?}", self.since.elapsed()),
+                "DAOS I/O left unanswered at its deadline came back");
+        }
+    }
+}
+
+fn no_answer(call: &'static str, description: String) -> CallError {
+    CallError { call, code: Code::NoAnswer, name: "no answer".to_owned(), description }
+}
+
+/// Hand `job` to an idle call thread, or a new one.
+fn submit(mut job: Job) -> std::io::Result<()> {
+    loop {
+        let idle = calls().idle.pop();
+        let Some(thread) = idle else { break };
+        match thread.send(job) {
+            Ok(()) => return Ok(()),
+            // That thread ended (it cannot, short of a panic): try the next.
+            Err(mpsc::SendError(back)) => job = back,
+        }
+    }
+    let (tx, rx) = mpsc::channel::<Job>();
+    // The thread keeps a sender to its own channel, to offer itself again when idle.
+    let own = tx.clone();
+    std::thread::Builder::new().name("dpuio-daos-call".to_owned()).spawn(move || {
+        for job in rx.iter() {
+            job();
+            let mut calls = calls();
+            if calls.idle.len() >= MAX_IDLE {
+                break;
+            }
+            calls.idle.push(own.clone());
+        }
+    })?;
+    tx.send(job).map_err(|_| std::io::Error::other("a new call thread ended at once"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_in_time_is_returned_and_a_late_one_is_answered_no_answer() {
+        let got = call("dfs_stat", "/a", Duration::from_secs(5), || Ok(7));
+        assert_eq!(got, Ok(7));
+
+        let (release, hold) = mpsc::channel::<()>();
+        let started = Instant::now();
+        let got: Result<u32, _> = call("dfs_lookup", "/slow", Duration::from_millis(200), move || {
+            let _ = hold.recv();
+            Ok(1)
+        });
+        let e = got.unwrap_err();
+        assert_eq!(e.code, Code::NoAnswer);
+        assert!(e.to_string().starts_with("dfs_lookup: no answer (DAOS did not answer within"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(stuck_calls().iter().any(|(what, _)| what == "dfs_lookup /slow"), "{:?}", stuck_calls());
+
+        // DAOS answers at last: the call leaves the stuck list.
+        release.send(()).unwrap();
+        let since = Instant::now();
+        while stuck_calls().iter().any(|(what, _)| what == "dfs_lookup /slow") {
+            assert!(since.elapsed() < Duration::from_secs(5), "the answered call stayed listed as stuck");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(call("dfs_stat", "/b", Duration::from_secs(5), || Ok(8)), Ok(8), "threads are reused");
+    }
+}

@@ -1,0 +1,317 @@
+//! Every DAOS engine lost under a job, and back: a real `dpu-agent` on the pool of
+//! `tests/daos-engines.sh` (`./x test`'s DAOS tier runs this after `daos_faults.rs`, on
+//! the same three-engine system) with `[backend] retry_seconds = 5` and
+//! `call_timeout_seconds = 10`, and a host job that reads a dataset and writes a new
+//! checkpoint each step through the shim. Every engine is SIGKILLed:
+//! - calls are answered `UNAVAILABLE`, naming the DAOS call and what to check, within
+//!   the deadline and some slack, and at once while DAOS stays silent;
+//! - a second agent, SIGTERMed while DAOS is gone, exits within its drain bound
+//!   (`call_timeout_seconds` + 5 s) with a non-zero status and a message saying so;
+//! - the system is started again (`dmg system start`): the same agent process serves
+//!   the job again, every dataset file and every checkpoint it acknowledged reads back
+//!   the same, and no read ever returned a wrong byte.
+//!
+//! Prints the time to the first `UNAVAILABLE`, the time to serve again, the drain's exit
+//! time and the agent's CPU while DAOS was gone.
+//!
+//! Needs `RUNDIR/env` of `tests/daos-engines.sh` (any number of engines); without it the
+//! test says it is skipped and why (a failure under `DPUIO_REQUIRE_DAOS=1`).
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpuio_tests::daos::{engines, label, script};
+use dpuio_tests::{AgentProcess, seeded_bytes};
+
+const FILES: usize = 3;
+const FILE_BYTES: usize = 1 << 20;
+const RETRY_SECONDS: u64 = 5;
+const CALL_TIMEOUT_SECONDS: u64 = 10;
+/// The agent's drain bound past the deadline (`DRAIN_MARGIN` in dpu-agent's server.rs).
+const DRAIN_MARGIN: Duration = Duration::from_secs(5);
+/// Room for a loaded 2-core machine on top of each bound.
+const SLACK: Duration = Duration::from_secs(10);
+
+fn dataset(i: usize) -> Vec<u8> {
+    seeded_bytes(FILE_BYTES, 700 + i as u64)
+}
+
+fn checkpoint(step: u64) -> Vec<u8> {
+    seeded_bytes(FILE_BYTES / 2, 19_000 + step)
+}
+
+/// One call of the job: when it began and ended, and how it went.
+struct Call {
+    started: Instant,
+    ended: Instant,
+    what: String,
+    error: Option<String>,
+    /// The agent said UNAVAILABLE.
+    unavailable: bool,
+}
+
+/// What the job saw: its calls, the checkpoints the agent acknowledged, wrong bytes.
+#[derive(Default)]
+struct Seen {
+    calls: Vec<Call>,
+    acknowledged: Vec<u64>,
+    wrong: Vec<String>,
+}
+
+/// The job: each step reads every dataset file (checking each byte) and writes a
+/// checkpoint of its own (`/ckpt/stepN`), until `stop`; a failed call is noted, and the
+/// job goes on after a short pause, as a training job that retries would.
+fn job(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let expected: Vec<Vec<u8>> = (0..FILES).map(dataset).collect();
+    let note = |what: String, started: Instant, result: Result<(), dpuio_shim::Error>| {
+        let (error, unavailable) = match &result {
+            Ok(()) => (None, false),
+            Err(e) => (Some(e.to_string()), e.code() == Some(tonic::Code::Unavailable)),
+        };
+        let failed = error.is_some();
+        seen.lock().unwrap().calls.push(Call { started, ended: Instant::now(), what, error, unavailable });
+        if failed {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    let mut step = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for (i, want) in expected.iter().enumerate() {
+            let path = format!("/data/f{i}");
+            let started = Instant::now();
+            let result = client.read_file(&path).map(|got| {
+                if got != *want {
+                    seen.lock().unwrap().wrong.push(format!("step {step}: {path}: {} bytes that differ", got.len()));
+                }
+            });
+            note(format!("read {path}"), started, result);
+        }
+        let path = format!("/ckpt/step{step}");
+        let started = Instant::now();
+        let result = runtime.block_on(client.put_bytes(&path, &checkpoint(step))).map(|_| ());
+        if result.is_ok() {
+            seen.lock().unwrap().acknowledged.push(step);
+        }
+        note(format!("put {path}"), started, result);
+        step += 1;
+    }
+}
+
+/// CPU seconds a process has used (user + system), from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |t| t.iter().filter_map(|v| v.parse::<f64>().ok()).sum());
+    // Clock ticks of USER_HZ, which Linux fixes at 100 on the platforms we run.
+    ticks / 100.0
+}
+
+fn start_agent(dir: &std::path::Path, name: &str, pool: &str, socket_dir: &str, container: &str) -> AgentProcess {
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "[backend]\nkind = \"daos\"\npool = \"{pool}\"\nagent_socket_dir = \"{socket_dir}\"\n\
+             retry_seconds = {RETRY_SECONDS}\ncall_timeout_seconds = {CALL_TIMEOUT_SECONDS}\n\n\
+             [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
+             [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
+    // DAOS's RPC timeout: how soon a call to a dead engine fails inside libdaos (which
+    // then tries again, without end); shorter than its default 60 s for the tier's time.
+    program.env("CRT_TIMEOUT", "10");
+    program.stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap());
+    AgentProcess::start_program(
+        program,
+        &dir.join(format!("{name}-data")),
+        &["--config", config.to_str().unwrap()],
+        Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
+    let test = "every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again";
+    let Some(d) = engines(test, 1) else { return };
+    // Kept when the test fails: the agents' logs are what tells why.
+    let dir = std::env::temp_dir().join(format!("dpuio-daos-outage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    eprintln!("agent logs in {} (removed if the test passes)", dir.display());
+    let container = label("outage");
+    let created = Command::new("daos")
+        .args(["container", "create", &d.pool, &container, "--type=POSIX"])
+        .output()
+        .expect("run daos");
+    assert!(created.status.success(), "daos container create: {}", String::from_utf8_lossy(&created.stderr));
+    let socket_dir = d.socket_dir.to_str().unwrap();
+    let agent = start_agent(&dir, "agent", &d.pool, socket_dir, &container);
+    // A second agent on the same container, SIGTERMed while DAOS is gone.
+    let mut stopping = start_agent(&dir, "stopping", &d.pool, socket_dir, &container);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let connect = |a: &AgentProcess| {
+        let options = dpuio_shim::ConnectOptions { data_plane: Some(Default::default()), ..a.connect_options() };
+        runtime.block_on(dpuio_shim::Client::connect(options)).unwrap()
+    };
+    let client = connect(&agent);
+    runtime.block_on(async {
+        client.mkdir("/data", true).await.unwrap();
+        client.mkdir("/ckpt", true).await.unwrap();
+        for i in 0..FILES {
+            client.put_bytes(&format!("/data/f{i}"), &dataset(i)).await.unwrap();
+        }
+    });
+    let other = connect(&stopping);
+    assert_eq!(other.read_file("/data/f0").unwrap(), dataset(0), "the second agent serves before the loss");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let running = {
+        let (client, stop, seen) = (client.clone(), stop.clone(), seen.clone());
+        std::thread::spawn(move || job(client, stop, seen))
+    };
+    let since = Instant::now();
+    while seen.lock().unwrap().acknowledged.len() < 2 {
+        assert!(since.elapsed() < Duration::from_secs(120), "two steps before the loss: not within 120 s");
+        assert!(!running.is_finished(), "the job ended early");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let rundir = d.rundir.to_str().unwrap();
+    let cpu_before = cpu_seconds(agent.process.id());
+    script(&["kill-all", rundir]);
+    let killed = Instant::now();
+
+    // A call made now waits for DAOS until the deadline, then hears UNAVAILABLE naming
+    // the DAOS call and what to check.
+    let first = runtime.block_on(client.stat("/data/f1")).expect_err("a stat with every engine gone");
+    let to_error = killed.elapsed();
+    let message = first.to_string();
+    eprintln!("first UNAVAILABLE {to_error:.1?} after the loss: {message}");
+    assert_eq!(first.code(), Some(tonic::Code::Unavailable), "{message}");
+    assert!(message.contains("no answer") && message.contains("dmg system query"), "{message}");
+    let bound = Duration::from_secs(CALL_TIMEOUT_SECONDS) + SLACK;
+    assert!(to_error < bound, "the first UNAVAILABLE came {to_error:.1?} after the loss, past {bound:?}");
+    // While DAOS stays silent, calls are answered at once.
+    let asked = Instant::now();
+    let again = runtime.block_on(client.stat("/data/f2")).expect_err("a second stat with every engine gone");
+    let to_second_error = asked.elapsed();
+    eprintln!("the next {to_second_error:.2?} after it was asked: {again}");
+    assert_eq!(again.code(), Some(tonic::Code::Unavailable), "{again}");
+    assert!(to_second_error < Duration::from_secs(5), "the second UNAVAILABLE took {to_second_error:.1?}: {again}");
+    // Through the ring too (an open-read), not only over gRPC.
+    let ring = client.read_file("/data/f2").expect_err("a ring open-read with every engine gone");
+    eprintln!("a ring open-read with every engine gone: {ring}");
+
+    // The second agent, with a call of its own waiting on DAOS, is told to stop.
+    let waiting = {
+        let other = other.clone();
+        std::thread::spawn(move || other.read_file("/data/f1"))
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    stopping.signal("TERM");
+    let signalled = Instant::now();
+    let drain_bound = Duration::from_secs(CALL_TIMEOUT_SECONDS) + DRAIN_MARGIN + SLACK;
+    let status = stopping.wait(drain_bound);
+    let drained = signalled.elapsed();
+    eprintln!("the second agent exited {status:?} {drained:.1?} after SIGTERM");
+    let log = std::fs::read_to_string(dir.join("stopping.log")).unwrap_or_default();
+    assert!(matches!(status, Some(code) if code != 0), "a drain on a dead DAOS exited with {status:?}:\n{log}");
+    let said: Vec<&str> = log.lines().filter(|l| l.starts_with("dpu-agent:")).collect();
+    assert!(!said.is_empty(), "the stopped agent said nothing on its way out:\n{log}");
+    // Its call ends with the agent (the shim's keep-alive finds it gone); not waited for.
+    drop(waiting);
+
+    // DAOS back: the same agent process serves again.
+    let down_for = killed.elapsed();
+    let cpu_down = cpu_seconds(agent.process.id()) - cpu_before;
+    let starting = Instant::now();
+    script(&["start-all", rundir]);
+    let back = Instant::now();
+    let start_all = back - starting;
+    let served = loop {
+        match runtime.block_on(client.stat("/data/f0")) {
+            Ok(_) => break back.elapsed(),
+            Err(e) => {
+                assert_eq!(e.code(), Some(tonic::Code::Unavailable), "while DAOS comes back: {e}");
+                assert!(back.elapsed() < Duration::from_secs(180), "not served again 180 s after the restart: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    };
+    let since = Instant::now();
+    let clean_after = |seen: &Seen| {
+        seen.calls
+            .iter()
+            .filter(|c| c.started > back + served && c.error.is_none() && c.what.starts_with("put"))
+            .count()
+    };
+    while clean_after(&seen.lock().unwrap()) < 2 {
+        assert!(since.elapsed() < Duration::from_secs(180), "the job did not do two clean steps after DAOS came back");
+        assert!(!running.is_finished(), "the job ended early");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    running.join().expect("the job panicked");
+
+    let seen = seen.lock().unwrap();
+    assert!(seen.wrong.is_empty(), "reads returned wrong bytes: {:#?}", seen.wrong);
+    let errors: Vec<&Call> = seen.calls.iter().filter(|c| c.error.is_some()).collect();
+    let slowest = seen.calls.iter().filter(|c| c.started > killed).map(|c| c.ended - c.started).max();
+    // A call in flight at the loss whose data-plane I/O DAOS held: it waits for DAOS
+    // (the memory is the host's) and ends once DAOS is back; not bounded, shown.
+    let spanning = seen.calls.iter().filter(|c| c.started <= killed && c.ended > killed).map(|c| {
+        let outcome = if c.error.is_some() { "failed" } else { "succeeded" };
+        format!("{} {outcome} after {:.1?}", c.what, c.ended - c.started)
+    });
+    let spanning: Vec<String> = spanning.collect();
+    let kinds: Vec<String> = errors
+        .iter()
+        .map(|c| format!("{} after {:.1?}: {}", c.what, c.started.duration_since(killed), c.error.as_deref().unwrap()))
+        .collect();
+    eprintln!(
+        "every engine lost (CRT_TIMEOUT=10 s, retry_seconds={RETRY_SECONDS}, call_timeout_seconds=\
+         {CALL_TIMEOUT_SECONDS}): first UNAVAILABLE {to_error:.1?} after the loss, the next {to_second_error:.2?}; \
+         second agent exited {status:?} {drained:.1?} after SIGTERM; DAOS down {down_for:.1?}, the agent's CPU meanwhile \
+         {cpu_down:.1} s ({:.0}% of a core); served again {served:.1?} after `start-all` returned ({start_all:.1?}: every engine joined, the pool answering); job: {} calls, {} \
+         failed ({} of them UNAVAILABLE), the slowest begun after the loss {slowest:.1?}; in flight at the loss: {spanning:?}",
+        100.0 * cpu_down / down_for.as_secs_f64(),
+        seen.calls.len(),
+        errors.len(),
+        errors.iter().filter(|c| c.unavailable).count(),
+    );
+    eprintln!("the job's failed calls: {kinds:#?}");
+    eprintln!("what the second agent said on its way out: {said:#?}");
+
+    // What the agent says happened.
+    let metrics = scrape(agent.process.metrics_addr().expect("[metrics] listen is set"));
+    let figures: Vec<&str> = metrics.lines().filter(|l| l.starts_with("dpuio_daos_")).collect();
+    eprintln!("the agent's DAOS counters afterwards: {figures:?}");
+    let unanswered = figures.iter().find_map(|l| l.strip_prefix("dpuio_daos_unanswered_calls_total "));
+    assert!(unanswered.is_some_and(|n| n.trim() != "0"), "no unanswered DAOS call counted: {figures:?}");
+
+    // Nothing acknowledged is lost: every dataset file and acknowledged checkpoint.
+    for i in 0..FILES {
+        assert!(client.read_file(&format!("/data/f{i}")).unwrap() == dataset(i), "/data/f{i} differs afterwards");
+    }
+    for &step in &seen.acknowledged {
+        let path = format!("/ckpt/step{step}");
+        assert!(client.read_file(&path).unwrap() == checkpoint(step), "{path} (acknowledged) is not step {step}'s");
+    }
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
