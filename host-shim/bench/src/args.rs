@@ -149,7 +149,13 @@ impl BenchArgs {
     /// The arguments of a child of the preload or pil4dfs `path` for `workload`: the
     /// POSIX code on `prefix` (DPUIO_MOUNT, or the dfuse mount), with this run's sizes
     /// and times; `host_cpu_pid`'s CPU counts as the child's host CPU too.
-    pub fn child_args(&self, workload: Workload, prefix: &str, path: ChildPath, host_cpu_pid: Option<u32>) -> Vec<String> {
+    pub fn child_args(
+        &self,
+        workload: Workload,
+        prefix: &str,
+        path: ChildPath,
+        host_cpu_pid: Option<u32>,
+    ) -> Vec<String> {
         let mut a: Vec<String> = vec![workload.name().into(), "--paths".into(), "posix".into()];
         a.extend(["--posix-root".into(), prefix.into(), "--preload-child".into(), path.name().into()]);
         if let Some(pid) = host_cpu_pid {

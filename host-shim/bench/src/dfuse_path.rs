@@ -132,11 +132,8 @@ fn dfuse_program() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("DPUIO_DFUSE") {
         return Ok(PathBuf::from(p));
     }
-    let on_path = std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("dfuse"))
-        .find(|p| p.is_file());
+    let on_path =
+        std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join("dfuse")).find(|p| p.is_file());
     let program = on_path.unwrap_or_else(|| PathBuf::from("/opt/daos/bin/dfuse"));
     match program.is_file() {
         true => Ok(program),

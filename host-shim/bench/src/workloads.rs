@@ -180,7 +180,8 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         let warm = args.dfuse_caching;
         fs_paths.push(FsPath { label: DFUSE, root: mount.dir.clone(), helper_pid: Some(mount.pid()), warm });
     }
-    let setup = Setup { clients, fs_paths, libdfs, agent_pid: args.agent_pid, _fuse: fuse, _dfuse: dfuse, progress, stream };
+    let setup =
+        Setup { clients, fs_paths, libdfs, agent_pid: args.agent_pid, _fuse: fuse, _dfuse: dfuse, progress, stream };
     if !args.json && !child {
         let mut paths: Vec<&str> = Vec::new();
         paths.extend(setup.fs_paths.iter().filter(|p| p.label == "posix").map(|p| p.label));
