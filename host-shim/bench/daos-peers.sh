@@ -20,10 +20,12 @@ usage: host-shim/bench/daos-peers.sh [-b BIN_DIR] [-d RUNDIR] [-p PATHS] -- BENC
                DAOS_POOL, DAOS_AGENT_DRPC_DIR)
   -p PATHS     --paths of dpuio bench (default libdfs,dfuse,pil4dfs,shim,preload,fuse)
   BENCH_ARGS   what `dpuio bench` gets besides --agent, --backend daos, the pool, the
-               container, --paths and --agent-pid, e.g. seq-read --queue-depth 8
+               container, --paths and --agent-pid, e.g. seq-read --queue-depth 8; ':::'
+               between parts runs one bench per part on the same agent and container
 
 example: flock /tmp/dpuio-daos.lock host-shim/bench/daos-peers.sh -d /tmp/peers-daos -- \
-             seq-read rand-read metadata unet3d checkpoint --file-bytes 256MiB --seconds 2
+             seq-read rand-read metadata unet3d checkpoint --file-bytes 256MiB --seconds 2 \
+             ::: seq-read --queue-depth 8 --file-bytes 256MiB --seconds 2
 EOF2
 }
 die() { echo "daos-peers.sh: $*" >&2; exit 2; }
@@ -111,8 +113,21 @@ addr=$(sed -n 's/^dpu-agent listening on \([^ ]*\) .*/\1/p' "$work/agent.out")
 "$bin/dpuctl" --data-dir "$work/data" cert issue --tenant default --out "$work/default" >/dev/null ||
     die "dpuctl cert issue --tenant default failed"
 
-echo "machine load before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores" >&2
-DPUIO_CONFIG_DIR="$work/default" "$bin/dpuio" bench --agent "$addr" --backend daos --daos-pool "$DAOS_POOL" \
-    --daos-container "$container" --daos-agent-socket-dir "$DAOS_AGENT_DRPC_DIR" --paths "$paths" \
-    --agent-pid "$agent_pid" "$@"
-echo "machine load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+bench() {
+    echo "+ dpuio bench $* (machine load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores)"
+    DPUIO_CONFIG_DIR="$work/default" "$bin/dpuio" bench --agent "$addr" --backend daos --daos-pool "$DAOS_POOL" \
+        --daos-container "$container" --daos-agent-socket-dir "$DAOS_AGENT_DRPC_DIR" --paths "$paths" \
+        --agent-pid "$agent_pid" "$@"
+}
+# One bench run per ':::'-separated part, on the same agent and container.
+part=()
+for a in "$@"; do
+    if [ "$a" = ::: ]; then
+        ((${#part[@]})) && bench "${part[@]}"
+        part=()
+    else
+        part+=("$a")
+    fi
+done
+((${#part[@]})) && bench "${part[@]}"
+echo "machine load after: $(cut -d' ' -f1-3 /proc/loadavg)"
