@@ -138,7 +138,7 @@ fn gaps(totals: &[Figures], paths: &[String]) -> Vec<String> {
             }
         }
         for (why, ws) in reasons {
-            out.push(wrap(&format!("no {path} row of {}: ", ws.join(", ")), why));
+            out.push(wrap("", &format!("no {path} row of {}: {why}", ws.join(", "))));
         }
     }
     out
