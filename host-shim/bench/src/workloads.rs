@@ -108,6 +108,13 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         clients.extend(encrypted.map(|c| (format!("{label}{DECRYPT}"), c)));
     }
     let child = args.preload_child.is_some();
+    if args.preload_child == Some(ChildPath::Pil4dfs) {
+        // libpil4dfs's statx dereferences the path without a check, and Rust's std, after
+        // the first statx that fails (a file not there yet), probes whether statx works
+        // by calling it with a null path: a SIGSEGV in libpil4dfs. One statx that succeeds
+        // first tells std that statx works, so it never probes.
+        std::fs::metadata("/").map_err(|e| bench_error(format!("pil4dfs path: stat /: {e}")))?;
+    }
     if clients.is_empty() && !child {
         return Err(bench_error(
             "name at least one of shm, tcp, ofi-shm, ofi-tcp in --paths (it writes the files every path reads)",
