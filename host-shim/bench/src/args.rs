@@ -56,7 +56,7 @@ pub struct BenchArgs {
     pub seconds: f64,
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Paths to compare: any of posix, shm (UCX shared memory), tcp (UCX TCP), ofi-shm,
+    /// Paths to compare: any of posix, shm (or shim: UCX shared memory), tcp (UCX TCP), ofi-shm,
     /// ofi-tcp (libfabric's shm and tcp providers), fuse (`dpuio mount` on a directory of
     /// its own, the POSIX code on it; its mount process's CPU counts as host CPU), preload (the POSIX code in a child process under libdpuio_preload.so, found
     /// beside dpuio-bench or at $DPUIO_PRELOAD_LIBRARY; its whole CPU counts as host CPU),
