@@ -81,7 +81,9 @@ trap cleanup EXIT
 if [ -n "$rundir" ]; then
     up=$daos_dir/daos-up.sh
     [ -x "$up" ] || die "$up is missing: set DPUIO_DAOS_DIR to the directory of daos-up.sh (../shared/daos)"
-    "$up" "$rundir" >"$work/daos-up.log" 2>&1 || { cat "$work/daos-up.log" >&2; die "daos-up.sh $rundir failed"; }
+    # Every path writes a checkpoint and DAOS reclaims removed files' space later:
+    # daos-up.sh's 2 GB pool runs out with 256 MiB checkpoints.
+    DAOS_SCM_GIB=${DAOS_SCM_GIB:-6} DAOS_POOL_SIZE=${DAOS_POOL_SIZE:-4GB} "$up" "$rundir" >"$work/daos-up.log" 2>&1 || { cat "$work/daos-up.log" >&2; die "daos-up.sh $rundir failed"; }
     # shellcheck disable=SC1091
     source "$rundir/env"
 fi
