@@ -521,6 +521,11 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
     let mut out = Vec::new();
     let mut data = vec![0u8; CHUNK as usize];
     rand::rngs::StdRng::seed_from_u64(9).fill(&mut data[..]);
+    // Every path writes its checkpoint into the bench's directory, which a run that
+    // starts with checkpoint has not made yet.
+    for client in setup.writers() {
+        client.mkdir(BENCH_DIR, true).await?;
+    }
     for fs in &setup.fs_paths {
         let (label, root) = (fs.label, &fs.root);
         let bar = setup.spinner(format!("checkpoint {label}"));
@@ -535,7 +540,7 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
             .create(true)
             .truncate(true)
             .open(&path)
-            .map_err(bench_error)?;
+            .map_err(|e| bench_error(format!("{label} checkpoint: create {}: {e}", path.display())))?;
         for i in 0..bytes / CHUNK {
             f.write_all_at(&data, i * CHUNK).map_err(bench_error)?;
         }
