@@ -376,3 +376,44 @@ fn an_older_libfabric_loaded_first_is_named_with_what_to_do() {
         "{stderr}"
     );
 }
+
+/// `dpuio bench --backend daos` with DAOS's own host clients as peers: dfuse and
+/// libpil4dfs read the container the agent serves (the files the shim wrote), every path
+/// gives rows, each row is put against the fastest peer, and no mount is left behind.
+#[test]
+fn bench_puts_dpuio_against_dfuse_and_pil4dfs_on_the_same_container() {
+    let Some(d) = daos("bench_peers") else { return };
+    if !Path::new("/dev/fuse").exists() || Command::new("fusermount3").arg("-V").output().is_err() {
+        dpuio_tests::daos::skip("bench_peers", "no /dev/fuse or no fusermount3 (apt-get install fuse3)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let container = label("peers");
+    let config = config(dir.path(), &d, &container, true, "");
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let pid = agent.process.id().to_string();
+    #[rustfmt::skip]
+    let args = [
+        "bench", "seq-read", "metadata", "--json", "--backend", "daos", "--daos-pool", &d.pool,
+        "--daos-container", &container, "--daos-agent-socket-dir", d.socket_dir.to_str().unwrap(),
+        "--paths", "libdfs,dfuse,pil4dfs,shim,preload,fuse", "--agent-pid", &pid,
+        "--file-bytes", "16MiB", "--seconds", "0.2", "--rounds", "1", "--metadata-files", "20",
+    ];
+    let out = ok_stdout(&agent.cli(&args));
+    let row = |workload: &str, path: &str| {
+        out.lines()
+            .find(|l| {
+                l.contains(&format!("\"workload\":\"{workload}\"")) && l.contains(&format!("\"path\":\"{path}\""))
+            })
+            .unwrap_or_else(|| panic!("no {workload}/{path} row in:\n{out}"))
+    };
+    for path in ["libdfs", "dfuse", "pil4dfs", "shim-ucx-sm", "preload", "fuse"] {
+        for workload in ["seq-read", "metadata-stat"] {
+            let line = row(workload, path);
+            assert!(!line.contains("\"iops\":0,") && !line.contains("\"best_peer\":null"), "{line}");
+        }
+    }
+    // (dfuse and pil4dfs open the file the shim wrote, or the bench fails with their error.)
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains("dpuio-bench-dfuse-") && !mounts.contains("dpuio-bench-fuse-"), "left behind:\n{mounts}");
+}

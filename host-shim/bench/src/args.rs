@@ -13,6 +13,25 @@ pub enum BenchBackend {
     Daos,
 }
 
+/// The paths whose POSIX code runs in a child process under a preloaded library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChildPath {
+    /// dpuio's `libdpuio_preload.so`.
+    Preload,
+    /// DAOS's `libpil4dfs.so` on a dfuse mount.
+    Pil4dfs,
+}
+
+impl ChildPath {
+    /// The name of its rows (as in --paths).
+    pub fn name(self) -> &'static str {
+        match self {
+            ChildPath::Preload => "preload",
+            ChildPath::Pil4dfs => "pil4dfs",
+        }
+    }
+}
+
 /// Options of `dpuio bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -37,13 +56,18 @@ pub struct BenchArgs {
     pub seconds: f64,
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Paths to compare: any of posix, shm (UCX shared memory), tcp (UCX TCP), ofi-shm,
+    /// Paths to compare: any of posix, shm (or shim: UCX shared memory), tcp (UCX TCP), ofi-shm,
     /// ofi-tcp (libfabric's shm and tcp providers), fuse (`dpuio mount` on a directory of
-    /// its own, read by path: metadata and unet3d; its mount process's CPU counts as host
-    /// CPU), preload (the POSIX code in a child process under libdpuio_preload.so, found
+    /// its own, the POSIX code on it; its mount process's CPU counts as host CPU), preload (the POSIX code in a child process under libdpuio_preload.so, found
     /// beside dpuio-bench or at $DPUIO_PRELOAD_LIBRARY; its whole CPU counts as host CPU),
     /// tcp-stream (seq-read: one plain TCP stream on the path to the agent's address, the
-    /// bar of the TCP transports; see --stream-source).
+    /// bar of the TCP transports; see --stream-source). With --backend daos also DAOS's
+    /// own host clients on the same container and files: libdfs (always run over DAOS),
+    /// dfuse (DAOS's FUSE daemon mounting the container, the POSIX code on the mount, the
+    /// daemon's CPU counted as host CPU; $DPUIO_DFUSE, else dfuse on PATH, else
+    /// /opt/daos/bin/dfuse) and pil4dfs (the POSIX code in a child under DAOS's
+    /// libpil4dfs.so on that dfuse mount, its whole CPU and the daemon's counted;
+    /// $DPUIO_PIL4DFS_LIBRARY, else libpil4dfs.so beside dfuse's lib64).
     #[arg(long, value_delimiter = ',', default_value = "posix,shm,tcp")]
     pub paths: Vec<String>,
     /// tcp-stream: the address of a `dpuio-bench stream-source` started beside the agent
@@ -86,11 +110,21 @@ pub struct BenchArgs {
     /// Write a PNG of throughput and host CPU per GiB, shim against POSIX.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Run as the preload path's child (set by `--paths preload`, not by hand): the
-    /// POSIX code on --posix-root, which is DPUIO_MOUNT, its figures on stdout for the
-    /// parent.
-    #[arg(long, hide = true)]
-    pub preload_child: bool,
+    /// Run as a child of the preload or pil4dfs path (set by `--paths preload` or
+    /// `--paths pil4dfs`, not by hand): the POSIX code on --posix-root (DPUIO_MOUNT, or
+    /// the dfuse mount libpil4dfs intercepts), its rows named after the path, its
+    /// figures on stdout for the parent.
+    #[arg(long, hide = true, value_enum, value_name = "PATH")]
+    pub preload_child: Option<ChildPath>,
+    /// A child's: another process whose CPU time counts as this path's host CPU (the
+    /// pil4dfs child's: the dfuse daemon, which serves what libpil4dfs passes through).
+    #[arg(long, hide = true, value_name = "PID")]
+    pub host_cpu_pid: Option<u32>,
+    /// dfuse: mount with DAOS's caching on (dfuse's default: the kernel's page cache and
+    /// dentry cache). Off by default, so that the dfuse rows read DAOS as every other
+    /// path does, not this machine's page cache.
+    #[arg(long)]
+    pub dfuse_caching: bool,
     /// metadata: samples per batch in the batched 128 KiB sample row (a DataLoader batch:
     /// one submission and one wait per batch through the shim).
     #[arg(long, default_value_t = 16)]
@@ -112,11 +146,21 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// The arguments of the preload path's child for `workload`: the POSIX code on
-    /// `prefix` (its DPUIO_MOUNT), with this run's sizes and times.
-    pub fn child_args(&self, workload: Workload, prefix: &str) -> Vec<String> {
+    /// The arguments of a child of the preload or pil4dfs `path` for `workload`: the
+    /// POSIX code on `prefix` (DPUIO_MOUNT, or the dfuse mount), with this run's sizes
+    /// and times; `host_cpu_pid`'s CPU counts as the child's host CPU too.
+    pub fn child_args(
+        &self,
+        workload: Workload,
+        prefix: &str,
+        path: ChildPath,
+        host_cpu_pid: Option<u32>,
+    ) -> Vec<String> {
         let mut a: Vec<String> = vec![workload.name().into(), "--paths".into(), "posix".into()];
-        a.extend(["--posix-root".into(), prefix.into(), "--preload-child".into()]);
+        a.extend(["--posix-root".into(), prefix.into(), "--preload-child".into(), path.name().into()]);
+        if let Some(pid) = host_cpu_pid {
+            a.extend(["--host-cpu-pid".into(), pid.to_string()]);
+        }
         let mut opt = |name: &str, value: String| a.extend([format!("--{name}"), value]);
         opt("file-bytes", self.file_bytes.to_string());
         opt("seconds", self.seconds.to_string());

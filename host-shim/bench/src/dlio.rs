@@ -17,7 +17,7 @@ use dpuio_bench_core::{BENCH_DIR, Figures, LIBDFS};
 use dpuio_shim::{Access, Client, RegionAccess};
 use rand::{Rng, SeedableRng};
 
-use crate::setup::{FUSE, Setup};
+use crate::setup::Setup;
 
 /// Write the dataset through the shim unless it is there with the right sizes.
 async fn prepare(client: &Client, sizes: &[u64]) -> dpuio_shim::Result<()> {
@@ -97,19 +97,15 @@ pub async fn unet3d(setup: &Setup, args: &Unet3dArgs) -> dpuio_shim::Result<Vec<
         prepare(client, &sizes).await?;
     }
     let mut out = Vec::new();
-    if let Some(root) = &setup.posix_root {
-        let load = posix_loader(root.clone());
-        out.push(search_on(setup.posix_label, &load, args, setup)?);
+    for fs in &setup.fs_paths {
+        let load = posix_loader(fs.root.clone());
+        out.push(search_on(fs.label, &load, args, setup)?);
     }
     out.extend(setup.ask_libdfs(format!("unet3d {LIBDFS}"), &Request::Unet3d(args.clone()))?);
     for (name, client) in &setup.clients {
         let readers = args.unet3d_read_threads * args.max_accelerators.max(1) as usize;
         let load = shim_loader(client, readers, max_sample).await?;
         out.push(search_on(name, &load, args, setup)?);
-    }
-    if let Some(mount) = &setup.fuse {
-        let load = posix_loader(mount.dir.clone());
-        out.push(search_on(FUSE, &load, args, setup)?);
     }
     Ok(out)
 }

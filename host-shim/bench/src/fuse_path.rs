@@ -96,7 +96,7 @@ fn dpuio_program() -> PathBuf {
 }
 
 /// `dir` is a mount point in this process's mount namespace.
-fn is_mounted(dir: &Path) -> bool {
+pub fn is_mounted(dir: &Path) -> bool {
     let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else { return false };
     let dir = dir.to_string_lossy();
     mounts.lines().any(|l| l.split(' ').nth(1) == Some(&*dir))

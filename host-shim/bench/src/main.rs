@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod dfuse_path;
 mod dlio;
 mod fuse_path;
 mod libdfs;

@@ -7,7 +7,7 @@
 use dpuio_bench_core::{Figures, LIBDFS};
 
 use crate::args::BenchArgs;
-use crate::setup::{DECRYPT, FUSE, PRELOAD, SAMPLE_WORKLOAD};
+use crate::setup::{DECRYPT, DFUSE, FUSE, PIL4DFS, PRELOAD, SAMPLE_WORKLOAD};
 use crate::tcp_stream::TCP_STREAM;
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -25,13 +25,39 @@ fn rate(t: &Figures) -> f64 {
     if t.bytes > 0 { t.gib_per_s() } else { t.iops() }
 }
 
+/// DAOS's own host clients, which a DAOS user would run instead of dpuio: the peers of
+/// `--backend daos`.
+const PEERS: [&str; 3] = [LIBDFS, DFUSE, PIL4DFS];
+
+/// The fastest peer on `t`'s workload in the same run.
+fn best_peer<'a>(all: &'a [Figures], t: &Figures) -> Option<&'a Figures> {
+    all.iter()
+        .filter(|p| PEERS.contains(&p.path.as_str()) && p.workload == t.workload && rate(p) > 0.0)
+        .max_by(|a, b| rate(a).total_cmp(&rate(b)))
+}
+
+/// Host CPU per unit of work: seconds per GiB for byte workloads, per operation for
+/// metadata ones.
+fn host_cpu_per_unit(t: &Figures) -> f64 {
+    match t.bytes > 0 {
+        true => t.host_cpu_s_per_gib(),
+        false => t.host_cpu.as_secs_f64() / t.ops.max(1) as f64,
+    }
+}
+
+/// `t` against `peer`: the rate's ratio and the host CPU per unit's ratio.
+fn against(t: &Figures, peer: &Figures) -> (f64, f64) {
+    (rate(t) / rate(peer), host_cpu_per_unit(t) / host_cpu_per_unit(peer))
+}
+
 pub fn report(totals: &[Figures], args: &BenchArgs) {
     if args.json {
         for t in totals {
             let base = baseline(totals, t);
+            let peer = best_peer(totals, t);
             let bytes = t.bytes > 0;
             println!(
-                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"threads\":{},\"gib_per_s\":{},\"iops\":{:.0},\"p50_us\":{},\"p99_us\":{},\"host_cpu_s_per_gib\":{},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"host_cpu_us_per_op\":{:.2},\"au\":{},\"accelerators\":{},\"seconds\":{:.2}}}",
+                "{{\"workload\":\"{}\",\"path\":\"{}\",\"block_bytes\":{},\"queue_depth\":{},\"threads\":{},\"gib_per_s\":{},\"iops\":{:.0},\"p50_us\":{},\"p99_us\":{},\"host_cpu_s_per_gib\":{},\"agent_cpu_s_per_gib\":{},\"ratio_to_posix\":{},\"host_cpu_ratio_to_posix\":{},\"host_cpu_us_per_op\":{:.2},\"au\":{},\"accelerators\":{},\"seconds\":{:.2},\"best_peer\":{},\"ratio_to_best_peer\":{},\"host_cpu_ratio_to_best_peer\":{}}}",
                 t.workload,
                 t.path,
                 t.block_bytes,
@@ -49,14 +75,73 @@ pub fn report(totals: &[Figures], args: &BenchArgs) {
                 opt(t.au, 3),
                 t.accelerators.map_or("null".into(), |a| a.to_string()),
                 t.wall.as_secs_f64(),
+                peer.map_or("null".into(), |p| format!("\"{}\"", p.path)),
+                opt(peer.map(|p| against(t, p).0), 3),
+                opt(peer.map(|p| against(t, p).1), 4),
             );
         }
         return;
     }
     table(totals);
+    for gap in gaps(totals, &args.paths) {
+        println!("{gap}");
+    }
     for target in targets(totals) {
         println!("{target}");
     }
+}
+
+/// The row names a `--paths` entry gives.
+fn rows_of(path: &str) -> &str {
+    match path {
+        "shm" | "ucx-shm" | "shim" => "shim-ucx-sm",
+        "tcp" | "ucx-tcp" => "shim-ucx-tcp",
+        "ofi-shm" => "shim-ofi-shm",
+        "ofi-tcp" => "shim-ofi-tcp",
+        other => other,
+    }
+}
+
+/// Why `path` has no row for `workload`, which other paths have: said under the table, so
+/// that a missing row is never silent.
+fn gap_reason(path: &str, workload: &str) -> &'static str {
+    match path {
+        TCP_STREAM => "one TCP stream reads no files: it is the bar of seq-read only",
+        LIBDFS if workload.starts_with(SAMPLE_WORKLOAD) => {
+            "dpuio-bench-agent's libdfs baseline runs create, stat, readdir and remove, not the sample rows"
+        }
+        "posix" => "no --posix-root (or --backend daos, where there is no directory to read)",
+        _ => "not measured on this path (a bug of the bench: it should say why)",
+    }
+}
+
+/// A line for each path asked for in `paths` that has no row of a workload this table
+/// has rows of, with why.
+fn gaps(totals: &[Figures], paths: &[String]) -> Vec<String> {
+    let mut workloads: Vec<&str> = Vec::new();
+    for t in totals {
+        if !workloads.contains(&t.workload.as_str()) {
+            workloads.push(&t.workload);
+        }
+    }
+    let mut out = Vec::new();
+    for path in paths.iter().map(|p| rows_of(p)) {
+        let has = |w: &str| totals.iter().any(|t| t.path == path && t.workload == w);
+        let missing: Vec<&str> = workloads.iter().copied().filter(|w| !has(w)).collect();
+        // One line per reason.
+        let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
+        for w in missing {
+            let why = gap_reason(path, w);
+            match reasons.iter_mut().find(|(r, _)| *r == why) {
+                Some((_, ws)) => ws.push(w),
+                None => reasons.push((why, vec![w])),
+            }
+        }
+        for (why, ws) in reasons {
+            out.push(wrap("", &format!("no {path} row of {}: {why}", ws.join(", "))));
+        }
+    }
+    out
 }
 
 /// What a row's path reads, said at the end of its table row and in the plot's legend:
@@ -65,6 +150,8 @@ pub fn note(path: &str) -> Option<&'static str> {
     match path {
         "posix" => Some("the stored bytes, no dpuio"),
         LIBDFS => Some("the stored bytes, DAOS client, no dpuio"),
+        DFUSE => Some("DAOS's FUSE daemon, no dpuio"),
+        PIL4DFS => Some("DAOS client preloaded into the job, no dpuio"),
         TCP_STREAM => Some("one TCP stream, no dpuio, no file"),
         p if p.ends_with(DECRYPT) => Some("the agent decrypts"),
         _ => None,
@@ -84,7 +171,7 @@ fn describe(path: &str) -> String {
                     without dpuio; the baseline, the denominator of every \"vs base\""
             .into(),
         LIBDFS => "the DAOS client (libdfs) in dpuio-bench-agent, a child of this process, on the same container, \
-                    without dpuio: the baseline"
+                    without dpuio, the way pydaos reads: the baseline of \"vs base\", and a peer"
             .into(),
         "shim-ucx-sm" => "dpuio's shim over UCX shared memory: the host posts each request on a ring in memory it \
                           registered, the agent reads the file and puts the bytes there; the host touches no payload byte"
@@ -95,6 +182,12 @@ fn describe(path: &str) -> String {
         "shim-ofi-shm" => "the same over libfabric's shm provider".into(),
         "shim-ofi-tcp" => "the same over libfabric's tcp provider".into(),
         FUSE => "`dpuio mount` read by path through the kernel; the mount process's CPU counts as host CPU".into(),
+        DFUSE => "DAOS's own FUSE daemon (dfuse, caching off unless --dfuse-caching) mounting the same container, \
+                  this process's POSIX code on the mount; the daemon's CPU counts as host CPU: a peer"
+            .into(),
+        PIL4DFS => "the POSIX code in a child process under DAOS's libpil4dfs.so on the dfuse mount: the DAOS client \
+                    in the job's process; its whole CPU and the daemon's count as host CPU: a peer"
+            .into(),
         PRELOAD => "the POSIX code in a child process under libdpuio_preload.so; its whole CPU counts as host CPU"
             .into(),
         TCP_STREAM => "seq-read only: one plain TCP stream read in blocks of the same size on the path to the agent's \
@@ -126,6 +219,11 @@ pub fn legend(paths: &[&str], agent_here: bool) {
         ("host s/GiB", "CPU seconds this process (the host) spent per GiB moved: the training job's cores"),
         ("agent s/GiB", agent),
         ("vs base", "the rate over the baseline's rate in the same run (above 1.00x: faster)"),
+        (
+            "vs peer, cpu",
+            "over DAOS: the rate over that of the fastest of DAOS's host clients (libdfs, dfuse, pil4dfs) on the \
+             same workload, and the host CPU per GiB (per operation for metadata) over that peer's",
+        ),
         ("AU, acc", "unet3d: accelerator utilisation, and the most simulated accelerators kept at AU >= 90%"),
     ] {
         println!("{}", wrap(&format!("  {column:<12}  "), meaning));
@@ -155,10 +253,11 @@ fn wrap(lead: &str, text: &str) -> String {
     out
 }
 
-/// One workload's rows.
+/// One workload's rows; over DAOS, with each row against the fastest peer.
 fn table(totals: &[Figures]) {
     let width = totals.iter().map(|t| t.path.len()).max().unwrap_or(0).max(13);
-    println!(
+    let peers = totals.iter().any(|t| PEERS.contains(&t.path.as_str()));
+    let mut head = format!(
         "{:<18} {:<width$} {:>8} {:>3} {:>8} {:>9} {:>8} {:>8} {:>10} {:>11} {:>8} {:>5} {:>4}",
         "workload",
         "path",
@@ -174,10 +273,14 @@ fn table(totals: &[Figures]) {
         "AU",
         "acc"
     );
+    if peers {
+        head.push_str(&format!(" {:>8} {:>7} {:<8}", "vs peer", "cpu", "peer"));
+    }
+    println!("{head}");
     for t in totals {
         let bytes = t.bytes > 0;
         let dash = || "-".to_owned();
-        let row = format!(
+        let mut row = format!(
             "{:<18} {:<width$} {:>8} {:>3} {:>8} {:>9.0} {:>8} {:>8} {:>10} {:>11} {:>8} {:>5} {:>4}",
             t.workload,
             t.path,
@@ -193,6 +296,14 @@ fn table(totals: &[Figures]) {
             t.au.map_or_else(dash, |v| format!("{:.0}%", v * 100.0)),
             t.accelerators.map_or_else(dash, |a| a.to_string()),
         );
+        if peers {
+            let cells = best_peer(totals, t).map(|p| {
+                let (thr, cpu) = against(t, p);
+                (format!("{thr:.2}x"), format!("{cpu:.2}x"), p.path.clone())
+            });
+            let (thr, cpu, peer) = cells.unwrap_or_else(|| (dash(), dash(), dash()));
+            row.push_str(&format!(" {thr:>8} {cpu:>7} {peer:<8}"));
+        }
         match note(&t.path) {
             Some(note) => println!("{row}  <- {note}"),
             None => println!("{row}"),
@@ -319,6 +430,9 @@ mod meaning {
     pub const SAMPLE: &str = "a training sample (a whole 128 KiB file opened, read and closed): half the baseline's rate at a tenth of its host CPU";
     pub const CHECKPOINT: &str = "a checkpoint made durable (fsync, or the agent's on close) and read back at least 0.8x as fast as the baseline";
     pub const TCP: &str = "a TCP transport against what one plain TCP stream carries on the same path: the transport's own round trips and copies should leave at least 0.8x of it (the bar is for 1 MiB reads, 8 in flight)";
+    pub const PEER_SHIM: &str = "what a DAOS user would run instead of dpuio (libdfs in the job, dfuse, libpil4dfs): at least as fast as the fastest of them, at a tenth of its host CPU, the rest on the DPU";
+    pub const PEER_PRELOAD: &str = "both preload a library into an unmodified program: dpuio's should read at least 0.8x as fast as DAOS's, costing the job's cores less";
+    pub const PEER_FUSE: &str = "both serve the container through the kernel's FUSE: dpuio's mount should read at least 0.8x as fast as DAOS's daemon, costing the host's cores less";
     pub const OFI: &str =
         "libfabric's shared-memory transport, the second one, against UCX's: nearly as fast at not much more host CPU";
 }
@@ -419,6 +533,39 @@ fn targets(totals: &[Figures]) -> Vec<Target> {
             target(claim, format!("{r:.2}x"), r >= 0.8, meaning::CHECKPOINT);
         }
     }
+    // Over DAOS, against DAOS's own host clients on each row (issue 26's bars).
+    let mut workloads: Vec<&str> = Vec::new();
+    for t in totals.iter().filter(|t| PEERS.contains(&t.path.as_str())) {
+        if !workloads.contains(&t.workload.as_str()) {
+            workloads.push(&t.workload);
+        }
+    }
+    let unit = |t: &Figures| if t.bytes > 0 { "host CPU/GiB" } else { "host CPU/op" };
+    for w in workloads {
+        let row = |path: &str| totals.iter().find(|t| t.path == path && t.workload == w);
+        if let Some(s) = row("shim-ucx-sm")
+            && let Some(p) = best_peer(totals, s)
+        {
+            let (thr, cpu) = against(s, p);
+            target(
+                format!("{w} shim-ucx-sm >= 1.0x the best peer ({}) at {} <= 0.10x", p.path, unit(s)),
+                format!("{thr:.2}x at {cpu:.3}x"),
+                thr >= 1.0 && cpu <= 0.10,
+                meaning::PEER_SHIM,
+            );
+        }
+        for (ours, peer, meaning) in [(PRELOAD, PIL4DFS, meaning::PEER_PRELOAD), (FUSE, DFUSE, meaning::PEER_FUSE)] {
+            if let (Some(s), Some(p)) = (row(ours), row(peer)) {
+                let (thr, cpu) = against(s, p);
+                target(
+                    format!("{w} {ours} >= 0.8x {peer} at lower {}", unit(s)),
+                    format!("{thr:.2}x at {cpu:.2}x"),
+                    thr >= 0.8 && cpu < 1.0,
+                    meaning,
+                );
+            }
+        }
+    }
     // The TCP transports against one TCP stream on the same path, in the same run.
     let stream = totals.iter().find(|t| t.path == TCP_STREAM && t.workload == "seq-read");
     for path in ["shim-ucx-tcp", "shim-ofi-tcp"] {
@@ -505,6 +652,43 @@ mod tests {
         for t in &text {
             assert!(t.lines().nth(1).is_some_and(|l| l.trim_start().starts_with("means: ") && l.len() > 40), "{t}");
         }
+    }
+
+    #[test]
+    fn over_daos_each_row_meets_the_fastest_peer_and_the_targets_say_met_or_not() {
+        let rows = [
+            row("seq-read", LIBDFS, 2, 800, 0),
+            row("seq-read", DFUSE, 1, 900, 0),
+            row("seq-read", PIL4DFS, 3, 1500, 0),
+            row("seq-read", "shim-ucx-sm", 4, 100, 3000),
+            row("seq-read", PRELOAD, 2, 1200, 3000),
+            row("seq-read", FUSE, 1, 810, 3000),
+        ];
+        assert_eq!(best_peer(&rows, &rows[3]).map(|p| p.path.as_str()), Some(PIL4DFS), "the fastest, not the first");
+        let (thr, cpu) = against(&rows[3], &rows[2]);
+        assert!((thr - 4.0 / 3.0).abs() < 1e-9 && (cpu - (100.0 / 4.0) / (1500.0 / 3.0)).abs() < 1e-9);
+        let text: Vec<String> = targets(&rows).iter().map(ToString::to_string).collect();
+        let line = |start: &str| text.iter().find(|t| t.starts_with(start)).unwrap_or_else(|| panic!("{text:#?}"));
+        assert!(line("target: seq-read shim-ucx-sm >= 1.0x the best peer (pil4dfs)").contains("1.33x at 0.050x  met"));
+        // preload: 0.67x of pil4dfs's rate, at 1.2x its host CPU per GiB.
+        assert!(line("target: seq-read preload >= 0.8x pil4dfs").contains("0.67x at 1.20x  NOT met"));
+        // fuse: as fast as dfuse, at less host CPU.
+        assert!(line("target: seq-read fuse >= 0.8x dfuse").contains("1.00x at 0.90x  met"));
+    }
+
+    #[test]
+    fn a_path_without_a_row_says_why() {
+        let rows = [
+            row("seq-read", "shim-ucx-sm", 1, 10, 0),
+            row("seq-read", TCP_STREAM, 1, 10, 0),
+            row("metadata-sample128k", "shim-ucx-sm", 1, 10, 0),
+        ];
+        let paths: Vec<String> = ["shim", "tcp-stream", "libdfs"].map(String::from).into();
+        let gaps = gaps(&rows, &paths);
+        assert_eq!(gaps.len(), 3, "{gaps:#?}");
+        assert!(gaps[0].starts_with("no tcp-stream row of metadata-sample128k: one TCP stream"), "{}", gaps[0]);
+        assert!(gaps[1].starts_with("no libdfs row of seq-read: not measured"), "{}", gaps[1]);
+        assert!(gaps[2].starts_with("no libdfs row of metadata-sample128k: dpuio-bench-agent"), "{}", gaps[2]);
     }
 
     #[test]

@@ -14,6 +14,10 @@ use crate::libdfs::Libdfs;
 
 /// The path name of `dpuio mount` in the figures.
 pub const FUSE: &str = "fuse";
+/// The path name of DAOS's FUSE daemon in the figures.
+pub const DFUSE: &str = "dfuse";
+/// The path name of DAOS's interception library (libpil4dfs) in the figures.
+pub const PIL4DFS: &str = "pil4dfs";
 /// The path name of `libdpuio_preload.so` in the figures.
 pub const PRELOAD: &str = "preload";
 /// The preload library's file name, as `cargo build` and the dpuio-host package put it.
@@ -44,29 +48,49 @@ pub fn encrypted_client(encrypted: Client, plain: &Client, dir: &Path) -> dpuio_
     )))
 }
 
-/// What every workload needs: the shim clients, the POSIX root, the agent's pid.
+/// A path whose rows are this program's own POSIX code (std::fs, `pread`, `pwrite`) on
+/// a directory that holds the container's files: the container's directory itself
+/// (`posix`; in a child, `preload` or `pil4dfs`), or a FUSE mount of it (`fuse`, `dfuse`).
+pub struct FsPath {
+    /// The name of its rows.
+    pub label: &'static str,
+    pub root: PathBuf,
+    /// Another host process that does this path's work (a FUSE daemon): its CPU time is
+    /// host CPU of the path.
+    pub helper_pid: Option<u32>,
+    /// Read the block workloads' file once before measuring, so that every round reads
+    /// the same page cache (the container's directory; a mount without caching has none).
+    pub warm: bool,
+}
+
+/// What every workload needs: the shim clients, the POSIX paths, the agent's pid.
 pub struct Setup {
     pub clients: Vec<(String, Client)>,
-    pub posix_root: Option<PathBuf>,
+    /// The paths that run the POSIX code, in the order of their rows.
+    pub fs_paths: Vec<FsPath>,
     /// `--backend daos`: the tenant's container mounted by libdfs in a child.
     pub libdfs: Option<Mutex<Libdfs>>,
     pub agent_pid: Option<u32>,
-    /// The `fuse` path's mount, when asked for.
-    pub fuse: Option<crate::fuse_path::FuseMount>,
-    /// The name of the rows of the POSIX code on `posix_root`: `posix`, or `preload` in
-    /// the preload path's child ([`crate::preload_path`]).
-    pub posix_label: &'static str,
+    /// The `fuse` path's mount, when asked for: held for the run, unmounted when dropped.
+    pub _fuse: Option<crate::fuse_path::FuseMount>,
+    /// The `dfuse` path's mount (also the `pil4dfs` path's), when asked for: the same.
+    pub _dfuse: Option<crate::dfuse_path::DfuseMount>,
     pub progress: indicatif::MultiProgress,
     /// The `tcp-stream` path's source, when asked for.
     pub stream: Option<crate::tcp_stream::StreamSource>,
 }
 
 impl Setup {
-    /// CPU time of the host's side of `path` so far: this process, and for the fuse path
-    /// the mount process too.
+    /// CPU time of the host's side of `path` so far: this process, and the helper
+    /// process of a FUSE path (its daemon) too.
     pub fn host_cpu(&self, path: &str) -> Duration {
-        let mount = self.fuse.as_ref().filter(|_| path == FUSE).and_then(|f| process_cpu(f.pid()));
-        process_cpu_time() + mount.unwrap_or_default()
+        process_cpu_time() + self.helper_cpu(path)
+    }
+
+    /// CPU time so far of `path`'s helper process, if it has one.
+    pub fn helper_cpu(&self, path: &str) -> Duration {
+        let helper = self.fs_paths.iter().find(|p| p.label == path).and_then(|p| p.helper_pid);
+        helper.and_then(process_cpu).unwrap_or_default()
     }
 
     /// CPU time of the agent so far, when its pid is known.

@@ -31,9 +31,12 @@ use dpuio_shim::cli::ConnectArgs;
 use dpuio_shim::{Access, Client, ConnectOptions, DataPlaneOptions, RegionAccess, process_cpu_time};
 use rand::{Rng, SeedableRng};
 
-use crate::args::{BenchArgs, BenchBackend};
+use crate::args::{BenchArgs, BenchBackend, ChildPath};
 use crate::libdfs::Libdfs;
-use crate::setup::{DECRYPT, FUSE, PRELOAD, SAMPLE_WORKLOAD, Setup, bench_error, encrypted_client};
+use crate::preload_path::PreloadPath;
+use crate::setup::{
+    DECRYPT, DFUSE, FUSE, FsPath, PIL4DFS, PRELOAD, SAMPLE_WORKLOAD, Setup, bench_error, encrypted_client,
+};
 use crate::tcp_stream::{StreamSource, TCP_STREAM};
 
 pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<()> {
@@ -83,14 +86,15 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
     let mut clients = Vec::new();
     for path in &args.paths {
         let (label, transports) = match path.as_str() {
-            "shm" | "ucx-shm" => ("shim-ucx-sm", "ucx-shm"),
+            "shm" | "ucx-shm" | "shim" => ("shim-ucx-sm", "ucx-shm"),
             "tcp" | "ucx-tcp" => ("shim-ucx-tcp", "ucx-tcp"),
             "ofi-shm" => ("shim-ofi-shm", "ofi-shm"),
             "ofi-tcp" => ("shim-ofi-tcp", "ofi-tcp"),
-            "posix" | "fuse" | "preload" | TCP_STREAM => continue,
+            "posix" | FUSE | PRELOAD | TCP_STREAM | LIBDFS | DFUSE | PIL4DFS => continue,
             other => {
                 return Err(bench_error(format!(
-                    "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp, fuse, preload or tcp-stream"
+                    "unknown path {other:?}; use posix, shm, tcp, ofi-shm, ofi-tcp, fuse, preload, tcp-stream, or \
+                     with --backend daos libdfs, dfuse and pil4dfs"
                 )));
             }
         };
@@ -103,24 +107,50 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         clients.push((label.to_owned(), client));
         clients.extend(encrypted.map(|c| (format!("{label}{DECRYPT}"), c)));
     }
-    if clients.is_empty() && !args.preload_child {
+    let child = args.preload_child.is_some();
+    if args.preload_child == Some(ChildPath::Pil4dfs) {
+        // libpil4dfs's statx dereferences the path without a check, and Rust's std, after
+        // the first statx that fails (a file not there yet), probes whether statx works
+        // by calling it with a null path: a SIGSEGV in libpil4dfs. One statx that succeeds
+        // first tells std that statx works, so it never probes.
+        std::fs::metadata("/").map_err(|e| bench_error(format!("pil4dfs path: stat /: {e}")))?;
+    }
+    if clients.is_empty() && !child {
         return Err(bench_error(
             "name at least one of shm, tcp, ofi-shm, ofi-tcp in --paths (it writes the files every path reads)",
         ));
     }
-    let fuse = match args.paths.iter().any(|p| p == "fuse") {
+    let asked = |path: &str| args.paths.iter().any(|p| p == path);
+    let daos = args.backend == BenchBackend::Daos;
+    for peer in [LIBDFS, DFUSE, PIL4DFS] {
+        if asked(peer) && !daos {
+            return Err(bench_error(format!(
+                "--paths {peer} is DAOS's own host client: it needs --backend daos (with --daos-pool and \
+                 --daos-container, the agent's pool and the tenant's container)"
+            )));
+        }
+    }
+    let fuse = match asked(FUSE) {
         true => Some(crate::fuse_path::FuseMount::start(options).map_err(bench_error)?),
         false => None,
     };
-    let preload = match args.paths.iter().any(|p| p == PRELOAD) {
-        true => Some(crate::preload_path::PreloadPath::find().map_err(bench_error)?),
+    // pil4dfs needs the mount as much as dfuse does.
+    let dfuse = match asked(DFUSE) || asked(PIL4DFS) {
+        true => Some(crate::dfuse_path::DfuseMount::start(&args).map_err(bench_error)?),
         false => None,
     };
-    let stream = match args.paths.iter().any(|p| p == TCP_STREAM) {
+    let mut children = Vec::new();
+    if asked(PRELOAD) {
+        children.push(PreloadPath::preload(options).map_err(bench_error)?);
+    }
+    if let (Some(mount), true) = (&dfuse, asked(PIL4DFS)) {
+        children.push(PreloadPath::pil4dfs(mount, &args).map_err(bench_error)?);
+    }
+    let stream = match asked(TCP_STREAM) {
         true => Some(StreamSource::start(&options.agent, args.stream_source.as_deref()).map_err(bench_error)?),
         false => None,
     };
-    let posix_root = match (&args.posix_root, args.paths.iter().any(|p| p == "posix")) {
+    let posix_root = match (&args.posix_root, asked("posix")) {
         (Some(root), true) => Some(root.clone()),
         (None, true) => {
             eprintln!("dpuio bench: POSIX baseline skipped: pass --posix-root <container directory>");
@@ -132,27 +162,40 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
         BenchBackend::Local => None,
         BenchBackend::Daos => Some(Mutex::new(Libdfs::start(&args).map_err(bench_error)?)),
     };
-    let posix_root = if libdfs.is_some() {
-        if posix_root.is_some() {
-            return Err(bench_error("--posix-root is for --backend local; over DAOS the baseline is libdfs"));
-        }
-        None
-    } else {
-        posix_root
-    };
+    if libdfs.is_some() && posix_root.is_some() {
+        return Err(bench_error(
+            "--posix-root is for --backend local; over DAOS the baselines are libdfs, dfuse and pil4dfs",
+        ));
+    }
     let progress = indicatif::MultiProgress::new();
     if args.json {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let posix_label = if args.preload_child { PRELOAD } else { "posix" };
-    let setup = Setup { clients, posix_root, libdfs, agent_pid: args.agent_pid, fuse, posix_label, progress, stream };
-    if !args.json && !args.preload_child {
+    // The POSIX code's paths: the container's directory (named after the child's path
+    // in a child), dpuio's FUSE mount, DAOS's.
+    let mut fs_paths = Vec::new();
+    if let Some(root) = posix_root {
+        let label = args.preload_child.map_or("posix", |c| c.name());
+        // pil4dfs reads DAOS (no page cache to warm); preload the agent's files.
+        let warm = args.preload_child != Some(ChildPath::Pil4dfs);
+        fs_paths.push(FsPath { label, root, helper_pid: args.host_cpu_pid, warm });
+    }
+    if let Some(mount) = &fuse {
+        fs_paths.push(FsPath { label: FUSE, root: mount.dir.clone(), helper_pid: Some(mount.pid()), warm: false });
+    }
+    if let (Some(mount), true) = (&dfuse, asked(DFUSE)) {
+        let warm = args.dfuse_caching;
+        fs_paths.push(FsPath { label: DFUSE, root: mount.dir.clone(), helper_pid: Some(mount.pid()), warm });
+    }
+    let setup =
+        Setup { clients, fs_paths, libdfs, agent_pid: args.agent_pid, _fuse: fuse, _dfuse: dfuse, progress, stream };
+    if !args.json && !child {
         let mut paths: Vec<&str> = Vec::new();
-        paths.extend(setup.posix_root.as_ref().map(|_| posix_label));
+        paths.extend(setup.fs_paths.iter().filter(|p| p.label == "posix").map(|p| p.label));
         paths.extend(setup.libdfs.as_ref().map(|_| LIBDFS));
         paths.extend(setup.clients.iter().map(|(name, _)| name.as_str()));
-        paths.extend(setup.fuse.as_ref().map(|_| FUSE));
-        paths.extend(preload.as_ref().map(|_| PRELOAD));
+        paths.extend(setup.fs_paths.iter().filter(|p| p.label != "posix").map(|p| p.label));
+        paths.extend(children.iter().map(|c| c.name()));
         paths.extend(setup.stream.as_ref().map(|_| TCP_STREAM));
         crate::report::legend(&paths, args.agent_pid.is_some());
     }
@@ -170,19 +213,19 @@ pub async fn run(options: &ConnectArgs, args: BenchArgs) -> dpuio_shim::Result<(
             Workload::Startup => return Err(bench_error("startup runs on its own")), // handled above
         };
         let mut figures = figures;
-        if let Some(preload) = &preload {
-            let bar = setup.spinner(format!("{} {PRELOAD} (a child process)", workload.name()));
-            figures.extend(preload.run(options, &args, workload).map_err(bench_error)?);
+        for path in &children {
+            let bar = setup.spinner(format!("{} {} (a child process)", workload.name(), path.name()));
+            figures.extend(path.run(&args, workload).map_err(bench_error)?);
             bar.finish_and_clear();
         }
-        if args.preload_child {
+        if child {
             dpuio_bench_core::child::send(&figures);
             continue;
         }
         crate::report::report(&figures, &args);
         all.extend(figures);
     }
-    if !args.json && !args.preload_child {
+    if !args.json && !child {
         crate::report::summary(&all, args.agent_pid.is_some());
     }
     if let Some(path) = &args.plot {
@@ -217,40 +260,45 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
     for client in setup.writers() {
         prepare_file(client, file_bytes).await?;
     }
-    let baseline_file: Option<(&str, Arc<dyn BaselineFile>)> = match &setup.posix_root {
-        Some(root) => {
-            let path = root.join(BENCH_FILE.trim_start_matches('/'));
-            let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| {
-                bench_error(format!(
-                    "open {} for the POSIX baseline: {e} (is --posix-root the container's directory?)",
-                    path.display()
-                ))
-            })?;
-            // Warm the page cache, so every path reads the same cached file.
+    let mut baseline_files: Vec<(&FsPath, Arc<dyn BaselineFile>)> = Vec::new();
+    for fs in &setup.fs_paths {
+        let path = fs.root.join(BENCH_FILE.trim_start_matches('/'));
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| {
+            bench_error(format!(
+                "{}: open {}: {e} (is --posix-root the container's directory?)",
+                fs.label,
+                path.display()
+            ))
+        })?;
+        if fs.warm {
+            // Warm the page cache, so every round reads the same cached file.
             let mut buf = vec![0u8; 4 << 20];
             let mut at = 0;
             while at < file_bytes {
                 at += file.read_at(&mut buf, at).unwrap_or(0).max(1) as u64;
             }
-            Some((setup.posix_label, Arc::new(file)))
         }
-        None => None,
-    };
+        baseline_files.push((fs, Arc::new(file)));
+    }
     let duration = Duration::from_secs_f64(args.seconds);
     let mut totals: Vec<Figures> = Vec::new();
     for round in 0..args.rounds {
         let mut cells = Vec::new();
-        if let Some((name, f)) = &baseline_file {
+        for (fs, f) in &baseline_files {
+            let name = fs.label;
             let bar = setup.spinner(format!("{} {name}, round {}", workload.name(), round + 1));
             let f = f.clone();
             let pid = setup.agent_pid;
+            let helper0 = setup.helper_cpu(name);
             let mut fig = tokio::task::spawn_blocking(move || {
                 baseline_cell(&*f, workload, block, qd * threads, file_bytes, duration, round as u64, pid)
             })
             .await
             .map_err(bench_error)?;
+            // A FUSE daemon's share of the work is host CPU too.
+            fig.host_cpu += setup.helper_cpu(name).saturating_sub(helper0);
             bar.finish_and_clear();
-            fig.path = (*name).into();
+            fig.path = name.into();
             cells.push(fig);
         }
         let request = Request::Block {
@@ -292,8 +340,8 @@ async fn block_workload(setup: &Setup, args: &BenchArgs, workload: Workload) -> 
     Ok(totals)
 }
 
-/// The metadata rows through std::fs on `root` (the container's directory, or the fuse
-/// path's mount of it), labelled `path`.
+/// The metadata rows through std::fs on `root` (the container's directory, or a FUSE
+/// mount of it), labelled `path`.
 fn fs_metadata(
     setup: &Setup,
     root: &Path,
@@ -352,11 +400,8 @@ async fn metadata(setup: &Setup, files: usize, seconds: f64, sample_batch: usize
         return Err(bench_error("--sample-batch must be at least 1"));
     }
     let mut out = Vec::new();
-    if let Some(root) = &setup.posix_root {
-        out.extend(fs_metadata(setup, root, setup.posix_label, files, seconds, sample_batch)?);
-    }
-    if let Some(mount) = &setup.fuse {
-        out.extend(fs_metadata(setup, &mount.dir, FUSE, files, seconds, sample_batch)?);
+    for fs in &setup.fs_paths {
+        out.extend(fs_metadata(setup, &fs.root, fs.label, files, seconds, sample_batch)?);
     }
     out.extend(setup.ask_libdfs(format!("metadata {LIBDFS}"), &Request::Metadata { files })?);
     for (name, client) in &setup.clients {
@@ -476,8 +521,13 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
     let mut out = Vec::new();
     let mut data = vec![0u8; CHUNK as usize];
     rand::rngs::StdRng::seed_from_u64(9).fill(&mut data[..]);
-    if let Some(root) = &setup.posix_root {
-        let label = setup.posix_label;
+    // Every path writes its checkpoint into the bench's directory, which a run that
+    // starts with checkpoint has not made yet.
+    for client in setup.writers() {
+        client.mkdir(BENCH_DIR, true).await?;
+    }
+    for fs in &setup.fs_paths {
+        let (label, root) = (fs.label, &fs.root);
         let bar = setup.spinner(format!("checkpoint {label}"));
         // ext4's ordered journal makes an fsync also write out earlier dirty data: start
         // every path's checkpoint from a clean page cache.
@@ -490,7 +540,7 @@ async fn checkpoint(setup: &Setup, bytes: u64) -> dpuio_shim::Result<Vec<Figures
             .create(true)
             .truncate(true)
             .open(&path)
-            .map_err(bench_error)?;
+            .map_err(|e| bench_error(format!("{label} checkpoint: create {}: {e}", path.display())))?;
         for i in 0..bytes / CHUNK {
             f.write_all_at(&data, i * CHUNK).map_err(bench_error)?;
         }
