@@ -74,6 +74,7 @@ const FLOORS: &[(&str, &[&str])] = &[
             "dlio preload_path qos soak plot startup",
             "report",
             "setup",
+            "dfuse_path",
             "libdfs fuse_path tcp_stream",
             "args",
         ],
