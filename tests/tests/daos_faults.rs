@@ -67,19 +67,15 @@ fn a_job_rides_out_the_loss_and_return_of_an_engine() {
     let Some(d) = engines(test, 3) else { return };
     let dir = tempfile::tempdir().unwrap();
     let container = label("faults");
-    // Redundancy factor 1 counted in ranks (every engine here is on one node, one fault
-    // domain), and replicated objects: one engine may go without losing a byte.
-    let created = Command::new("daos")
-        .args(["container", "create", &d.pool, &container, "--type=POSIX", "--properties=rd_fac:1,rd_lvl:1"])
-        .args(["--oclass=RP_2G1"])
-        .output()
-        .expect("run daos");
-    assert!(created.status.success(), "daos container create: {}", String::from_utf8_lossy(&created.stderr));
+    // The agent creates the container: redundancy factor 1 counted in ranks (every engine
+    // here is on one node, one fault domain), and the tenant's files replicated: one
+    // engine may go without losing a byte.
     let config = dir.path().join("agent.toml");
     std::fs::write(
         &config,
         format!(
-            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\n\n\
+            "[backend]\nkind = \"daos\"\npool = \"{}\"\nagent_socket_dir = \"{}\"\n\
+             create_containers = true\nredundancy_factor = 1\nredundancy_level = \"rank\"\n\n\
              [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
              [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\nobject_class = \"RP_2G1\"\n",
             d.pool,
@@ -177,6 +173,12 @@ fn a_job_rides_out_the_loss_and_return_of_an_engine() {
         .expect("run daos");
     let attr = String::from_utf8_lossy(&attr.stdout);
     assert!(attr.contains("RP_2G1"), "a checkpoint's object class, says daos filesystem get-attr: {attr}");
+    // The container's redundancy, as the agent created it, says daos container get-prop.
+    let props = Command::new("daos").args(["container", "get-prop", &d.pool, &container]).output().expect("run daos");
+    let props = String::from_utf8_lossy(&props.stdout);
+    let line = |key: &str| props.lines().find(|l| l.contains(key)).unwrap_or("").to_owned();
+    assert!(line("rd_fac").contains("rd_fac1"), "the container's redundancy factor: {props}");
+    assert!(line("rd_lvl").contains("rank"), "the container's redundancy level: {props}");
 
     // What the agent says happened: its DAOS retry counters.
     let metrics = scrape(agent.process.metrics_addr().expect("[metrics] listen is set"));
