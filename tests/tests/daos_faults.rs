@@ -175,10 +175,12 @@ fn a_job_rides_out_the_loss_and_return_of_an_engine() {
     assert!(attr.contains("RP_2G1"), "a checkpoint's object class, says daos filesystem get-attr: {attr}");
     // The container's redundancy, as the agent created it, says daos container get-prop.
     let props = Command::new("daos").args(["container", "get-prop", &d.pool, &container]).output().expect("run daos");
-    let props = String::from_utf8_lossy(&props.stdout);
+    assert!(props.status.success(), "daos container get-prop: {}", String::from_utf8_lossy(&props.stderr));
+    let props = format!("{}{}", String::from_utf8_lossy(&props.stdout), String::from_utf8_lossy(&props.stderr));
     let line = |key: &str| props.lines().find(|l| l.contains(key)).unwrap_or("").to_owned();
-    assert!(line("rd_fac").contains("rd_fac1"), "the container's redundancy factor: {props}");
-    assert!(line("rd_lvl").contains("rank"), "the container's redundancy level: {props}");
+    // Lines such as "Redundancy Factor (0-4)  1" and "Redundancy Level (rank=1, node=2)  rank".
+    assert!(line("Redundancy Factor").trim_end().ends_with(" 1"), "the container's redundancy factor: {props}");
+    assert!(line("Redundancy Level").trim_end().ends_with(" rank"), "the container's redundancy level: {props}");
 
     // What the agent says happened: its DAOS retry counters.
     let metrics = scrape(agent.process.metrics_addr().expect("[metrics] listen is set"));
