@@ -102,16 +102,9 @@ create_containers = true
 name = "default"
 container = "$container"
 EOF2
-(unset LD_LIBRARY_PATH; RUST_LOG=warn DPUIO_CONFIG_DIR="$work/client" exec "$bin/dpu-agent" serve \
-    --config "$work/agent.toml" --data-dir "$work/data" --listen 127.0.0.1:0 >"$work/agent.out" 2>"$work/agent.err") &
-agent_pid=$!
-for _ in $(seq 300); do
-    grep -q "listening on" "$work/agent.out" 2>/dev/null && break
-    kill -0 "$agent_pid" 2>/dev/null || { cat "$work/agent.err" >&2; die "the agent stopped"; }
-    sleep 0.2
-done
-addr=$(sed -n 's/^dpu-agent listening on \([^ ]*\) .*/\1/p' "$work/agent.out")
-[ -n "$addr" ] || die "the agent did not say where it listens"
+# shellcheck source=host-shim/bench/agent-up.sh
+source "$(dirname "${BASH_SOURCE[0]}")/agent-up.sh"
+agent_up "$bin" "$work"
 "$bin/dpuctl" --data-dir "$work/data" cert issue --tenant default --out "$work/default" >/dev/null ||
     die "dpuctl cert issue --tenant default failed"
 

@@ -183,17 +183,8 @@ fn a_job_rides_out_the_loss_and_return_of_an_engine() {
     assert!(line("Redundancy Level").trim_end().ends_with(" rank"), "the container's redundancy level: {props}");
 
     // What the agent says happened: its DAOS retry counters.
-    let metrics = scrape(agent.process.metrics_addr().expect("[metrics] listen is set"));
+    let metrics = dpuio_tests::scrape_metrics(agent.process.metrics_addr().expect("[metrics] listen is set"));
     let figures: Vec<&str> = metrics.lines().filter(|l| l.starts_with("dpuio_daos_")).collect();
     eprintln!("the agent's DAOS retry counters after the fault: {figures:?}");
     assert!(figures.iter().any(|l| l.starts_with("dpuio_daos_retried_calls")), "no DAOS retry counters in:\n{metrics}");
-}
-
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
 }

@@ -289,7 +289,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     eprintln!("what the second agent said on its way out: {said:#?}");
 
     // What the agent says happened.
-    let metrics = scrape(agent.process.metrics_addr().expect("[metrics] listen is set"));
+    let metrics = dpuio_tests::scrape_metrics(agent.process.metrics_addr().expect("[metrics] listen is set"));
     let figures: Vec<&str> = metrics.lines().filter(|l| l.starts_with("dpuio_daos_")).collect();
     eprintln!("the agent's DAOS counters afterwards: {figures:?}");
     let unanswered = figures.iter().find_map(|l| l.strip_prefix("dpuio_daos_unanswered_calls_total "));
@@ -305,13 +305,4 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     }
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
 }
