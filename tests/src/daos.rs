@@ -152,14 +152,24 @@ pub fn tenant_identity(d: &Daos, name: &str) -> Result<String, String> {
         }
     }
     let rundir = std::env::var_os("DAOS_RUNDIR").ok_or("DAOS_RUNDIR is not set (source the env file of daos-up.sh)")?;
-    let out = Command::new("dmg")
-        .arg("-o")
-        .arg(Path::new(&rundir).join("daos_control.yml"))
-        .args(["pool", "update-acl", &d.pool, "--entry", &format!("A::{user}@:rw")])
-        .output()
-        .map_err(|e| format!("run dmg: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("dmg pool update-acl for {user}: {}", String::from_utf8_lossy(&out.stderr)));
+    // Tests running side by side update the pool's ACL at once, and DAOS refuses a pool
+    // operation while another holds the pool ("pool ... is locked", "retry the pool
+    // operation"): retry that, a few seconds at most.
+    for attempt in 0.. {
+        let out = Command::new("dmg")
+            .arg("-o")
+            .arg(Path::new(&rundir).join("daos_control.yml"))
+            .args(["pool", "update-acl", &d.pool, "--entry", &format!("A::{user}@:rw")])
+            .output()
+            .map_err(|e| format!("run dmg: {e}"))?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            break;
+        }
+        if !said.contains("is locked") || attempt == 40 {
+            return Err(format!("dmg pool update-acl for {user}: {said}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
     }
     Ok(user)
 }
