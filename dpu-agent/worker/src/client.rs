@@ -24,6 +24,7 @@ use dpuio_backend::{
 };
 
 use crate::control::{self, Control};
+use crate::lock;
 use crate::spawn::{self, Identity};
 use crate::staging::Staging;
 use crate::wire::{self, Piece, Reply, Request, Setup};
@@ -121,11 +122,6 @@ impl WorkerBackend {
     /// Worker processes started after the first (each a worker lost and replaced).
     pub fn restarts(&self) -> u64 {
         self.shared.restarts.load(Ordering::Relaxed)
-    }
-
-    /// The pid of the running worker, if one runs (tests, status).
-    pub fn pid(&self) -> Option<u32> {
-        lock(&self.shared.current).as_ref().filter(|p| !p.lost.load(Ordering::Relaxed)).map(|p| lock(&p.child).id())
     }
 
     /// The owner and ACL entries of `container`, read by the worker as the tenant's user
@@ -666,8 +662,4 @@ impl Drop for WorkerObject {
 
 pub(crate) fn unexpected(reply: Reply) -> Error {
     Error::InvalidArgument(format!("tenant worker answered out of turn: {reply:?}"))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -31,3 +31,9 @@ pub use client::{WorkerBackend, foreign_principals};
 pub use queue::routed;
 pub use spawn::Identity;
 pub use wire::Setup;
+
+/// A mutex's guard, also after a thread panicked holding it (the data stays usable: each
+/// map here is changed in one step).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -16,6 +16,7 @@ use dpuio_backend::{Backend, Container, Error, IoOp, IoQueue, IoRequest, NsPath,
 use dpuio_daos::{DaosBackend, DaosContainer, DaosOptions};
 
 use crate::control::{self, Control};
+use crate::lock;
 use crate::staging::Mapping;
 use crate::wire::{self, Piece, Reply, Request, Setup, WireAttr, WireError};
 
@@ -314,8 +315,4 @@ impl Worker {
 
 fn unknown(what: &str, id: u64) -> Error {
     Error::InvalidArgument(format!("tenant worker: no {what} {id} open here (the worker may have been restarted)"))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
