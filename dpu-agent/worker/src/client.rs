@@ -372,6 +372,9 @@ struct Remote {
 
 /// A container mounted in the tenant's worker.
 pub struct WorkerContainer {
+    /// This container itself, for the objects opened in it (they remount it in a new
+    /// worker through it, once for all of them).
+    me: std::sync::Weak<WorkerContainer>,
     shared: Arc<Shared>,
     name: String,
     object_class: String,
@@ -387,7 +390,8 @@ impl WorkerContainer {
             Reply::Failed(e) => Err(Fault::Backend(e.into())),
             other => Err(Fault::Backend(unexpected(other))),
         })?;
-        Ok(Arc::new(WorkerContainer {
+        Ok(Arc::new_cyclic(|me| WorkerContainer {
+            me: me.clone(),
             shared: shared.clone(),
             name: name.to_owned(),
             object_class: object_class.to_owned(),
@@ -453,18 +457,10 @@ impl Container for WorkerContainer {
     }
 
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>> {
-        let container = Arc::new(WorkerContainer {
-            shared: self.shared.clone(),
-            name: self.name.clone(),
-            object_class: self.object_class.clone(),
-            chunk_bytes: self.chunk_bytes,
-            remote: Mutex::new(Remote::default()),
-        });
-        // Share this container's id: a reopen after a lost worker mounts it once.
-        {
-            let (mine, theirs) = (lock(&self.remote), &mut *lock(&container.remote));
-            *theirs = Remote { generation: mine.generation, id: mine.id };
-        }
+        let container = self
+            .me
+            .upgrade()
+            .ok_or_else(|| Error::InvalidArgument(format!("container {:?} is unmounted", self.name)))?;
         // The first open creates, truncates or fails as asked; a reopen does none.
         let (generation, id, writable) = self.shared.with_process(|p| {
             let request =
