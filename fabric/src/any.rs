@@ -211,6 +211,26 @@ impl Worker {
     pub fn malformed_doorbells(&self) -> u64 {
         each!(self, w => w.malformed_doorbells())
     }
+
+    /// Registers memory lent by someone else (a backend's staging memory that another
+    /// process fills), so this worker's puts and gets may use it like a region it
+    /// allocated; the registration holds `memory` until it goes. Peers cannot attach
+    /// such memory on shared-memory transports: it is for this process's own transfers.
+    pub fn register_lent(&self, memory: std::sync::Arc<dyn host_bytes::LentMemory>) -> Result<Region> {
+        let (ptr, len) = memory.span();
+        let keep: std::sync::Arc<dyn std::any::Any + Send + Sync> = std::sync::Arc::new(memory);
+        // LentMemory's contract keeps the span mapped while the memory lives, and
+        // `keep` holds it for as long as the registration.
+        Ok(match self {
+            // SAFETY: as above.
+            Worker::Ucx(w) => Region::Ucx(unsafe { w.context().register_lent(ptr, len, keep) }?),
+            // SAFETY: as above.
+            Worker::Ofi(w) => Region::Ofi(unsafe { w.register_lent(ptr, len, keep) }?),
+            #[cfg(feature = "testing")]
+            // SAFETY: as above.
+            Worker::LoopbackForTests(w) => Region::LoopbackForTests(unsafe { w.register_lent(ptr, len, keep) }?),
+        })
+    }
 }
 
 impl Transport for Worker {

@@ -158,11 +158,16 @@
 //!   the declared range. Shared memory
 //!   gives no isolation between processes of one user in any case; production relies
 //!   on RDMA keys, which the NIC enforces.
-//! * Transport-level options (`POSIX_USE_PROC_LINK`, `TCP_*`, `SYSV_*`) are *not*
-//!   applied through `ucp_config_modify`: UCX accepts the call and later warns
-//!   "invalid configuration". Set them as `UCX_*` environment variables of the process
-//!   (the side that allocates, for the posix/sysv ones). Context options (`TLS`,
-//!   `NET_DEVICES`, ...) do work through [`FabricConfig::ucx_options`].
+//! * Transport-level options with their transport's prefix (`POSIX_USE_PROC_LINK`,
+//!   `TCP_TX_SEG_SIZE`, `SYSV_*`) are *not* applied through `ucp_config_modify`: UCX
+//!   accepts the call and later warns "invalid configuration". Set them as `UCX_*`
+//!   environment variables of the process (the side that allocates, for the posix/sysv
+//!   ones). Without the prefix (`TX_SEG_SIZE`) UCX hands the name to every transport's
+//!   configuration and it applies where one has it; that is how [`ucx::Context::new`]
+//!   sets the tcp transport's segment sizes (64 KiB sent, 256 KiB received, unless the
+//!   environment's `UCX_TCP_TX_SEG_SIZE` / `UCX_TCP_RX_SEG_SIZE` say otherwise; see
+//!   `docs/benchmarks.md`, TCP). Context options (`TLS`, `NET_DEVICES`, ...) work
+//!   through [`FabricConfig::ucx_options`].
 //! * Transport names: `posix`, `sysv`, `cma`, `self`, `tcp` here, plus the alias `sm`
 //!   (all shared-memory transports); `rc`, `dc`, `ud` (and `_x`/`_verbs` variants) on
 //!   RDMA NICs. Over TCP UCX uses every interface, so two processes on one host

@@ -184,6 +184,33 @@ impl LoopbackWorker {
     }
 }
 
+impl LoopbackWorker {
+    /// A region over `alloc` (its first `len` bytes), known to this worker's keys.
+    fn region(&self, alloc: Arc<Allocation>, len: usize) -> Result<LoopbackRegion> {
+        let id = self.inner.next_region_id.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the allocation is valid for reads and writes of `len` bytes until it
+        // drops, and the region holds it (`alloc`) for at least as long as `mem`.
+        let mem = unsafe { SharedMemory::new(alloc.ptr.as_ptr(), len) };
+        self.inner.regions.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Arc::downgrade(&alloc));
+        Ok(LoopbackRegion { mem, alloc, worker: self.inner.clone(), id })
+    }
+
+    /// A region over memory the caller mapped, as `any::Worker::register_lent`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must be valid for reads and writes for as long as `keep` lives.
+    pub unsafe fn register_lent(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<LoopbackRegion> {
+        let ptr = NonNull::new(ptr).ok_or_else(|| invalid("register lent memory (loopback)", "a null pointer"))?;
+        self.region(Arc::new(Allocation { ptr, len, layout: None, _lent: Some(keep) }), len)
+    }
+}
+
 impl fmt::Debug for LoopbackWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoopbackWorker").field("id", &self.inner.id).field("access", &self.inner.access).finish()
@@ -199,13 +226,7 @@ impl Transport for LoopbackWorker {
     }
 
     fn alloc_region(&self, len: usize) -> Result<LoopbackRegion> {
-        let alloc = Allocation::new(len)?;
-        let id = self.inner.next_region_id.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the allocation is valid for reads and writes of `len` bytes until it
-        // drops, and the region holds it (`alloc`) for at least as long as `mem`.
-        let mem = unsafe { SharedMemory::new(alloc.ptr.as_ptr(), len) };
-        self.inner.regions.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Arc::downgrade(&alloc));
-        Ok(LoopbackRegion { mem, alloc, worker: self.inner.clone(), id })
+        self.region(Allocation::new(len)?, len)
     }
 
     fn address(&self) -> Result<Vec<u8>> {
@@ -264,7 +285,10 @@ impl Transport for LoopbackWorker {
 struct Allocation {
     ptr: NonNull<u8>,
     len: usize,
-    layout: std::alloc::Layout,
+    /// `None` for memory a caller lent ([`LoopbackWorker::register_lent`]), kept by
+    /// `_lent` and not freed here.
+    layout: Option<std::alloc::Layout>,
+    _lent: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: the allocation is plain memory owned by this value and freed once in Drop;
@@ -293,7 +317,7 @@ impl Allocation {
             op: "allocate loopback region",
             source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
         })?;
-        Ok(Arc::new(Allocation { ptr, len, layout }))
+        Ok(Arc::new(Allocation { ptr, len, layout: Some(layout), _lent: None }))
     }
 
     fn addr(&self) -> u64 {
@@ -351,8 +375,10 @@ impl Allocation {
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        // SAFETY: ptr came from alloc_zeroed with this layout and is freed only here.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        if let Some(layout) = self.layout {
+            // SAFETY: ptr came from alloc_zeroed with this layout and is freed only here.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 

@@ -383,6 +383,43 @@ fn syscall_result(n: libc::ssize_t) -> io::Result<usize> {
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
+/// Memory mapped in this process for as long as the value lives, which a transport may
+/// register and move bytes out of: a backend's staging memory that another process
+/// fills (a tenant's DAOS worker), lent to the data plane so that a read's bytes are
+/// put to the host straight from it ([`LentMemory::bytes`] for everyone else).
+///
+/// # Safety
+///
+/// [`LentMemory::span`] returns the same range on every call, and that range stays
+/// mapped readable and writable for as long as the value lives. Others (the process
+/// that fills it) may write it at any time: accesses go through views.
+pub unsafe trait LentMemory: Send + Sync + 'static {
+    /// Where the memory starts in this process, and its length.
+    fn span(&self) -> (*mut u8, usize);
+
+    /// `len` bytes at `offset`, to read from; `None` if the range is outside the memory.
+    fn bytes(&self, offset: usize, len: usize) -> Option<HostBytes<'_>> {
+        let (ptr, size) = self.span();
+        if offset.checked_add(len)? > size {
+            return None;
+        }
+        // SAFETY: the range is inside the span (checked), which stays mapped while self
+        // lives (the trait's contract) and so for the borrow.
+        Some(unsafe { HostBytes::from_raw_parts(ptr.wrapping_add(offset), len) })
+    }
+
+    /// `len` bytes at `offset`, to write into; `None` if the range is outside the memory.
+    fn bytes_mut(&self, offset: usize, len: usize) -> Option<HostBytesMut<'_>> {
+        let (ptr, size) = self.span();
+        if offset.checked_add(len)? > size {
+            return None;
+        }
+        // SAFETY: as in `bytes`; HostBytesMut claims no exclusive access, which memory
+        // another process writes too needs.
+        Some(unsafe { HostBytesMut::from_raw_parts(ptr.wrapping_add(offset), len) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

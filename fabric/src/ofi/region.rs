@@ -96,7 +96,15 @@ pub(crate) struct RegionInner {
     // Field order is drop order: the registration is closed before the memory it
     // covers is unmapped.
     mr: Mr,
-    _mapping: Mapping,
+    _memory: Memory,
+}
+
+/// What a region's bytes are: an anonymous mapping of its own, or memory the caller
+/// lent (kept alive by the value it gave, see [`Region::lent`]).
+#[allow(dead_code)] // held for their drops only
+enum Memory {
+    Own(Mapping),
+    Lent(Arc<dyn std::any::Any + Send + Sync>),
 }
 
 /// An anonymous mapping, unmapped on drop.
@@ -115,6 +123,12 @@ impl Drop for Mapping {
         // SAFETY: ptr/len came from a successful mmap and are unmapped once.
         unsafe { libc::munmap(self.ptr, self.len) };
     }
+}
+
+/// What a region is registered for: local and remote read/write, sends and receives.
+fn region_access() -> u64 {
+    u64::from(sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE)
+        | u64::from(sys::FI_SEND | sys::FI_RECV)
 }
 
 impl Region {
@@ -146,16 +160,40 @@ impl Region {
             return Err(Error::Io { op: "map region memory (mmap)", source: std::io::Error::last_os_error() });
         }
         let mapping = Mapping { ptr: map, len: map_len };
-        let access = u64::from(sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE)
-            | u64::from(sys::FI_SEND | sys::FI_RECV);
+        let access = region_access();
         // SAFETY: the mapping lives in `mapping`, which is moved into RegionInner and
         // (by field order there) dropped after the Mr; on error it is unmapped here,
         // after the failed registration.
         let mr = unsafe { Mr::register(domain, map.cast(), map_len, access) }?;
-        let inner = Arc::new(RegionInner { mr, _mapping: mapping });
+        let inner = Arc::new(RegionInner { mr, _memory: Memory::Own(mapping) });
         // SAFETY: map..map+len is mapped read/write until RegionInner is dropped,
         // which the Region outlives through its Arc.
         let mem = unsafe { SharedMemory::new(map.cast(), len) };
+        Ok(Region { mem, inner })
+    }
+}
+
+impl Region {
+    /// Registers `len` bytes at `ptr` that the caller mapped (memory shared with
+    /// another process, say), for local and remote read/write; `keep` holds the mapping
+    /// and is dropped after the registration is closed.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must be mapped read/write for as long as `keep` lives.
+    pub(crate) unsafe fn lent(
+        domain: Arc<DomainInner>,
+        ptr: *mut u8,
+        len: usize,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Region> {
+        let access = region_access();
+        // SAFETY: the caller keeps the range mapped while `keep` lives, and RegionInner
+        // drops `keep` after the Mr (field order).
+        let mr = unsafe { Mr::register(domain, ptr, len, access) }?;
+        let inner = Arc::new(RegionInner { mr, _memory: Memory::Lent(keep) });
+        // SAFETY: as above; the Region holds `inner` for as long as `mem`.
+        let mem = unsafe { SharedMemory::new(ptr, len) };
         Ok(Region { mem, inner })
     }
 }

@@ -304,6 +304,22 @@ impl Worker {
         self.shared.describe.clone()
     }
 
+    /// Registers memory the caller mapped, held by `keep`; see
+    /// [`crate::any::Worker::register_lent`].
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must be mapped read/write for as long as `keep` lives.
+    pub unsafe fn register_lent(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Region> {
+        // SAFETY: passed on from the caller.
+        unsafe { Region::lent(self.shared.domain.clone(), ptr, len, keep) }
+    }
+
     /// Doorbells that were not (too long, or failed), since the worker opened.
     pub fn malformed_doorbells(&self) -> u64 {
         self.shared.doorbells.malformed()

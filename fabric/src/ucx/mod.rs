@@ -87,6 +87,9 @@ impl Context {
         for (name, value) in &config.ucx_options {
             ucx_config.modify(name, value)?;
         }
+        for (name, value) in tcp_defaults(config, |var| std::env::var_os(var).is_some()) {
+            ucx_config.modify(name, value)?;
+        }
 
         let params = sys::ucp_params_t {
             field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED),
@@ -120,6 +123,22 @@ impl Context {
         Region::allocate(self.inner.clone(), len)
     }
 
+    /// Registers memory the caller mapped, held by `keep`; see
+    /// [`crate::any::Worker::register_lent`].
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must be mapped read/write for as long as `keep` lives.
+    pub unsafe fn register_lent(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Region> {
+        // SAFETY: passed on from the caller.
+        unsafe { Region::lent(self.inner.clone(), ptr, len, keep) }
+    }
+
     /// UCX's own description of the context (`ucp_context_print_info`): enabled
     /// transports and memory domains. For logs at start-up.
     pub fn describe(&self) -> String {
@@ -147,6 +166,44 @@ impl ContextInner {
     pub(crate) fn handle(&self) -> sys::ucp_context_h {
         self.handle
     }
+}
+
+/// The tcp transport's segment sizes this crate applies where a context names `tcp`,
+/// as (name given to `ucp_config_modify`, value, the environment variable that
+/// overrides it). UCX 1.13 carries a put over TCP as active messages of at most
+/// `TX_SEG_SIZE` (8 KiB by default), each copied into a send buffer, written to the
+/// socket, read into a receive buffer of `RX_SEG_SIZE` and copied into the target
+/// region by the target's worker, and acknowledged: a 1 MiB put is 128 of them. At
+/// 64 KiB it is 16: on loopback (2026-11-27, load average 5) shim-ucx-tcp's 1 MiB
+/// reads at depth 8 went from 0.30 to 0.91 GiB/s, the host's CPU per GiB from 1.15 to
+/// 0.72 s. 64 KiB and not more on the sending side: a receiver sized at UCX's default
+/// `RX_SEG_SIZE` (64 KiB; an older shim or agent) must still take every message (UCX
+/// only asserts the length in debug builds). Receiving takes up to 256 KiB, so a peer
+/// sending larger segments is served. The names are the tcp transport's own
+/// (`ucp_config_modify` hands names it does not know to every transport's
+/// configuration; only tcp has these), so the `UCX_TCP_` variables of the user's
+/// environment are what override them.
+const TCP_SEGMENT_DEFAULTS: [(&str, &str, &str); 2] =
+    [("TX_SEG_SIZE", "64k", "UCX_TCP_TX_SEG_SIZE"), ("RX_SEG_SIZE", "256k", "UCX_TCP_RX_SEG_SIZE")];
+
+/// The [`TCP_SEGMENT_DEFAULTS`] to apply to a context built from `config`: none unless
+/// it may use tcp (its transports name `tcp`, or UCX chooses: the agent's `auto`, which
+/// serves TCP hosts too), and none the environment (`is_set`) or `config.ucx_options`
+/// sets already. Where UCX chooses and opens no tcp interface at all (`NET_DEVICES`
+/// naming only RDMA devices), UCX warns once that the two were not used.
+fn tcp_defaults(config: &FabricConfig, is_set: impl Fn(&str) -> bool) -> Vec<(&'static str, &'static str)> {
+    let may_use_tcp = config.transports.as_deref().is_none_or(|t| t.split(',').any(|tl| tl.trim() == "tcp"));
+    if !may_use_tcp {
+        return Vec::new();
+    }
+    TCP_SEGMENT_DEFAULTS
+        .iter()
+        .filter(|(name, _, var)| {
+            let in_options = config.ucx_options.iter().any(|(n, _)| n == name || n == &var["UCX_".len()..]);
+            !in_options && !is_set(var)
+        })
+        .map(|&(name, value, _)| (name, value))
+        .collect()
 }
 
 /// A `ucp_config_t` released on drop.
@@ -237,5 +294,28 @@ mod component_tests {
         for builtin in ["self", "tcp", "posix", "sysv"] {
             assert!(components.iter().any(|c| c == builtin), "{builtin} missing from {components:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tcp_default_tests {
+    use super::{FabricConfig, tcp_defaults};
+
+    #[test]
+    fn tcp_segments_are_set_only_for_tcp_and_only_where_nobody_set_them() {
+        let unset = |_: &str| false;
+        assert_eq!(tcp_defaults(&FabricConfig::tcp(), unset), [("TX_SEG_SIZE", "64k"), ("RX_SEG_SIZE", "256k")]);
+        assert!(tcp_defaults(&FabricConfig::shm(), unset).is_empty());
+        assert_eq!(tcp_defaults(&FabricConfig::default(), unset).len(), 2, "UCX chooses: tcp among them");
+        assert!(tcp_defaults(&FabricConfig::with_transports("rc_x,self"), unset).is_empty());
+        // The user's environment wins.
+        let tx_set = |var: &str| var == "UCX_TCP_TX_SEG_SIZE";
+        assert_eq!(tcp_defaults(&FabricConfig::tcp(), tx_set), [("RX_SEG_SIZE", "256k")]);
+        // And so do the options the caller gave, under either name.
+        let mut cfg = FabricConfig::with_transports("self, tcp");
+        cfg.ucx_options.push(("TCP_RX_SEG_SIZE".into(), "1m".into()));
+        assert_eq!(tcp_defaults(&cfg, unset), [("TX_SEG_SIZE", "64k")]);
+        cfg.ucx_options.push(("TX_SEG_SIZE".into(), "32k".into()));
+        assert!(tcp_defaults(&cfg, unset).is_empty());
     }
 }

@@ -29,6 +29,8 @@ pub struct Region {
 pub(crate) struct RegionInner {
     ctx: Arc<ContextInner>,
     memh: sys::ucp_mem_h,
+    /// Memory the caller lent ([`Region::lent`]): kept until after `ucp_mem_unmap`.
+    _lent: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: memh is an opaque handle; the only calls made with it (ucp_rkey_pack,
@@ -48,6 +50,38 @@ impl Drop for RegionInner {
 }
 
 impl Region {
+    /// Registers `len` bytes at `ptr` that the caller mapped (`ucp_mem_map` without
+    /// `ALLOCATE`); `keep` holds the mapping and is dropped after `ucp_mem_unmap`.
+    /// Such memory is a source or target of this process's own puts and gets; on
+    /// shared-memory transports peers cannot attach it (see the crate docs).
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must be mapped read/write for as long as `keep` lives.
+    pub(crate) unsafe fn lent(
+        ctx: Arc<ContextInner>,
+        ptr: *mut u8,
+        len: usize,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Region> {
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: u64::from(sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH),
+            address: ptr.cast(),
+            length: len,
+            ..Default::default()
+        };
+        let mut memh: sys::ucp_mem_h = ptr::null_mut();
+        // SAFETY: the context is live (ctx); params names the caller's mapping, which
+        // stays mapped while `keep` lives (caller's contract), and `keep` is dropped
+        // only after ucp_mem_unmap (RegionInner's Drop runs before its fields drop).
+        let status = unsafe { api().ucp_mem_map(ctx.handle(), &params, &mut memh) };
+        check("register lent memory (ucp_mem_map)", status)?;
+        let inner = Arc::new(RegionInner { ctx, memh, _lent: Some(keep) });
+        // SAFETY: as above; the Region holds `inner` for as long as `mem`.
+        let mem = unsafe { SharedMemory::new(ptr, len) };
+        Ok(Region { mem, inner })
+    }
+
     pub(crate) fn allocate(ctx: Arc<ContextInner>, len: usize) -> Result<Region> {
         if len == 0 || len > isize::MAX as usize {
             return Err(Error::OutOfRange {
@@ -73,7 +107,7 @@ impl Region {
         // names only set fields; memh is writable.
         let status = unsafe { api().ucp_mem_map(ctx.handle(), &params, &mut memh) };
         check("allocate region (ucp_mem_map ALLOCATE)", status)?;
-        let inner = Arc::new(RegionInner { ctx, memh });
+        let inner = Arc::new(RegionInner { ctx, memh, _lent: None });
 
         let mut attr = sys::ucp_mem_attr_t {
             field_mask: u64::from(sys::UCP_MEM_ATTR_FIELD_ADDRESS | sys::UCP_MEM_ATTR_FIELD_LENGTH),
