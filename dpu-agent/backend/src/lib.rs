@@ -33,11 +33,13 @@
 pub mod local;
 mod path;
 mod rename;
+mod staged;
 
 pub use dpuio_proto::attr::{Attr, DirEntry, EntryKind};
-pub use host_bytes::{HostBytes, HostBytesMut};
+pub use host_bytes::{HostBytes, HostBytesMut, LentMemory};
 pub use path::{MAX_NAME_BYTES, MAX_PATH_BYTES, NsPath, validate_name};
 pub use rename::{INTO_OWN_SUBTREE, check_rename, check_replace, invalid_rename};
+pub use staged::Staged;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -284,6 +286,15 @@ pub trait Container: Send + Sync {
     fn readdir(&self, path: &NsPath, anchor: Option<&str>, max: usize) -> Result<(Vec<DirEntry>, Option<String>)>;
     /// Open (and maybe create) a file.
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>>;
+    /// [`Container::open`], with the file's attributes as opened (what a client's open
+    /// answers with). The default opens and then stats the object; a backend whose
+    /// lookup reports both at once (DFS's `dfs_lookup`) overrides it to make one call
+    /// where it can.
+    fn open_stat(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<(Arc<dyn Object>, Attr)> {
+        let object = self.open(path, options, mode)?;
+        let attr = object.stat()?;
+        Ok((object, attr))
+    }
     /// Remove a file or an empty directory; with `recursive`, a directory and all under it.
     fn remove(&self, path: &NsPath, recursive: bool) -> Result<()>;
     /// Rename an entry; fails with [`Error::AlreadyExists`] if `to` exists.
@@ -345,6 +356,33 @@ pub trait Object: Send + Sync {
     /// (`pwrite`, a DAOS iov), which reads each byte once, override it.
     fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         self.write_at(&buf.to_vec(), offset)
+    }
+    /// Read up to `len` bytes at `offset` into memory of the backend's own, lent to
+    /// the caller until the returned [`Staged`] drops: for a caller that moves the bytes
+    /// on from there (a put from memory its transport registered) instead of giving a
+    /// buffer. The same bytes as [`Object::read_into`], one copy fewer where the backend
+    /// would otherwise copy out of such memory (a DAOS worker's staging).
+    ///
+    /// `None`, the default: the object has no such memory; use `read_into`.
+    fn read_staged(&self, offset: u64, len: usize) -> Option<Result<Staged>> {
+        let _ = (offset, len);
+        None
+    }
+    /// `len` bytes of memory of the backend's own for a write's bytes, lent to the
+    /// caller to fill (a get from the host into memory its transport registered) and
+    /// hand to [`Object::write_staged`]: one copy fewer than [`Object::write_from`]
+    /// where the backend would otherwise copy into such memory (a DAOS worker's
+    /// staging).
+    ///
+    /// `None`, the default: the object has no such memory; use `write_from`.
+    fn staging_for_write(&self, len: usize) -> Option<Result<Staged>> {
+        let _ = len;
+        None
+    }
+    /// Write the bytes of `staged` (from [`Object::staging_for_write`], filled by the
+    /// caller) at `offset`. The default writes them with [`Object::write_from`].
+    fn write_staged(&self, staged: Staged, offset: u64) -> Result<()> {
+        self.write_from(staged.bytes(), offset)
     }
     /// Current attributes (size included).
     fn stat(&self) -> Result<Attr>;

@@ -112,13 +112,24 @@ pub struct DaosBackend {
 impl DaosBackend {
     /// Initialise DAOS in this process (once), connect to the pool.
     pub fn open(options: DaosOptions) -> std::result::Result<DaosBackend, OpenError> {
-        let rt = Runtime::get(&options.agent_socket_dir)?;
+        let rt = Runtime::get(&options.agent_socket_dir, options.call_timeout)?;
         let object_class = match options.object_class.as_str() {
             "" => 0,
             name => rt.object_class(name).ok_or_else(|| OpenError::ObjectClass { name: name.to_owned() })?,
         };
-        let pool = rt.connect(&options.pool, &options.system).map_err(|error| {
+        // Bounded like every blocking call: with every engine gone DAOS would leave an
+        // agent starting here waiting for them without end.
+        let (connecting, pool_name, system) = (rt.clone(), options.pool.clone(), options.system.clone());
+        let connected = deadline::call("daos_pool_connect", &options.pool, options.call_timeout, move || {
+            connecting.connect(&pool_name, &system)
+        });
+        let pool = connected.map_err(|error| {
             let hint = match error.code {
+                Code::NoAnswer => format!(
+                    "DAOS did not answer within [backend] call_timeout_seconds ({:.0?}): are the engines up (`dmg \
+                     system query`)? The agent needs its pool to start",
+                    options.call_timeout
+                ),
                 Code::Der(der::NONEXIST) => format!(
                     "no such pool: create it (dmg pool create {} --size=...) or set [backend] pool to an existing pool's \
                      label or UUID (dmg pool list)",
@@ -400,8 +411,11 @@ impl DaosContainer {
         }
         let (parent, name) = self.parent(path)?;
         // DFS opens whatever the name is; the type is checked before any side effect
-        // (O_TRUNC), so a directory or link is refused untouched.
-        match self.probe(parent.as_ref(), name, path)? {
+        // (O_TRUNC), so a directory or link is refused untouched. An exclusive create
+        // needs no look first: DFS's O_EXCL refuses any existing name (`EEXIST`).
+        let exclusive_create = options.create && options.exclusive && !options.truncate;
+        let existing = if exclusive_create { None } else { self.probe(parent.as_ref(), name, path)? };
+        match existing {
             Some(st) => {
                 if options.create && options.exclusive {
                     return Err(Error::AlreadyExists { path: path.to_string() });
@@ -530,6 +544,31 @@ impl Container for DaosContainer {
 
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>> {
         Ok(Arc::new(self.open_object(path, options, mode)?))
+    }
+
+    /// An open that neither creates nor truncates is one `dfs_lookup`, which opens the
+    /// file and stats it in one call (where [`Container::open`] and a stat are the
+    /// parent's lookup, a `dfs_stat` probe, `dfs_open` and `dfs_ostat`); the rest as
+    /// the default.
+    fn open_stat(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<(Arc<dyn Object>, Attr)> {
+        if options.create || options.truncate || path.is_root() {
+            let object = self.open_object(path, options, mode)?;
+            let attr = object.stat()?;
+            return Ok((Arc::new(object), attr));
+        }
+        let (obj, st) = self.lookup(path, options.write)?;
+        if kind_of(path.as_str(), &st)? == EntryKind::Directory {
+            return Err(Error::IsADirectory { path: path.to_string() });
+        }
+        let attr = with_object_id(attr(path.as_str(), &st)?, &obj, path)?;
+        let object = DaosObject {
+            obj: Arc::new(obj),
+            path: path.clone(),
+            writable: options.write,
+            retry: self.retry,
+            call_timeout: self.call_timeout,
+        };
+        Ok((Arc::new(object), attr))
     }
 
     fn remove(&self, path: &NsPath, recursive: bool) -> Result<()> {

@@ -73,6 +73,19 @@ pub fn stuck_calls() -> Vec<(String, Duration)> {
     calls().stuck.iter().map(|s| (s.what.clone(), s.since.elapsed())).collect()
 }
 
+/// End the process with `status` at once, running no teardown: no Rust destructors, no
+/// C `atexit` handlers, no library destructors (libdaos's, mercury's, UCX's). For an
+/// agent stopping while [`stuck_calls`] is not empty: those calls still run inside DAOS
+/// on their threads, and tearing the libraries down under them crashed the process
+/// (SIGSEGV after its last message, so it ended by the signal, not with `status`).
+/// Standard error is unbuffered; standard output is flushed first.
+pub fn exit_leaving_calls_in_daos(status: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: _exit ends the process; it touches no memory of this one.
+    unsafe { libc::_exit(status) }
+}
+
 /// Make `call` on a call thread and wait for it at most `deadline` (`Duration::ZERO`:
 /// no deadline, the call is made here). `call_name` is the DAOS function for the error,
 /// `what` names the call for logs (a path).

@@ -40,7 +40,7 @@ mod sys;
 // Public for the fuzz targets (fuzz/): a token is bytes from an untrusted host.
 pub use anchor::AnchorKey;
 pub use backend::{DEFAULT_CHUNK_BYTES, DaosBackend, DaosContainer, DaosOptions, OpenError};
-pub use deadline::{MAX_STUCK, stuck_calls};
+pub use deadline::{MAX_STUCK, exit_leaving_calls_in_daos, stuck_calls};
 pub use dfs::{DEFAULT_AGENT_SOCKET_DIR, SetupError, default_agent_socket_dir, load_libraries, prefix_from_env};
 pub use retry::{RetryStats, retry_stats};
 pub use sys::{DAOS_ANCHOR_BYTES, daos_anchor_t};

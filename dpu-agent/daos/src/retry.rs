@@ -34,6 +34,18 @@ pub struct RetryStats {
     pub refused: u64,
 }
 
+impl std::ops::AddAssign for RetryStats {
+    /// Counts of two processes together (the agent's and its tenant workers').
+    fn add_assign(&mut self, o: RetryStats) {
+        self.retried_calls += o.retried_calls;
+        self.retries += o.retries;
+        self.recovered += o.recovered;
+        self.gave_up += o.gave_up;
+        self.unanswered += o.unanswered;
+        self.refused += o.refused;
+    }
+}
+
 static RETRIED_CALLS: AtomicU64 = AtomicU64::new(0);
 static RETRIES: AtomicU64 = AtomicU64::new(0);
 static RECOVERED: AtomicU64 = AtomicU64::new(0);

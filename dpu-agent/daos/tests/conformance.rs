@@ -107,6 +107,7 @@ macro_rules! conformance {
 conformance!(
     stat_and_mkdir,
     open_create_and_modes,
+    open_stat_answers_as_open_and_stat,
     remove_files_and_trees,
     rename_rules,
     invalid_names_and_escapes,
@@ -179,6 +180,42 @@ fn open_create_and_modes(c: &dyn Container) {
     g.write_at(&[7u8; 200_000], 0).unwrap();
     assert_eq!(c.stat(&p("/g")).unwrap().size, 200_000);
     c.sync().unwrap();
+}
+
+/// `open_stat` (one DFS lookup on the DAOS backend where it neither creates nor
+/// truncates) answers what `open` and the object's `stat` answer, errors included.
+fn open_stat_answers_as_open_and_stat(c: &dyn Container) {
+    c.mkdir(&p("/d"), 0o755).unwrap();
+    let f = c.open(&p("/d/f"), create(), 0o640).unwrap();
+    f.write_at(&[3u8; 70_000], 0).unwrap();
+    f.sync().unwrap();
+    for options in [OpenOptions::default(), rw()] {
+        let (object, attr) = c.open_stat(&p("/d/f"), options, 0).unwrap();
+        let opened = c.open(&p("/d/f"), options, 0).unwrap();
+        assert_eq!(attr, opened.stat().unwrap(), "{options:?}");
+        assert_eq!((attr.kind, attr.size, attr.mode), (EntryKind::File, 70_000, 0o640));
+        assert_eq!(object.writable(), options.write);
+        let mut buf = [0u8; 8];
+        assert_eq!(object.read_at(&mut buf, 69_996).unwrap(), 4);
+        if options.write {
+            object.write_at(b"xy", 70_000).unwrap();
+            assert_eq!(object.stat().unwrap().size, 70_002);
+        } else {
+            assert!(matches!(object.write_at(b"x", 0), Err(Error::AccessMode { .. })));
+        }
+    }
+    let (_, created) = c.open_stat(&p("/d/g"), OpenOptions { exclusive: true, ..create() }, 0o600).unwrap();
+    assert_eq!((created.kind, created.size, created.mode), (EntryKind::File, 0, 0o600));
+    let (_, truncated) = c.open_stat(&p("/d/f"), OpenOptions { truncate: true, ..rw() }, 0).unwrap();
+    assert_eq!(truncated.size, 0);
+    assert!(matches!(c.open_stat(&p("/d/nope"), OpenOptions::default(), 0), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        c.open_stat(&p("/d/f/x"), OpenOptions::default(), 0),
+        Err(Error::NotADirectory { .. } | Error::NotFound { .. })
+    ));
+    assert!(matches!(c.open_stat(&p("/d"), OpenOptions::default(), 0), Err(Error::IsADirectory { .. })));
+    assert!(matches!(c.open_stat(&p("/d"), rw(), 0), Err(Error::IsADirectory { .. })));
+    assert!(matches!(c.open_stat(&NsPath::root(), OpenOptions::default(), 0), Err(Error::IsADirectory { .. })));
 }
 
 fn remove_files_and_trees(c: &dyn Container) {
