@@ -9,7 +9,16 @@
 //! file exists by then), and makes the call again, once. So a tenant's jobs continue
 //! across a worker's death as they do across an agent restart, and no other tenant's
 //! worker is touched.
+//!
+//! The lost worker may have made the call before it died. A call that cannot run twice
+//! with the same answer is settled by what its second run finds
+//! ([`Shared::call_again_settled`]): a remove answered "no such file" and a rename whose
+//! source is gone and whose target is there had run; an exclusive create of a put's
+//! temporary file (a name unique to that put, [`dpuio_proto::put`]) that finds the file
+//! opens it. An exclusive create of any other name keeps its "already exists": whether
+//! this call or another made the file cannot be told apart.
 
+use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -20,13 +29,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpuio_backend::{
-    Attr, Backend, Container, DirEntry, Error, HostBytes, HostBytesMut, NsPath, Object, OpenOptions, Result,
+    Attr, Backend, Container, DirEntry, Error, HostBytes, HostBytesMut, LentMemory, NsPath, Object, OpenOptions,
+    Result, Staged,
 };
 
 use crate::control::{self, Control};
 use crate::lock;
 use crate::spawn::{self, Identity};
-use crate::staging::Staging;
+use crate::staging::{Slot, Staging};
 use crate::wire::{self, Piece, Reply, Request, Setup};
 
 /// Staging slots per worker: pieces in flight at once before one waits (two I/O
@@ -55,6 +65,9 @@ pub(crate) struct Shared {
     generation: AtomicU64,
     restarts: AtomicU64,
     last_start: Mutex<Option<Instant>>,
+    /// DAOS retry counters of the tenant's workers that are gone, as they last
+    /// published them.
+    retired: Mutex<dpuio_daos::RetryStats>,
 }
 
 /// One worker process and what the agent holds of it.
@@ -63,7 +76,7 @@ pub(crate) struct Process {
     child: Mutex<Child>,
     control: OwnedFd,
     channels: Mutex<Vec<Channel>>,
-    pub(crate) staging: Staging,
+    pub(crate) staging: Arc<Staging>,
     pub(crate) lost: AtomicBool,
 }
 
@@ -110,8 +123,19 @@ impl WorkerBackend {
                 generation: AtomicU64::new(0),
                 restarts: AtomicU64::new(0),
                 last_start: Mutex::new(None),
+                retired: Mutex::default(),
             }),
         }
+    }
+
+    /// The DAOS retry counters of the tenant's workers, this one and those before it
+    /// (as each last published them, up to half a second old).
+    pub fn retry_stats(&self) -> dpuio_daos::RetryStats {
+        let mut stats = *lock(&self.shared.retired);
+        if let Some(p) = lock(&self.shared.current).as_ref() {
+            stats += p.staging.mapping.published();
+        }
+        stats
     }
 
     /// The identity the worker runs as.
@@ -176,6 +200,7 @@ impl Shared {
         }
         if let Some(old) = current.take() {
             old.retire();
+            *lock(&self.retired) += old.staging.mapping.published();
         }
         {
             let mut last = lock(&self.last_start);
@@ -200,6 +225,7 @@ impl Shared {
             reason,
         };
         let staging = Staging::new(&format!("dpuio-staging-{}", self.tenant), STAGING_SLOTS, self.slot_bytes)
+            .map(Arc::new)
             .map_err(|e| unavailable(format!("cannot make its staging memory: {e}")))?;
         let (ours, theirs) =
             control::pair().map_err(|e| unavailable(format!("cannot make its control socket: {e}")))?;
@@ -288,6 +314,34 @@ impl Shared {
         self.with_process(|p| match p.call(&make(p)?)? {
             Reply::Failed(e) => Err(Fault::Backend(e.into())),
             reply => Ok(reply),
+        })
+    }
+
+    /// As [`Shared::call`], for a call whose second run, after the worker that was sent
+    /// it died, may find it made: `had_run` tells from such a run's error whether the
+    /// lost worker had made it (`Ok(None)`), else the error stands.
+    fn call_again_settled(
+        &self,
+        make: impl Fn(&Process) -> std::result::Result<Request, Fault>,
+        had_run: impl Fn(&Error) -> bool,
+    ) -> Result<Option<Reply>> {
+        let sent = Cell::new(false);
+        self.with_process(|p| {
+            let request = make(p)?;
+            let again = sent.replace(true);
+            match p.call(&request)? {
+                Reply::Failed(e) if again => {
+                    let e = Error::from(e);
+                    if !had_run(&e) {
+                        return Err(Fault::Backend(e));
+                    }
+                    tracing::warn!(tenant = self.tenant, answer = %e,
+                        "a call made again after its DAOS worker was lost had run before; taken as done");
+                    Ok(None)
+                }
+                Reply::Failed(e) => Err(Fault::Backend(e.into())),
+                reply => Ok(Some(reply)),
+            }
         })
     }
 }
@@ -422,6 +476,21 @@ impl WorkerContainer {
         }
     }
 
+    /// As [`WorkerContainer::done`] for a remove or rename: made again on a new worker,
+    /// `had_run` tells from its error whether the lost worker had made it.
+    fn done_once(&self, make: impl Fn(u64) -> Request, had_run: impl Fn(&Error) -> bool) -> Result<()> {
+        match self.shared.call_again_settled(|p| Ok(make(self.id(p)?)), had_run)? {
+            None | Some(Reply::Done) => Ok(()),
+            Some(other) => Err(unexpected(other)),
+        }
+    }
+
+    /// Whether a rename's second run that failed with `e` finds the first had run:
+    /// `from` is gone and `to` is there.
+    fn renamed(&self, e: &Error, to: &NsPath) -> bool {
+        matches!(e, Error::NotFound { .. }) && self.stat(to).is_ok()
+    }
+
     fn attr(&self, make: impl Fn(u64) -> Request) -> Result<Attr> {
         match self.shared.call(|p| Ok(make(self.id(p)?)))? {
             Reply::Attr(a) => Ok(a.into()),
@@ -461,11 +530,27 @@ impl Container for WorkerContainer {
             .me
             .upgrade()
             .ok_or_else(|| Error::InvalidArgument(format!("container {:?} is unmounted", self.name)))?;
-        // The first open creates, truncates or fails as asked; a reopen does none.
+        // The first open creates, truncates or fails as asked; a reopen does none. A put's
+        // temporary file that an exclusive create made on a worker lost before it
+        // answered is this put's (its name is unique to it): the second run opens it.
+        let unique = options.exclusive && path.file_name().is_some_and(|n| dpuio_proto::put::target_of(n).is_some());
+        let sent = Cell::new(false);
         let (generation, id, writable) = self.shared.with_process(|p| {
-            let request =
-                Request::Open { container: self.id(p)?, path: path.to_string(), options: options.into(), mode };
-            match p.call(&request)? {
+            let container = self.id(p)?;
+            let request = Request::Open { container, path: path.to_string(), options: options.into(), mode };
+            let again = sent.replace(true);
+            let reply = match p.call(&request)? {
+                Reply::Failed(e)
+                    if again && unique && matches!(Error::from(e.clone()), Error::AlreadyExists { .. }) =>
+                {
+                    tracing::warn!(tenant = self.shared.tenant, %path,
+                        "a put's temporary file was made by a DAOS worker lost before it answered; opening it");
+                    let options = OpenOptions { create: false, exclusive: false, truncate: false, ..options };
+                    p.call(&Request::Open { container, path: path.to_string(), options: options.into(), mode })?
+                }
+                reply => reply,
+            };
+            match reply {
                 Reply::Opened { object, writable } => Ok((p.generation, object, writable)),
                 Reply::Failed(e) => Err(Fault::Backend(e.into())),
                 other => Err(Fault::Backend(unexpected(other))),
@@ -482,15 +567,24 @@ impl Container for WorkerContainer {
     }
 
     fn remove(&self, path: &NsPath, recursive: bool) -> Result<()> {
-        self.done(|_, container| Request::Remove { container, path: path.to_string(), recursive })
+        self.done_once(
+            |container| Request::Remove { container, path: path.to_string(), recursive },
+            |e| matches!(e, Error::NotFound { .. }),
+        )
     }
 
     fn rename(&self, from: &NsPath, to: &NsPath) -> Result<()> {
-        self.done(|_, container| Request::Rename { container, from: from.to_string(), to: to.to_string() })
+        self.done_once(
+            |container| Request::Rename { container, from: from.to_string(), to: to.to_string() },
+            |e| self.renamed(e, to),
+        )
     }
 
     fn replace(&self, from: &NsPath, to: &NsPath) -> Result<()> {
-        self.done(|_, container| Request::Replace { container, from: from.to_string(), to: to.to_string() })
+        self.done_once(
+            |container| Request::Replace { container, from: from.to_string(), to: to.to_string() },
+            |e| self.renamed(e, to),
+        )
     }
 
     fn truncate(&self, path: &NsPath, size: u64) -> Result<()> {
@@ -537,42 +631,62 @@ impl WorkerObject {
         &self.container.shared
     }
 
-    /// One piece through a staging slot: `fill` copies a write's bytes in, `drain` a
-    /// read's bytes out. Returns the bytes moved.
-    fn piece(
-        &self,
-        offset: u64,
-        len: u64,
-        write: bool,
-        fill: &dyn Fn(HostBytesMut<'_>),
-        drain: &mut dyn FnMut(HostBytes<'_>),
-    ) -> Result<u64> {
+    /// One piece through a staging slot, the bytes of a write coming from `fill`.
+    /// Returns the bytes moved and the slot taken for it, which holds a read's bytes
+    /// until it drops (none where a write's bytes were in the worker's slot already).
+    fn piece(&self, offset: u64, len: u64, fill: Fill<'_>) -> Result<(u64, Option<Slot>)> {
         let staging_error = |e: io::Error| Fault::Backend(Error::InvalidArgument(e.to_string()));
+        let write = !matches!(fill, Fill::Read);
         self.shared().with_process(|p| {
-            let slot = p.staging.take();
+            let (at, slot) = match fill {
+                Fill::Staged(s) if std::ptr::addr_eq(Arc::as_ptr(s.memory()), Arc::as_ptr(&p.staging)) => {
+                    (s.offset() as u64, None)
+                }
+                _ => {
+                    let slot = p.staging.take();
+                    let into = || p.staging.mapping.bytes_mut(slot.offset, len).map_err(staging_error);
+                    match fill {
+                        Fill::Read => {}
+                        Fill::Copy(bytes) => into()?.copy_from_view(bytes),
+                        // The worker whose slot holds them was replaced since.
+                        Fill::Staged(s) => into()?.copy_from_view(s.bytes()),
+                    }
+                    (slot.offset, Some(slot))
+                }
+            };
             let object = self.id(p)?;
-            if write {
-                fill(p.staging.mapping.bytes_mut(slot.offset, len).map_err(staging_error)?);
-            }
-            let request = Request::Io { pieces: vec![Piece { object, offset, staging: slot.offset, len, write }] };
+            let request = Request::Io { pieces: vec![Piece { object, offset, staging: at, len, write }] };
             let mut channel = p.channel()?;
             wire::send(channel.get_mut(), &request).map_err(Lost)?;
             let mut outcome = None;
             wire::recv_pieces(&mut channel, 1, &mut |_, r| outcome = Some(r)).map_err(Lost)?;
             p.give_back(channel);
             match outcome {
-                Some(Ok(n)) => {
-                    let n = n.min(len);
-                    if !write {
-                        drain(p.staging.mapping.bytes(slot.offset, n).map_err(staging_error)?);
-                    }
-                    Ok(n)
-                }
+                Some(Ok(n)) => Ok((n.min(len), slot)),
                 Some(Err(e)) => Err(Fault::Backend(e.into())),
                 None => Err(Fault::Backend(Error::InvalidArgument("the worker reported no piece".into()))),
             }
         })
     }
+
+    /// A read's piece: its byte count and the slot holding the bytes.
+    fn read_piece(&self, offset: u64, len: u64) -> Result<(u64, Slot)> {
+        match self.piece(offset, len, Fill::Read)? {
+            (n, Some(slot)) => Ok((n, slot)),
+            (_, None) => Err(Error::InvalidArgument("a read piece without a staging slot".into())),
+        }
+    }
+}
+
+/// Where a piece's bytes come from.
+#[derive(Clone, Copy)]
+enum Fill<'a> {
+    /// Nowhere: a read.
+    Read,
+    /// A write from the caller's memory, copied into a slot.
+    Copy(HostBytes<'a>),
+    /// A write whose bytes the caller put in a slot ([`Object::staging_for_write`]).
+    Staged(&'a Staged),
 }
 
 impl Object for WorkerObject {
@@ -585,38 +699,61 @@ impl Object for WorkerObject {
     }
 
     fn read_into(&self, mut buf: HostBytesMut<'_>, offset: u64) -> Result<usize> {
-        let slot = self.shared().slot_bytes as usize;
+        let slot_bytes = self.shared().slot_bytes as usize;
         let mut done = 0;
         while done < buf.len() {
-            let len = (buf.len() - done).min(slot);
-            let mut target = buf.slice_mut(done..done + len);
-            let n = self.piece(offset + done as u64, len as u64, false, &|_| {}, &mut |bytes| {
-                target.slice_mut(..bytes.len()).copy_from_view(bytes);
-            })? as usize;
-            done += n;
-            if n < len {
+            let len = (buf.len() - done).min(slot_bytes);
+            let (n, slot) = self.read_piece(offset + done as u64, len as u64)?;
+            let staged =
+                slot.staging().mapping.bytes(slot.offset, n).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            buf.slice_mut(done..done + n as usize).copy_from_view(staged);
+            done += n as usize;
+            if (n as usize) < len {
                 break;
             }
         }
         Ok(done)
     }
 
+    fn read_staged(&self, offset: u64, len: usize) -> Option<Result<Staged>> {
+        if len as u64 > self.shared().slot_bytes {
+            return None;
+        }
+        Some(self.read_piece(offset, len as u64).and_then(|(n, slot)| {
+            let memory: Arc<dyn LentMemory> = slot.staging().clone();
+            let at = slot.offset as usize;
+            Staged::new(memory, at, n as usize, Box::new(slot))
+                .ok_or_else(|| Error::InvalidArgument(format!("the worker read {n} bytes into a slot of {len}")))
+        }))
+    }
+
     fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
-        let slot = self.shared().slot_bytes as usize;
+        let slot_bytes = self.shared().slot_bytes as usize;
         let mut done = 0;
         while done < buf.len() {
-            let len = (buf.len() - done).min(slot);
+            let len = (buf.len() - done).min(slot_bytes);
             let piece = buf.slice(done..done + len);
-            self.piece(
-                offset + done as u64,
-                len as u64,
-                true,
-                &|mut staging| staging.copy_from_view(piece),
-                &mut |_| {},
-            )?;
+            self.piece(offset + done as u64, len as u64, Fill::Copy(piece))?;
             done += len;
         }
         Ok(())
+    }
+
+    fn staging_for_write(&self, len: usize) -> Option<Result<Staged>> {
+        if len as u64 > self.shared().slot_bytes {
+            return None;
+        }
+        Some(self.shared().process().and_then(|p| {
+            let slot = p.staging.take();
+            let memory: Arc<dyn LentMemory> = p.staging.clone();
+            let at = slot.offset as usize;
+            Staged::new(memory, at, len, Box::new(slot))
+                .ok_or_else(|| Error::InvalidArgument(format!("a write of {len} bytes does not fit a staging slot")))
+        }))
+    }
+
+    fn write_staged(&self, staged: Staged, offset: u64) -> Result<()> {
+        self.piece(offset, staged.len() as u64, Fill::Staged(&staged)).map(|_| ())
     }
 
     fn stat(&self) -> Result<Attr> {

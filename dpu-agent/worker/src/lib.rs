@@ -24,7 +24,7 @@ mod control;
 mod queue;
 pub mod serve;
 pub mod spawn;
-mod staging;
+pub mod staging;
 mod wire;
 
 pub use client::{WorkerBackend, foreign_principals};

@@ -44,7 +44,7 @@ struct Group {
 struct Sent<'a> {
     process: &'a Process,
     channel: crate::client::Channel,
-    pieces: Vec<(usize, Slot<'a>, u64)>,
+    pieces: Vec<(usize, Slot, u64)>,
 }
 
 impl IoQueue for RoutedQueue {
@@ -148,7 +148,7 @@ fn send<'a>(
     if pieces.is_empty() {
         return Ok(None);
     }
-    let back = |pieces: Vec<(usize, Slot<'_>, u64)>| pieces.into_iter().map(|(pos, _, _)| pos).collect::<Vec<_>>();
+    let back = |pieces: Vec<(usize, Slot, u64)>| pieces.into_iter().map(|(pos, _, _)| pos).collect::<Vec<_>>();
     let Ok(mut channel) = process.channel().map_err(|l| l.0) else { return Err(back(pieces)) };
     if wire::send(channel.get_mut(), &Request::Io { pieces: wire_pieces }).is_err() {
         process.lost.store(true, Ordering::Relaxed);

@@ -25,6 +25,24 @@ use crate::wire::{self, Piece, Reply, Request, Setup, WireAttr, WireError};
 /// test uses it to show that DAOS itself refuses a worker another tenant's container.
 pub const TEST_HOOK_MOUNT_ENV: &str = "DPUIO_TEST_HOOK_WORKER_MOUNT";
 
+/// A test-only hook: the worker SIGKILLs itself after it made a create, remove, rename
+/// or replace whose path holds the text named here, before it answers. The per-tenant
+/// identity test uses it to show that such a call, made again on a new worker, answers
+/// as the first run would have.
+pub const TEST_HOOK_DIE_ENV: &str = "DPUIO_TEST_HOOK_WORKER_DIE_AFTER";
+
+/// Whether [`TEST_HOOK_DIE_ENV`] names a path of `request`, a call that changes the
+/// namespace.
+fn test_hook_dies_after(request: &Request) -> bool {
+    let Ok(text) = std::env::var(TEST_HOOK_DIE_ENV) else { return false };
+    match request {
+        Request::Open { path, options, .. } => options.create && path.contains(&text),
+        Request::Remove { path, .. } => path.contains(&text),
+        Request::Rename { from, .. } | Request::Replace { from, .. } => from.contains(&text),
+        _ => false,
+    }
+}
+
 /// A piece this large has its report sent at once; smaller ones wait for company.
 const REPORT_AT_ONCE_BYTES: u64 = 64 << 10;
 /// Reports of small pieces held before they are sent together.
@@ -47,6 +65,8 @@ pub fn run(control: OwnedFd) -> std::result::Result<(), String> {
     };
     control::send(control.as_fd(), &Control::Ready, None).map_err(|e| format!("answering the agent: {e}"))?;
     tracing::info!(tenant = setup.tenant, uid = real_id("Uid"), gid = real_id("Gid"), "tenant worker serving");
+    let staging = Arc::new(staging);
+    publish_counters(staging.clone()).map_err(|e| format!("starting the counters thread: {e}"))?;
     let worker = Arc::new(Worker {
         tenant: setup.tenant.clone(),
         backend,
@@ -104,10 +124,25 @@ fn real_id(field: &str) -> String {
         .unwrap_or_default()
 }
 
+/// How often the worker publishes its DAOS retry counters for the agent's metrics.
+const COUNTERS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Publish this process's DAOS retry counters in the staging memory's counters page,
+/// from a thread of their own (a call stuck in DAOS does not stop them).
+fn publish_counters(staging: Arc<Mapping>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("dpuio-worker-counters".into()).spawn(move || {
+        loop {
+            staging.publish(&dpuio_daos::retry_stats());
+            std::thread::sleep(COUNTERS_EVERY);
+        }
+    })?;
+    Ok(())
+}
+
 struct Worker {
     tenant: String,
     backend: DaosBackend,
-    staging: Mapping,
+    staging: Arc<Mapping>,
     containers: Mutex<HashMap<u64, Arc<DaosContainer>>>,
     objects: Mutex<HashMap<u64, Arc<dyn Object>>>,
     next_id: AtomicU64,
@@ -134,7 +169,12 @@ impl Worker {
                 }
                 continue;
             }
+            let dies = test_hook_dies_after(&request);
             let reply = self.handle(request).unwrap_or_else(|e| Reply::Failed(WireError::from(&e)));
+            if dies && !matches!(reply, Reply::Failed(_)) {
+                tracing::warn!(tenant = self.tenant, "test hook: dying before answering");
+                let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+            }
             if let Err(e) = wire::send(stream.get_mut(), &reply) {
                 tracing::warn!(error = %e, "tenant worker cannot answer the agent");
                 return;

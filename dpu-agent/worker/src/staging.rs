@@ -5,18 +5,31 @@
 //! they are put to the host); a worker process only moves where that memory lives.
 //! Slots are lent to one call at a time and come back when the call's reply is in;
 //! [`Staging::take`] waits while all are lent, so the memory is bounded.
+//!
+//! After the slots, one page holds the worker's DAOS retry counters ([`Counters`]),
+//! which the worker publishes there and the agent reads for its metrics without a call
+//! (a worker stuck in DAOS still has them read).
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use host_bytes::{HostBytes, HostBytesMut};
+
+/// Bytes at the end of the memfd for the worker's counters.
+const COUNTERS_BYTES: usize = 4096;
+
+/// The worker's DAOS retry counters, in the order of [`dpuio_daos::RetryStats`]'s fields.
+const COUNTERS: usize = 6;
 
 /// A shared mapping of the staging memfd.
 pub struct Mapping {
     fd: OwnedFd,
     ptr: NonNull<u8>,
+    /// Bytes mapped: the slots, then the counters page.
     len: usize,
 }
 
@@ -27,18 +40,21 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// A new memfd of `len` bytes, mapped.
+    /// A new memfd of `len` bytes of slots and the counters page, mapped.
     pub fn create(name: &str, len: usize) -> io::Result<Mapping> {
         let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
-        rustix::fs::ftruncate(&fd, len as u64)?;
+        rustix::fs::ftruncate(&fd, (len + COUNTERS_BYTES) as u64)?;
         Mapping::map(fd)
     }
 
     /// Map a memfd made by [`Mapping::create`] (in the other process), all of it.
     pub fn map(fd: OwnedFd) -> io::Result<Mapping> {
         let len = rustix::fs::fstat(&fd)?.st_size as usize;
-        if len == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "the staging memfd is empty"));
+        if len <= COUNTERS_BYTES || len % COUNTERS_BYTES != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the staging memfd has {len} bytes: not slots and a counters page"),
+            ));
         }
         // SAFETY: a fresh shared mapping of a file we hold; nothing else in this
         // process refers to the address range it returns.
@@ -63,13 +79,50 @@ impl Mapping {
         self.fd.as_fd()
     }
 
+    /// Bytes of slots (the counters page is not one).
+    fn slots_len(&self) -> usize {
+        self.len - COUNTERS_BYTES
+    }
+
     fn check(&self, offset: u64, len: u64) -> io::Result<usize> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len as u64 => Ok(offset as usize),
+            Some(end) if end <= self.slots_len() as u64 => Ok(offset as usize),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("staging range {offset}+{len} is outside the {} bytes of staging memory", self.len),
+                format!("staging range {offset}+{len} is outside the {} bytes of staging memory", self.slots_len()),
             )),
+        }
+    }
+
+    /// Counter `i` of the counters page.
+    fn counter(&self, i: usize) -> &AtomicU64 {
+        assert!(i < COUNTERS);
+        // SAFETY: the counters page lies inside the mapping (checked in `map`), is
+        // page-aligned (so every word is 8-aligned), and is only ever accessed through
+        // atomics, by this process and the other; the borrow ends before self drops.
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(self.slots_len()).cast::<u64>().add(i)) }
+    }
+
+    /// Publish the worker's counters (the worker's side).
+    pub fn publish(&self, stats: &dpuio_daos::RetryStats) {
+        let words =
+            [stats.retried_calls, stats.retries, stats.recovered, stats.gave_up, stats.unanswered, stats.refused];
+        for (i, w) in words.into_iter().enumerate() {
+            self.counter(i).store(w, Ordering::Relaxed);
+        }
+    }
+
+    /// The counters the worker last published (the agent's side; as the worker wrote
+    /// them: for metrics only).
+    pub fn published(&self) -> dpuio_daos::RetryStats {
+        let w = |i| self.counter(i).load(Ordering::Relaxed);
+        dpuio_daos::RetryStats {
+            retried_calls: w(0),
+            retries: w(1),
+            recovered: w(2),
+            gave_up: w(3),
+            unanswered: w(4),
+            refused: w(5),
         }
     }
 
@@ -116,30 +169,48 @@ impl Staging {
     }
 
     /// A free slot, if one is.
-    pub fn try_take(&self) -> Option<Slot<'_>> {
+    pub fn try_take(self: &Arc<Self>) -> Option<Slot> {
         let offset = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
-        Some(Slot { staging: self, offset })
+        Some(Slot { staging: self.clone(), offset })
     }
 
     /// A free slot's offset, waiting while all are lent.
-    pub fn take(&self) -> Slot<'_> {
+    pub fn take(self: &Arc<Self>) -> Slot {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(offset) = free.pop() {
-                return Slot { staging: self, offset };
+                return Slot { staging: self.clone(), offset };
             }
             free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
 
-/// A slot lent to one call; back to the free list when dropped.
-pub struct Slot<'a> {
-    staging: &'a Staging,
+/// The staging memory as the data plane sees it: what it registers with its
+/// transports to put a read's bytes straight from a slot ([`dpuio_backend::Staged`]).
+// SAFETY: the span is the mapping's, fixed at creation and unmapped only when the
+// Staging (and so the Mapping) drops.
+unsafe impl host_bytes::LentMemory for Staging {
+    fn span(&self) -> (*mut u8, usize) {
+        (self.mapping.ptr.as_ptr(), self.mapping.slots_len())
+    }
+}
+
+/// A slot lent to one call (or, for a staged read, to whoever holds its bytes); back to
+/// the free list when dropped.
+pub struct Slot {
+    staging: Arc<Staging>,
     pub offset: u64,
 }
 
-impl Drop for Slot<'_> {
+impl Slot {
+    /// The staging memory the slot is in.
+    pub fn staging(&self) -> &Arc<Staging> {
+        &self.staging
+    }
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
         self.staging.free.lock().unwrap_or_else(|p| p.into_inner()).push(self.offset);
         self.staging.returned.notify_one();
@@ -152,7 +223,7 @@ mod tests {
 
     #[test]
     fn both_mappings_see_the_same_bytes_and_ranges_are_checked() {
-        let staging = Staging::new("dpuio-test-staging", 2, 4096).unwrap();
+        let staging = Arc::new(Staging::new("dpuio-test-staging", 2, 4096).unwrap());
         let other = Mapping::map(staging.mapping.fd().try_clone_to_owned().unwrap()).unwrap();
         let slot = staging.take();
         staging.mapping.bytes_mut(slot.offset, 5).unwrap().copy_from_slice(b"hello");
@@ -162,5 +233,27 @@ mod tests {
         assert!(other.bytes(u64::MAX, 2).is_err());
         let second = staging.take();
         assert_ne!(second.offset, slot.offset);
+        let err = other.bytes(8192, 1).unwrap_err();
+        assert!(err.to_string().contains("outside"), "the counters page is no slot: {err}");
+    }
+
+    #[test]
+    fn the_workers_counters_reach_the_other_mapping() {
+        let staging = Staging::new("dpuio-test-counters", 1, 4096).unwrap();
+        let worker = Mapping::map(staging.mapping.fd().try_clone_to_owned().unwrap()).unwrap();
+        let stats = dpuio_daos::RetryStats {
+            retried_calls: 1,
+            retries: 2,
+            recovered: 3,
+            gave_up: 4,
+            unanswered: 5,
+            refused: 6,
+        };
+        worker.publish(&stats);
+        assert_eq!(staging.mapping.published(), stats);
+        let bad = rustix::fs::memfd_create("dpuio-test-short", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&bad, 100).unwrap();
+        let err = Mapping::map(bad).err().expect("a memfd without a counters page is refused");
+        assert!(err.to_string().contains("not slots and a counters page"), "{err}");
     }
 }
