@@ -111,7 +111,7 @@ impl Code {
             IoStatus::Io => Code::Io,
             IoStatus::Busy => Code::Busy,
             IoStatus::Integrity => Code::Integrity,
-            IoStatus::Cancelled | IoStatus::Lost => Code::Unavailable,
+            IoStatus::Cancelled | IoStatus::Lost | IoStatus::Unavailable => Code::Unavailable,
             _ => Code::Internal,
         })
     }

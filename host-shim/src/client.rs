@@ -368,15 +368,10 @@ impl Client {
         Ok(File::opened(&self.inner, opened, path, true))
     }
 
-    /// Remove a file or an empty directory; `recursive` removes a whole tree.
+    /// Remove a file or an empty directory; `recursive` removes a whole tree (over the
+    /// ring when the session has a data plane).
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
-        self.call(&format!("remove {path}"), false, |session_id| {
-            let mut ns = self.ns();
-            let request = pb::RemoveRequest { session_id, path: path.to_owned(), recursive };
-            async move { ns.remove(request).await }
-        })
-        .await?;
-        Ok(())
+        self.inner.namespace().remove(&format!("remove {path}"), path, recursive).await
     }
 
     /// Rename; fails if `to` exists.

@@ -58,6 +58,8 @@ pub(crate) struct DataPlane {
     /// progress spins on a lock the agent holds while it writes here (measured: half
     /// of the host's CPU of a sequential read at 2 ms slices).
     progress_on_reap: bool,
+    /// How long metadata answers usually take: whether a call spins for its answer.
+    meta_latency: dpuio_proto::host_ring::meta::MetaLatency,
     /// The session and the connection to its agent: replaced when the client resumes
     /// after an agent restart (the worker, its regions and this table stay).
     conn: RwLock<Arc<Conn>>,

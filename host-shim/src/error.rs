@@ -69,10 +69,13 @@ impl Error {
         e.raw_os_error()
     }
 
-    /// The gRPC code, for errors that came from the agent.
+    /// The gRPC code, for errors that came from the agent: its answer's code, or for a
+    /// data-plane completion whose storage does not answer, `UNAVAILABLE` (the same
+    /// condition as a gRPC call answered so).
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             Error::Agent { code, .. } => Some(*code),
+            Error::Io { status: dpuio_proto::wire::Status::Unavailable, .. } => Some(tonic::Code::Unavailable),
             _ => None,
         }
     }
@@ -157,6 +160,8 @@ mod tests {
             (agent(tonic::Code::FailedPrecondition, None), Errno::IO),
             (agent(tonic::Code::DataLoss, None), Errno::IO),
             (Error::Io { op: "read".into(), status: dpuio_proto::wire::Status::Integrity }, Errno::IO),
+            // Storage gone: to a POSIX program an I/O error, as any storage failure.
+            (Error::Io { op: "read".into(), status: dpuio_proto::wire::Status::Unavailable }, Errno::IO),
             (Error::Io { op: "write".into(), status: dpuio_proto::wire::Status::Access }, Errno::ACCESS),
         ];
         for (e, want) in cases {

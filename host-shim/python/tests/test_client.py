@@ -294,7 +294,8 @@ def test_objects_of_another_client_are_refused(agent, client):
 
 def test_a_vanished_agent_gives_errors_not_crashes(agent):
     agent.put("/gone/f", b"abcdef")
-    c = dpuio.Client(agent.addr, timeout=1, connect_timeout=1)
+    # Calls wait `resume` seconds for a restarted agent before they fail (60 by default).
+    c = dpuio.Client(agent.addr, timeout=1, connect_timeout=1, resume=2)
     f = c.open("/gone/f")
     r = c.region(16, "w")
     assert f.read_into(r) == 6

@@ -4,7 +4,7 @@
 //! call ([`super::Inner::namespace`]); the calls do not branch on the path themselves.
 //!
 //! Only the calls both paths carry are here (stat, lookup, readdir, open, create,
-//! close); the others (mkdir, remove, rename, truncate, sync, delegate) are gRPC's
+//! close, remove); the others (mkdir, rename, truncate, sync, delegate) are gRPC's
 //! alone and stay plain [`Control::call`]s.
 //!
 //! Every call is async and never blocks a runtime thread: the ring's waits are
@@ -56,6 +56,9 @@ pub(crate) trait Namespace: Send + Sync {
     fn create<'a>(&'a self, op: &'a str, path: &'a str, exclusive: bool) -> Call<'a, Opened>;
     /// Close a handle; a written file is durable once this returns.
     fn close<'a>(&'a self, op: &'a str, handle: u64) -> Call<'a, ()>;
+    /// Remove a file or an empty directory; `recursive` removes a whole tree. Never
+    /// sent twice: a remove that ran would then fail with "no such file".
+    fn remove<'a>(&'a self, op: &'a str, path: &'a str, recursive: bool) -> Call<'a, ()>;
 }
 
 /// A directory listing under way.
@@ -197,6 +200,18 @@ impl Namespace for Control {
             self.call(op, true, |session_id| {
                 let mut ns = self.ns();
                 async move { ns.close(pb::CloseRequest { session_id, handle }).await }
+            })
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn remove<'a>(&'a self, op: &'a str, path: &'a str, recursive: bool) -> Call<'a, ()> {
+        Box::pin(async move {
+            self.call(op, false, |session_id| {
+                let mut ns = self.ns();
+                let request = pb::RemoveRequest { session_id, path: path.to_owned(), recursive };
+                async move { ns.remove(request).await }
             })
             .await?;
             Ok(())

@@ -154,6 +154,18 @@ impl Namespace for RingNamespace {
             self.run(op, move |dp| close(dp, &o, handle)).await
         })
     }
+
+    fn remove<'a>(&'a self, op: &'a str, path: &'a str, recursive: bool) -> Call<'a, ()> {
+        let flags = if recursive { wire::META_RECURSIVE } else { 0 };
+        Box::pin(async move {
+            let (o, p) = (op.to_owned(), path.to_owned());
+            self.run(op, move |dp| {
+                let paths = [p.as_str()];
+                dp.metadata(&o, &on_path(MetaOpcode::Remove, flags, &paths), AnswerTo::RING, |_| Ok(()))
+            })
+            .await
+        })
+    }
 }
 
 /// A listing in batches over the ring, each from the anchor the last one ended at.

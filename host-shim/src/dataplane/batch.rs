@@ -336,10 +336,12 @@ impl Batch {
                 self.move_to_new_session()?;
                 return Ok(true);
             }
-            // Quiet for a while: is the agent there?
-            if self.quiet.probe(Instant::now(), live.options.probe_after) {
-                live.suspect();
-            }
+        }
+        // Quiet for a while: is the agent there? Also with resuming off: an agent that
+        // restarted and forgot the session then fails the wait within a probe, not at
+        // the next lease renewal (a third of the lease) or the timeout.
+        if self.quiet.probe(Instant::now(), live.options.probe_after) {
+            live.suspect();
         }
         Ok(false)
     }

@@ -1,5 +1,5 @@
 //! Metadata entries through a ring (stat, open, create, close, open-read, lookup,
-//! readdir): the request goes into the ring's request area, the answer comes back into
+//! readdir, remove): the request goes into the ring's request area, the answer comes back into
 //! its answer area or a caller's region. The choices (areas, groups, which entries run
 //! again after an agent restart, how an answer reads) are
 //! [`dpuio_proto::host_ring::meta`]'s; this file writes, submits, waits and reads.
@@ -106,8 +106,10 @@ impl DataPlane {
             let request_range =
                 Range { region: ring.region.id, offset: request_at as u64, length: request.len() as u32 };
             batch.push_entry(&call.entry(request_range, answer_to).encode(), false)?;
+            let submitted = std::time::Instant::now();
             batch.submit()?;
-            let done = batch.wait_spinning(1, self.options.timeout, call.spin())?;
+            let done = batch.wait_spinning(1, self.options.timeout, self.meta_latency.spin(call))?;
+            self.meta_latency.answered(submitted.elapsed());
             let result = done
                 .first()
                 .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "no completion".into() })?

@@ -211,6 +211,7 @@ impl Prepared {
         let endpoint = connect(&self.worker, agent_address).await?;
         let dp = DataPlane {
             progress_on_reap: !self.worker.wakes_on_receive(),
+            meta_latency: Default::default(),
             worker: self.worker,
             conn: RwLock::new(Arc::new(Conn { endpoint, session_id, generation: live.generation() })),
             progress: Mutex::new(self.progress),

@@ -375,7 +375,28 @@ fn metadata_entries_carry_their_request_and_answer_ranges() {
     let exclusive = MetaCall { opcode: MetaOpcode::Create, flags: wire::META_EXCLUSIVE, ..call };
     assert!(!exclusive.runs_again());
     assert!(MetaCall { opcode: MetaOpcode::Create, ..call }.runs_again());
+    assert!(!MetaCall { opcode: MetaOpcode::Remove, ..call }.runs_again(), "a remove that ran would then fail");
     assert_eq!(MetaCall { opcode: MetaOpcode::OpenRead, ..call }.spin(), Duration::ZERO);
+}
+
+#[test]
+fn metadata_calls_spin_only_where_answers_usually_come_within_the_spin() {
+    let call = MetaCall { opcode: MetaOpcode::Stat, flags: 0, handle: 0, strings: &["/f"], arg: 0 };
+    let latency = meta::MetaLatency::default();
+    assert_eq!(latency.spin(&call), meta::SPIN, "no answer yet: spin");
+    latency.answered(Duration::from_micros(22));
+    assert_eq!(latency.spin(&call), meta::SPIN, "local answers in 22 us");
+    for _ in 0..20 {
+        latency.answered(Duration::from_micros(240));
+    }
+    assert_eq!(latency.spin(&call), Duration::ZERO, "DAOS answers in 240 us: sleep at once");
+    // Sleeping adds a wake-up to each answer; a backend fast again is seen as fast.
+    for _ in 0..30 {
+        latency.answered(Duration::from_micros(30));
+    }
+    assert_eq!(latency.spin(&call), meta::SPIN);
+    let open_read = MetaCall { opcode: MetaOpcode::OpenRead, ..call };
+    assert_eq!(latency.spin(&open_read), Duration::ZERO, "an open-read moves a file: never spins");
 }
 
 #[test]

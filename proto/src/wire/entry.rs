@@ -150,14 +150,30 @@ pub enum Status {
     /// agent restarted before answering and the entry could not be submitted again
     /// (it pointed into the old ring's own memory). It may or may not have run.
     Lost = -12,
+    /// The storage behind the agent does not answer now (every DAOS engine down or
+    /// unreachable, or DAOS leaving calls unanswered past the agent's deadline): nothing
+    /// was done, or a write may be partly done; submitting again later may succeed.
+    Unavailable = -13,
 }
 
 impl Status {
     pub fn from_i32(v: i32) -> Option<Status> {
         use Status::*;
         [
-            Ok, Malformed, BadRegion, OutOfRange, BadHandle, Access, TooLarge, Io, Busy, Integrity, Cancelled, Refused,
+            Ok,
+            Malformed,
+            BadRegion,
+            OutOfRange,
+            BadHandle,
+            Access,
+            TooLarge,
+            Io,
+            Busy,
+            Integrity,
+            Cancelled,
+            Refused,
             Lost,
+            Unavailable,
         ]
         .into_iter()
         .find(|s| *s as i32 == v)
@@ -179,6 +195,7 @@ impl Status {
             Status::Cancelled => "session ending",
             Status::Refused => "refused by the namespace",
             Status::Lost => "the agent restarted before answering; it may or may not have run: submit it again",
+            Status::Unavailable => "the storage behind the agent does not answer now (check its engines); retry later",
         }
     }
 }

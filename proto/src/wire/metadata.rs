@@ -36,6 +36,9 @@ pub enum MetaOpcode {
     /// path and the anchor to start after (empty: from the start), `arg` the most
     /// entries wanted (0: the agent's default).
     Readdir = 10,
+    /// Remove the file or empty directory at the path (`Namespace.Remove`); flag
+    /// [`META_RECURSIVE`] removes a whole tree. Answer: the header alone.
+    Remove = 11,
 }
 
 /// Metadata flag: [`MetaOpcode::Open`] for reading and writing.
@@ -44,6 +47,8 @@ pub const META_WRITE: u16 = 1 << 1;
 pub const META_TRUNCATE: u16 = 1 << 2;
 /// Metadata flag: [`MetaOpcode::Create`] fails if the file exists.
 pub const META_EXCLUSIVE: u16 = 1 << 3;
+/// Metadata flag: [`MetaOpcode::Remove`] of a directory and everything under it.
+pub const META_RECURSIVE: u16 = 1 << 4;
 /// Largest request range of a metadata entry (paths of one lookup).
 pub const MAX_META_REQUEST_BYTES: u32 = 1 << 20;
 /// Smallest answer range: every answer, an error's too, starts with this header.
@@ -106,7 +111,7 @@ impl Entry {
 impl MetaOpcode {
     pub(super) fn from_u8(b: u8) -> Option<MetaOpcode> {
         use MetaOpcode::*;
-        [Stat, StatHandle, Open, Create, Close, OpenRead, Lookup, Readdir].into_iter().find(|o| *o as u8 == b)
+        [Stat, StatHandle, Open, Create, Close, OpenRead, Lookup, Readdir, Remove].into_iter().find(|o| *o as u8 == b)
     }
 
     /// Whether the operation names an open handle rather than carrying paths.
@@ -128,6 +133,7 @@ impl MetaOpcode {
         match self {
             MetaOpcode::Open => META_WRITE | META_TRUNCATE,
             MetaOpcode::Create => META_EXCLUSIVE,
+            MetaOpcode::Remove => META_RECURSIVE,
             _ => 0,
         }
     }
@@ -310,7 +316,7 @@ impl AttrRecord {
 ///
 /// ```text
 /// 0  u64 handle (Open, Create; 0 otherwise)   8 u64 chunk_bytes (Open, Create)
-/// 16 AttrRecord (32 bytes; zero for Close, Lookup, Readdir)
+/// 16 AttrRecord (32 bytes; zero for Close, Lookup, Readdir, Remove)
 /// 48 u64 count: file bytes after the header (OpenRead), records (Lookup), entries (Readdir)
 /// 56 u32 more (Readdir: 1 if the listing goes on after this batch)   60 u32 zero
 /// ```
@@ -568,6 +574,17 @@ mod tests {
         assert_eq!(MetaSubmission::decode(&open.encode()), Ok(open));
         let create = MetaSubmission { opcode: MetaOpcode::Create, flags: META_EXCLUSIVE, arg: 0o600, ..m };
         assert_eq!(MetaSubmission::decode(&create.encode()), Ok(create));
+        let remove = MetaSubmission { opcode: MetaOpcode::Remove, flags: META_RECURSIVE, ..m };
+        assert_eq!(MetaSubmission::decode(&remove.encode()), Ok(remove));
+        // Recursive is a remove's flag alone, and a remove takes no mode.
+        assert_eq!(
+            MetaSubmission::decode(&MetaSubmission { flags: META_RECURSIVE, ..m }.encode()),
+            Err(WireError::Flags { found: META_RECURSIVE })
+        );
+        assert_eq!(
+            MetaSubmission::decode(&MetaSubmission { arg: 0o600, ..remove }.encode()),
+            Err(WireError::Field { offset: 56 })
+        );
     }
 
     #[test]
@@ -603,8 +620,8 @@ mod tests {
         let close = MetaSubmission { request_region: 0, handle: 0, ..close };
         assert_eq!(bad(close), Err(WireError::Field { offset: 16 }), "no handle");
         let mut b = good;
-        b[2] = 11;
-        assert_eq!(Entry::decode(&b), Err(WireError::Opcode { found: 11 }));
+        b[2] = 12;
+        assert_eq!(Entry::decode(&b), Err(WireError::Opcode { found: 12 }));
         assert!(matches!(Entry::decode(&good[..40]), Err(WireError::Short { .. })));
     }
 

@@ -9,7 +9,8 @@
 //!
 //! What the kernel is asked for: its page cache (`FOPEN_KEEP_CACHE` when a file is
 //! unchanged since it was last opened), entries and attributes cached for [`TTL`],
-//! reads and writes of up to [`IO_BYTES`], `readdirplus` (so `ls -l` costs one listing,
+//! reads and writes of up to [`IO_BYTES`] (readahead too, where it may set it: root),
+//! `readdirplus` (so `ls -l` costs one listing,
 //! not a stat per entry), and several threads serving requests, each with a
 //! data-plane ring of its own.
 //!
@@ -171,6 +172,9 @@ fn serve(connect: &ConnectArgs, transport: &str, args: &MountArgs) -> Result<(),
             let _ = ended_tx.send(session.run());
         })
         .map_err(|e| format!("start the request threads: {e}"))?;
+    if let Err(why) = raise_readahead(&mountpoint) {
+        let _ = writeln!(std::io::stderr(), "dpuio mount: {why}");
+    }
     if args.background_child {
         let mut stdout = std::io::stdout();
         let _ = writeln!(stdout, "{READY_LINE}").and_then(|()| stdout.flush());
@@ -199,6 +203,73 @@ fn serve(connect: &ConnectArgs, transport: &str, args: &MountArgs) -> Result<(),
         // Unmounted lazily with files still open: the process exit closes the rest.
         None => Ok(()),
     }
+}
+
+/// Let the kernel read ahead [`IO_BYTES`] at a time on the mount, not the 128 KiB every
+/// new FUSE mount starts with (the kernel takes the smaller of the file system's
+/// `max_readahead` and its default): with 128 KiB, a program reading a file in order gets
+/// one request to the agent per 128 KiB, each waiting for storage (over DAOS, 1 MiB reads
+/// one at a time ran at a tenth of dfuse's, whose direct I/O sends each read whole). The
+/// setting is the mount's backing device's `read_ahead_kb` in sysfs, which only root may
+/// write: for other users this says why it stays at 128 KiB.
+///
+/// The device number comes from `/proc/self/mountinfo`, not from a `stat` of the mount
+/// point: a path walk into the new mount holds it while the request is served, and an
+/// unmount right after the mount appeared (`fusermount3 -u` in a script) failed with
+/// "Device or resource busy".
+fn raise_readahead(mountpoint: &Path) -> Result<(), String> {
+    let mountinfo =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+    let device = mount_device(&mountinfo, mountpoint)
+        .ok_or_else(|| format!("{} is not in /proc/self/mountinfo", mountpoint.display()))?;
+    let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    let kib = IO_BYTES / 1024;
+    match std::fs::write(&knob, kib.to_string()) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(format!(
+            "the kernel's readahead stays at 128 KiB, so files read in order go to the agent in 128 KiB requests \
+             ({knob}: {e}; root may set it to {kib})"
+        )),
+    }
+}
+
+/// The `major:minor` of the newest mount at `mountpoint` in a mountinfo text (fields: id,
+/// parent, major:minor, root, mount point, ...; spaces and other bytes in the mount
+/// point are written as octal escapes such as `\040`).
+fn mount_device(mountinfo: &str, mountpoint: &Path) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let want = mountpoint.as_os_str().as_bytes();
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let device = fields.nth(2)?;
+            let point = fields.nth(1)?;
+            (unescape_octal(point) == want).then(|| device.to_owned())
+        })
+        .next_back()
+}
+
+/// `\ooo` escapes (as the kernel writes them in mountinfo) to bytes.
+fn unescape_octal(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped =
+            bytes.get(i + 1..i + 4).filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match escaped {
+            Some(d) => {
+                out.push(d.iter().fold(0u8, |n, c| n.wrapping_mul(8).wrapping_add(c - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Unmount at `mountpoint`; lazily (`MNT_DETACH`) if it is busy, as `umount -l` does.
@@ -270,5 +341,25 @@ fn mount_error(mountpoint: &Path, error: &std::io::Error) -> String {
         )
     } else {
         format!("mount at {}: {e}", mountpoint.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mount_device;
+    use std::path::Path;
+
+    #[test]
+    fn the_newest_mount_at_a_point_names_its_device_and_escapes_are_undone() {
+        let mountinfo = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+301 22 0:61 / /tmp/a\\040b rw,nosuid,nodev,noatime - fuse.dpuio dpuio:x rw,user_id=0
+302 22 0:62 / /tmp/c rw - fuse.dpuio dpuio:x rw
+303 301 0:63 / /tmp/a\\040b rw - fuse.dpuio dpuio:x rw
+";
+        assert_eq!(mount_device(mountinfo, Path::new("/tmp/a b")).as_deref(), Some("0:63"));
+        assert_eq!(mount_device(mountinfo, Path::new("/tmp/c")).as_deref(), Some("0:62"));
+        assert_eq!(mount_device(mountinfo, Path::new("/tmp/a\\040b")), None);
+        assert_eq!(mount_device(mountinfo, Path::new("/tmp/d")), None);
     }
 }
