@@ -17,6 +17,12 @@
 //! - **Remote** (TCP, RDMA): payload goes through a staging region of the agent with
 //!   put/get; the backend read of the next chunk overlaps the put of the previous
 //!   one, and a flush orders "payload, then completion entry, then its `seq` word".
+//!   Several requests' payload is in flight at once: each takes the next of the lane's
+//!   `STAGING_PAIRS` pairs of staging halves (flushed only when it comes round again),
+//!   a batch's submissions are fetched with one get, its two indices with another, and
+//!   its completions are posted in groups (one flush for the group's payload, the
+//!   entries, one flush, the `seq` words). Over TCP each flush is a round trip through
+//!   the host's progress thread; per 1 MiB request there were four, now about one.
 //!
 //! QoS: an entry that passes validation counts against its tenant's in-flight limit
 //! from the moment it is taken off the ring until its completion is posted; a tenant
@@ -69,7 +75,7 @@ use crate::config::{Lane, QosConfig};
 use crate::qos::Scheduler;
 use crate::runtime::lock;
 use driver::{Engine, EngineLane, Queued};
-use host_memory::SCRATCH_BYTES;
+use host_memory::{LentRegions, StagingPairs};
 use io::{IO_QUEUE, Job};
 use registry::Worker;
 use sessions::Agent;
@@ -184,8 +190,10 @@ impl DataPlane {
     ) -> Result<(), DataPlaneError> {
         let mut lanes = Vec::new();
         for w in &self.workers {
-            let staging = w.worker.alloc_region(SCRATCH_BYTES + 2 * chunk_bytes)?;
-            lanes.push(EngineLane { worker: w.worker.clone(), staging, peers: w.peers.clone() });
+            let staging = w.worker.alloc_region(StagingPairs::region_bytes(chunk_bytes))?;
+            let lent = LentRegions::new(w.worker.clone());
+            let pairs = StagingPairs::new();
+            lanes.push(EngineLane { worker: w.worker.clone(), staging, lent, pairs, peers: w.peers.clone() });
         }
         let (jobs, queue) = crossbeam_channel::bounded::<Job>(IO_QUEUE);
         let metrics = agent.metrics().clone();

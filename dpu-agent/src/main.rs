@@ -133,7 +133,9 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e @ dpu_agent::serve_error::ServeError::DaosUnanswered { .. }) => {
                     eprintln!("dpu-agent: {e}");
-                    ExitCode::from(dpu_agent::server::EXIT_DRAIN_TIMEOUT as u8)
+                    // Not through main's return: its teardown would run under the calls
+                    // still inside DAOS.
+                    dpuio_daos::exit_leaving_calls_in_daos(dpu_agent::server::EXIT_DRAIN_TIMEOUT)
                 }
                 Err(e) => {
                     eprintln!("dpu-agent: {e}");

@@ -118,6 +118,7 @@ impl Op {
             wire::MetaOpcode::OpenRead => Op::Read,
             wire::MetaOpcode::Lookup => Op::Lookup,
             wire::MetaOpcode::Readdir => Op::Readdir,
+            wire::MetaOpcode::Remove => Op::Remove,
         }
     }
 }
@@ -136,6 +137,7 @@ pub fn wire_status_name(status: wire::Status) -> &'static str {
         wire::Status::Busy => "busy",
         wire::Status::Integrity => "integrity",
         wire::Status::Cancelled => "cancelled",
+        wire::Status::Unavailable => "unavailable",
         // A status added to the wire format after this list.
         _ => "other",
     }

@@ -156,9 +156,7 @@ fn open_target(session: &Session, raw: &str, options: &OpenOptions) -> Result<(A
 pub fn open_read(session: &Session, raw: &str) -> Result<(Arc<dyn Object>, Attr)> {
     let options = OpenOptions::default();
     let (container, p) = open_target(session, raw, &options)?;
-    let object = container.open(&p, options, 0)?;
-    let attr = object.stat()?;
-    Ok((object, attr))
+    Ok(container.open_stat(&p, options, 0)?)
 }
 
 /// Open (or create, as `options` say) the file at `raw` as a handle of the session:
@@ -187,8 +185,7 @@ pub fn open(
     let chunk_bytes =
         if options.layout.chunk_bytes == 0 { container.chunk_bytes() } else { options.layout.chunk_bytes };
     let noted = options.create && agent.put_temp_creating(session, &p, max_handles)?;
-    let opened = container.open(&p, options, mode).and_then(|object| Ok((object.stat()?, object)));
-    let (attr, object) = match opened {
+    let (object, attr) = match container.open_stat(&p, options, mode) {
         Ok(o) => o,
         Err(e) => {
             if noted {
@@ -305,7 +302,11 @@ impl meta::Namespace for Agent {
             }
             Request::Close { handle } => {
                 session.io.close_handle(handle)?;
-                Reply::Closed
+                Reply::Done
+            }
+            Request::Remove { path, recursive } => {
+                remove(self, &session, &path, recursive)?;
+                Reply::Done
             }
             Request::OpenRead { path } => {
                 let (object, attr) = open_read(&session, &path)?;

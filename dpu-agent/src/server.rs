@@ -447,7 +447,7 @@ fn drain_watchdog(agent: std::sync::Weak<Agent>, bound: Duration) {
         );
         tracing::error!(sessions, stuck = stuck.len(), "{message}");
         eprintln!("{message}");
-        std::process::exit(EXIT_DRAIN_TIMEOUT);
+        dpuio_daos::exit_leaving_calls_in_daos(EXIT_DRAIN_TIMEOUT);
     });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "no drain watchdog: the drain is not bounded");

@@ -18,7 +18,7 @@ use fabric::Transport;
 use fabric::any;
 
 use super::execute::Exec;
-use super::host_memory::{self, HostAccess, HostRing, Peer};
+use super::host_memory::{self, HostAccess, HostRing, LentRegions, Peer, STAGING_PAIRS, StagingPairs};
 use super::io::{self, Job, Mapped, OpenRead};
 use super::meta;
 use super::policy::{self, Placement};
@@ -44,6 +44,8 @@ const QUEUE_BATCH: usize = 64;
 pub(super) struct EngineLane {
     pub(super) worker: Arc<any::Worker>,
     pub(super) staging: any::Region,
+    pub(super) lent: LentRegions,
+    pub(super) pairs: StagingPairs,
     pub(super) peers: Arc<AtomicU64>,
 }
 
@@ -188,13 +190,15 @@ impl Engine {
 
     /// The engine's access to `peer`'s memory, through the staging region of its lane.
     fn host<'a>(&'a mut self, peer: &'a Peer) -> HostAccess<'a> {
-        HostAccess { peer, staging: &mut self.lanes[peer.lane].staging }
+        let lane = &mut self.lanes[peer.lane];
+        HostAccess { peer, staging: &mut lane.staging, lent: &mut lane.lent, pairs: &mut lane.pairs }
     }
 
     /// What runs a request of `peer` here.
     fn exec<'a>(&'a mut self, peer: &'a Peer) -> Exec<'a> {
+        let lane = &mut self.lanes[peer.lane];
         Exec {
-            host: HostAccess { peer, staging: &mut self.lanes[peer.lane].staging },
+            host: HostAccess { peer, staging: &mut lane.staging, lent: &mut lane.lent, pairs: &mut lane.pairs },
             agent: &*self.agent,
             chunk_bytes: self.chunk_bytes,
             times: &self.backend_times,
@@ -338,8 +342,18 @@ impl Engine {
     fn serve_ring(&mut self, s: &Arc<Serving>, direct: bool) -> Result<bool, DataPlaneError> {
         let (session, peer, ring) = (&*s.session, &*s.peer, &s.ring);
         let base = ring.offset;
-        let sq_tail = self.host(peer).load_u64(&ring.region, base + wire::SQ_TAIL_OFFSET as u64)?;
-        let cq_head = self.host(peer).load_u64(&ring.region, base + wire::CQ_HEAD_OFFSET as u64)?;
+        let remote = !ring.region.is_mapped();
+        let (sq_tail, cq_head) = if remote {
+            // One get for both indices (a round trip each over TCP).
+            let mut lines = [0u8; wire::CQ_HEAD_OFFSET + 8 - wire::SQ_TAIL_OFFSET];
+            self.host(peer).read(&ring.region, base + wire::SQ_TAIL_OFFSET as u64, &mut lines)?;
+            let word =
+                |at: usize| u64::from_le_bytes(lines[at - wire::SQ_TAIL_OFFSET..][..8].try_into().expect("8 bytes"));
+            (word(wire::SQ_TAIL_OFFSET), word(wire::CQ_HEAD_OFFSET))
+        } else {
+            let sq_tail = self.host(peer).load_u64(&ring.region, base + wire::SQ_TAIL_OFFSET as u64)?;
+            (sq_tail, self.host(peer).load_u64(&ring.region, base + wire::CQ_HEAD_OFFSET as u64)?)
+        };
         let cursor = protocol::Cursor {
             sq_head: ring.sq_head.load(Ordering::Relaxed),
             cq_tail: ring.cq_tail.load(Ordering::Relaxed),
@@ -363,6 +377,12 @@ impl Engine {
             }
         };
         let mut entry = [0u8; wire::SQE_BYTES];
+        // Remote rings: the published entries, fetched with one get from the first
+        // fetch's index up to sq_tail (or the ring's end), and completions posted in
+        // groups (`HostAccess::post_completions`) once STAGING_PAIRS requests' payload
+        // is out, and at the batch's end.
+        let mut fetched: (u64, Vec<u8>) = (0, Vec::new());
+        let mut posting: Vec<(u64, wire::Completion)> = Vec::new();
         // This batch's open-reads on the I/O threads (see OpenRead::group).
         let mut group: Option<Arc<AtomicUsize>> = None;
         // Counted when pushed to the scheduler at the end: a transfer failure before
@@ -373,6 +393,27 @@ impl Engine {
         let taken_at = Instant::now();
         while let Some(action) = batch.poll() {
             let performed = match (action, &s.tenant) {
+                (Action::Fetch { index }, _) if remote => {
+                    let (first, entries) = &mut fetched;
+                    let have = (entries.len() / wire::SQE_BYTES) as u64;
+                    let read = if index.wrapping_sub(*first) < have {
+                        Ok(())
+                    } else {
+                        // Published entries from `index` on, no further than the ring's
+                        // end (the window was checked: sq_tail - index <= entries).
+                        let to_end = u64::from(ring.entries) - (index & (u64::from(ring.entries) - 1));
+                        let n = sq_tail.wrapping_sub(index).clamp(1, to_end.min(protocol::RING_BATCH));
+                        *first = index;
+                        entries.resize(n as usize * wire::SQE_BYTES, 0);
+                        let at = base + wire::sqe_offset(ring.entries, index) as u64;
+                        self.host(peer).read_range(&ring.region, at, entries)
+                    };
+                    read.map_err(DataPlaneError::from).map(|()| {
+                        let i = index.wrapping_sub(fetched.0) as usize * wire::SQE_BYTES;
+                        entry.copy_from_slice(&fetched.1[i..i + wire::SQE_BYTES]);
+                        batch.fetched(&entry, session, self.agent.limits().max_io_bytes);
+                    })
+                }
                 (Action::Fetch { index }, _) => {
                     let at = base + wire::sqe_offset(ring.entries, index) as u64;
                     self.host(peer).read(&ring.region, at, &mut entry).map_err(DataPlaneError::from).map(|()| {
@@ -413,9 +454,24 @@ impl Engine {
                     if let Count::Refused { opcode, status } = count {
                         session.metrics.completed(opcode.map_or(Op::Unknown, Op::of), status);
                     }
-                    self.host(peer).post_completion(ring, index, &completion).map_err(DataPlaneError::from)
+                    if remote {
+                        posting.push((index, completion));
+                        if posting.len() < STAGING_PAIRS {
+                            Ok(())
+                        } else {
+                            let posted = self.host(peer).post_completions(ring, &posting);
+                            posting.clear();
+                            posted.map_err(DataPlaneError::from)
+                        }
+                    } else {
+                        self.host(peer).post_completion(ring, index, &completion).map_err(DataPlaneError::from)
+                    }
                 }
                 (Action::Finish { cursor, wake, more }, _) => {
+                    if let Err(e) = self.host(peer).post_completions(ring, &posting) {
+                        batch.transfer_failed();
+                        return Err(e.into());
+                    }
                     ring.sq_head.store(cursor.sq_head, Ordering::Relaxed);
                     ring.cq_tail.store(cursor.cq_tail, Ordering::Relaxed);
                     // Open-reads still running on the I/O threads: the last of them wakes

@@ -11,11 +11,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use dpuio_backend::{Object, Staged};
 use dpuio_proto::wire::{self, MetaSubmission, Opcode, Submission};
 use fabric::transport::Endpoint as _;
 
-use super::host_memory::{FLUSH_TIMEOUT, HostAccess, HostRegion, SCRATCH_BYTES};
-use super::protocol::{self, BackendFailure, Step};
+use super::host_memory::{FLUSH_TIMEOUT, HostAccess, HostRegion, StagingPairs};
+use super::protocol::{self, Step};
 use super::registry::DataPlaneError;
 use super::sessions::{self, Agent, Session};
 use super::{meta, policy};
@@ -76,45 +77,104 @@ impl Exec<'_> {
     }
 
     /// Run one validated request whose region is not mapped: its payload moves
-    /// through this lane's staging region in the steps [`protocol::Staged`] gives.
+    /// through this lane's staging region in the steps [`protocol::Staged`] gives. A
+    /// chunk the backend read into memory of its own ([`Object::read_staged`]: a tenant
+    /// DAOS worker's staging) is put from there, and that memory is held until the
+    /// next flush; a chunk to write is got straight into such memory where the backend
+    /// lends it ([`Object::staging_for_write`]).
     fn execute_staged(
         &mut self,
         session: &Session,
         sub: &Submission,
         region: &HostRegion,
-        object: &Arc<dyn dpuio_backend::Object>,
+        object: &Arc<dyn Object>,
     ) -> Result<(wire::Status, u64), DataPlaneError> {
         let half_bytes = self.chunk_bytes;
-        let (peer, staging) = (self.host.peer, &mut *self.host.staging);
-        let failure = |e: dpuio_backend::Error| match io_failed(session, sub, &e).0 {
-            wire::Status::Integrity => BackendFailure::Integrity,
-            _ => BackendFailure::Io,
+        let HostAccess { peer, staging, lent, pairs } = &mut self.host;
+        // This request's pair of staging halves; the puts of the request that had it
+        // before are done (the pair's flush), those of the requests since may not be.
+        let pair = pairs.claim(&peer.endpoint);
+        let half_at = |half| StagingPairs::offset(pair, half, half_bytes);
+        let failure = |e: dpuio_backend::Error| {
+            io_failed(session, sub, &e);
+            policy::failure(&e)
         };
+        // Per staging half: the backend's memory its last chunk was read into, if any.
+        let mut landed: [Option<Staged>; 2] = [None, None];
+        // A write's chunk: the backend's memory lent for it, and whether the get went
+        // straight there (else it is copied there from the lane's staging).
+        let (mut lent_write, mut got_into_lent): (Option<Staged>, bool) = (None, false);
         let mut transfer = protocol::Staged::new(*sub, self.chunk_bytes as u64);
         while let Some(step) = transfer.poll() {
             match step {
                 Step::Read { chunk, half } => {
-                    let at = SCRATCH_BYTES + half * half_bytes;
-                    let dst = staging.bytes_mut(at, chunk.length as usize);
-                    let read = timed(&self.times.read, || object.read_into(dst, chunk.file_offset));
-                    transfer.read(read.map_err(failure));
+                    let at = half_at(half);
+                    let len = chunk.length as usize;
+                    let read = timed(&self.times.read, || match object.read_staged(chunk.file_offset, len) {
+                        Some(staged) => staged.map(|s| (s.len(), Some(s))),
+                        None => object.read_into(staging.bytes_mut(at, len), chunk.file_offset).map(|n| (n, None)),
+                    });
+                    transfer.read(
+                        read.map(|(n, staged)| {
+                            landed[half] = staged;
+                            n
+                        })
+                        .map_err(failure),
+                    );
                 }
                 Step::Put { half, len, region_offset } => {
-                    let at = SCRATCH_BYTES + half * half_bytes;
-                    peer.endpoint.put(staging, at, len, region.addr + region_offset, &region.key)?;
+                    let at = half_at(half);
+                    let to = region.addr + region_offset;
+                    match &landed[half] {
+                        Some(s) => match lent.region(s.memory()) {
+                            Some(from) => peer.endpoint.put(from, s.offset(), len, to, &region.key)?,
+                            None => {
+                                staging.bytes_mut(at, len).copy_from_view(s.bytes().slice(..len));
+                                peer.endpoint.put(staging, at, len, to, &region.key)?;
+                            }
+                        },
+                        None => peer.endpoint.put(staging, at, len, to, &region.key)?,
+                    }
                 }
                 Step::Get { chunk } => {
                     let (len, from) = (chunk.length as usize, region.addr + chunk.region_offset);
-                    peer.endpoint.get(staging, SCRATCH_BYTES, len, from, &region.key)?;
+                    lent_write = object.staging_for_write(len).and_then(Result::ok);
+                    match lent_write.as_ref().and_then(|s| Some((lent.region(s.memory())?, s.offset()))) {
+                        Some((into, at)) => {
+                            peer.endpoint.get(into, at, len, from, &region.key)?;
+                            got_into_lent = true;
+                        }
+                        None => {
+                            peer.endpoint.get(staging, half_at(0), len, from, &region.key)?;
+                            got_into_lent = false;
+                        }
+                    }
                 }
-                Step::Flush => peer.endpoint.flush(FLUSH_TIMEOUT)?,
+                Step::Flush => {
+                    peer.endpoint.flush(FLUSH_TIMEOUT)?;
+                    landed = [None, None];
+                }
                 Step::Write { chunk } => {
-                    let src = staging.bytes(SCRATCH_BYTES, chunk.length as usize);
-                    let wrote = timed(&self.times.write, || object.write_from(src, chunk.file_offset));
+                    let src = staging.bytes(half_at(0), chunk.length as usize);
+                    let wrote = timed(&self.times.write, || match lent_write.take() {
+                        Some(mut into) => {
+                            if !got_into_lent {
+                                into.bytes_mut().copy_from_view(src);
+                            }
+                            object.write_staged(into, chunk.file_offset)
+                        }
+                        None => object.write_from(src, chunk.file_offset),
+                    });
                     transfer.wrote(wrote.map_err(failure));
                 }
                 Step::Sync => transfer.synced(timed(&self.times.sync, || object.sync()).map_err(failure)),
-                Step::Done { status, result } => return Ok((status, result)),
+                Step::Done { status, result } => {
+                    // Puts from a backend's memory finish before it gets the memory back.
+                    if landed.iter().any(Option::is_some) {
+                        peer.endpoint.flush(FLUSH_TIMEOUT)?;
+                    }
+                    return Ok((status, result));
+                }
             }
         }
         // Not reached: a staged request always ends with Step::Done.

@@ -10,7 +10,8 @@
 //!   peer's lane ([`HostAccess`]), each flushed before the staging bytes are reused.
 //!
 //! The staging region of a lane is laid out as [`SCRATCH_BYTES`] of scratch (ring
-//! entries, indices, metadata answers) and then two halves of a chunk each (payload).
+//! entries, indices, metadata answers) and then [`STAGING_PAIRS`] pairs of halves of a
+//! chunk each (payload), handed out in turn by [`StagingPairs`].
 //!
 //! Not here: what to read or write when (the driver performs what the ring protocol
 //! asks), and the checks of what the host wrote (`protocol`, `crate::validate`).
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use dpuio_backend::LentMemory;
 use dpuio_proto::wire::{self, Completion};
 use fabric::any;
 use fabric::transport::Endpoint as _;
@@ -28,6 +30,13 @@ use crate::validate::{self, RegionAccess};
 
 /// Bytes of the staging region used for ring entries and counters (1024 submissions).
 pub(super) const SCRATCH_BYTES: usize = 64 * 1024;
+/// Pairs of chunk-sized staging halves per lane, after the scratch bytes: each staged
+/// request takes the next pair ([`StagingPairs::claim`]), so the payload puts of this
+/// many requests may be in flight at once; the engine flushes a pair's puts only when
+/// it comes round to it again, and posts completions in groups of this many (see the
+/// driver). With one pair, every request waited for its own payload, then its
+/// completion, before the next began: over TCP that was four round trips per request.
+pub(super) const STAGING_PAIRS: usize = 4;
 /// How long a flush may take before the peer is declared dead.
 pub(super) const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -99,10 +108,95 @@ impl HostRing {
 }
 
 /// The engine's access to one host: mapped copies where its region is mapped, else
-/// puts and gets through the staging region of the host's lane.
+/// puts and gets through the staging region of the host's lane, or straight from
+/// memory a backend lent ([`LentRegions`]).
 pub(super) struct HostAccess<'a> {
     pub peer: &'a Peer,
     pub staging: &'a mut any::Region,
+    pub lent: &'a mut LentRegions,
+    pub pairs: &'a mut StagingPairs,
+}
+
+/// Which of a lane's [`STAGING_PAIRS`] may still have puts in flight, and through
+/// which endpoint: a pair is handed out again only after that endpoint was flushed.
+pub(super) struct StagingPairs {
+    dirty: [Option<any::Endpoint>; STAGING_PAIRS],
+    next: usize,
+}
+
+impl StagingPairs {
+    pub fn new() -> StagingPairs {
+        StagingPairs { dirty: Default::default(), next: 0 }
+    }
+
+    /// The next pair, for a request whose puts go through `endpoint`: the puts made from
+    /// it for an earlier request are flushed first. A flush that fails belongs to that
+    /// earlier request's host, which its own next transfer finds gone; it is logged and
+    /// not held against this request's.
+    pub fn claim(&mut self, endpoint: &any::Endpoint) -> usize {
+        let pair = self.next;
+        self.next = (pair + 1) % STAGING_PAIRS;
+        if let Some(earlier) = self.dirty[pair].replace(endpoint.clone())
+            && let Err(e) = earlier.flush(FLUSH_TIMEOUT)
+        {
+            tracing::warn!(error = %e, "a staging pair's earlier puts did not complete; reusing it");
+        }
+        pair
+    }
+
+    /// Where half `half` of pair `pair` begins in the staging region, for chunks of
+    /// `chunk_bytes`.
+    pub fn offset(pair: usize, half: usize, chunk_bytes: usize) -> usize {
+        SCRATCH_BYTES + (2 * pair + half) * chunk_bytes
+    }
+
+    /// The staging region's size for chunks of `chunk_bytes`.
+    pub fn region_bytes(chunk_bytes: usize) -> usize {
+        SCRATCH_BYTES + 2 * STAGING_PAIRS * chunk_bytes
+    }
+}
+
+/// Backends' staging memory registered with one lane's worker (a tenant DAOS worker's
+/// memfd, [`dpuio_backend::Object::read_staged`]): a read's bytes are put to the host
+/// from there, not copied into the lane's staging region first. Registered on first
+/// use; an entry whose memory nobody else holds any more (its worker process is gone)
+/// is dropped when the next is made.
+pub(super) struct LentRegions {
+    worker: Arc<any::Worker>,
+    regions: Vec<(Arc<dyn LentMemory>, any::Region)>,
+    /// The transport refused to register lent memory: copy instead, and say so once.
+    refused: bool,
+}
+
+impl LentRegions {
+    pub fn new(worker: Arc<any::Worker>) -> LentRegions {
+        LentRegions { worker, regions: Vec::new(), refused: false }
+    }
+
+    /// `memory` registered with this lane's worker; `None` where the transport refuses
+    /// it (the caller copies into its staging region instead).
+    pub fn region(&mut self, memory: &Arc<dyn LentMemory>) -> Option<&any::Region> {
+        if self.refused {
+            return None;
+        }
+        let same = |m: &Arc<dyn LentMemory>| std::ptr::addr_eq(Arc::as_ptr(m), Arc::as_ptr(memory));
+        if let Some(i) = self.regions.iter().position(|(m, _)| same(m)) {
+            return Some(&self.regions[i].1);
+        }
+        self.regions.retain(|(m, _)| Arc::strong_count(m) > 2); // ours and the registration's
+        match self.worker.register_lent(memory.clone()) {
+            Ok(region) => {
+                self.regions.push((memory.clone(), region));
+                self.regions.last().map(|(_, r)| r)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the data plane cannot register a tenant worker's staging memory; \
+                    its reads are copied into the lane's staging region instead");
+                self.refused = true;
+                None
+            }
+        }
+    }
 }
 
 impl HostAccess<'_> {
@@ -188,6 +282,35 @@ impl HostAccess<'_> {
         Ok(())
     }
 
+    /// Post completions `posted` (index, entry) of `ring`, which is not mapped, in one
+    /// go: a flush (the payload puts of their requests), every entry but its `seq`
+    /// word, a flush, then every `seq` word. Three round trips for the group rather than
+    /// three for each; a host that sees a seq sees its entry and payload. The seq puts
+    /// are not waited for: they hold their own bytes, and the next flush of the
+    /// endpoint reports a failure.
+    pub fn post_completions(&mut self, ring: &HostRing, posted: &[(u64, Completion)]) -> Result<(), fabric::Error> {
+        if posted.is_empty() {
+            return Ok(());
+        }
+        let region = &ring.region;
+        let at = |index| region.addr + ring.offset + wire::cqe_offset(ring.entries, index) as u64;
+        let endpoint = &self.peer.endpoint;
+        endpoint.flush(FLUSH_TIMEOUT)?;
+        for (index, c) in posted {
+            endpoint.put_bytes(&c.encode()[..wire::CQE_SEQ_OFFSET], at(*index), &region.key)?;
+        }
+        endpoint.flush(FLUSH_TIMEOUT)?;
+        for (index, c) in posted {
+            let bytes = c.encode();
+            endpoint.put_bytes(
+                &bytes[wire::CQE_SEQ_OFFSET..],
+                at(*index) + wire::CQE_SEQ_OFFSET as u64,
+                &region.key,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Read up to `length` bytes of `object` from offset 0 into `region` at `at`,
     /// chunk by chunk (straight into a mapped region, else through staging and puts).
     /// The inner result is the backend's: bytes read (short at end of file) or why not.
@@ -203,11 +326,12 @@ impl HostAccess<'_> {
             return Ok(read_object_mapped(object, m, at, length, chunk_bytes));
         }
         let mut done = 0u64;
+        let from = StagingPairs::offset(self.pairs.claim(&self.peer.endpoint), 0, chunk_bytes);
         for c in validate::chunks(0, at, length, chunk_bytes as u64) {
-            let dst = self.staging.bytes_mut(SCRATCH_BYTES, c.length as usize);
+            let dst = self.staging.bytes_mut(from, c.length as usize);
             let read = object.read_into(dst, c.file_offset);
             if let Ok(n @ 1..) = read {
-                self.peer.endpoint.put(self.staging, SCRATCH_BYTES, n, region.addr + c.region_offset, &region.key)?;
+                self.peer.endpoint.put(self.staging, from, n, region.addr + c.region_offset, &region.key)?;
                 self.peer.endpoint.flush(FLUSH_TIMEOUT)?;
             }
             match read {

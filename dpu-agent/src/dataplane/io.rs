@@ -13,7 +13,7 @@
 //! their payload itself, through its staging region).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use dpuio_backend::{IoOp, IoQueue, IoRequest, OneAtATime};
@@ -22,8 +22,9 @@ use fabric::Transport;
 use fabric::any;
 
 use super::host_memory::{self, HostRegion, HostRing};
+use super::protocol::{self, BackendFailure};
 use super::sessions::{self, Agent, Handle};
-use super::{meta, policy, protocol};
+use super::{meta, policy};
 use crate::metrics::{BackendTimes, Op, TenantMetrics, timed};
 use crate::qos::TenantSlot;
 use crate::validate;
@@ -54,9 +55,8 @@ pub(super) struct InFlight {
     pieces_left: AtomicUsize,
     /// Lowest file offset where a read came up short (end of file); u64::MAX if none.
     short_end: AtomicU64,
-    failed: AtomicBool,
-    /// A piece failed an integrity check (inline encryption): the completion says so.
-    integrity: AtomicBool,
+    /// The highest [`BackendFailure`] of its pieces, as its rank (0: none failed).
+    failure: AtomicU8,
 }
 
 /// Work for the I/O threads.
@@ -209,10 +209,7 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(session = format!("{:#018x}", r.request.session_id), error = %e, "backend I/O failed");
-                if policy::failure_status(&e) == wire::Status::Integrity {
-                    r.integrity.store(true, Ordering::Relaxed);
-                }
-                r.failed.store(true, Ordering::Relaxed);
+                r.failed(policy::failure(&e));
             }
         }
         r.piece_done(times);
@@ -227,19 +224,23 @@ impl InFlight {
         }
     }
 
+    /// One of its pieces failed so.
+    fn failed(&self, failure: BackendFailure) {
+        self.failure.fetch_max(failure as u8, Ordering::Relaxed);
+    }
+
     /// The last piece is done: sync if asked, post the completion.
     fn finish(&self, times: &BackendTimes) {
         let r = &self.request;
-        let mut failed = self.failed.load(Ordering::Relaxed);
-        if !failed
+        let mut failure = BackendFailure::from_rank(self.failure.load(Ordering::Relaxed));
+        if failure.is_none()
             && policy::syncs(&r.sub)
             && let Err(e) = timed(&times.sync, || r.handle.object.sync())
         {
             tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
-            failed = true;
+            failure = Some(policy::failure(&e));
         }
-        let (short_end, integrity) = (self.short_end.load(Ordering::Relaxed), self.integrity.load(Ordering::Relaxed));
-        let (status, result) = policy::pieces_outcome(&r.sub, failed, integrity, short_end);
+        let (status, result) = policy::pieces_outcome(&r.sub, failure, self.short_end.load(Ordering::Relaxed));
         let completion = protocol::completion(r.sub.user_data, r.cq_index, status, result);
         host_memory::post_mapped(&r.ring, r.cq_index, &completion);
         host_memory::wake_waiters(&r.ring);
@@ -264,8 +265,7 @@ pub(super) fn hand_off(
         request,
         pieces_left: AtomicUsize::new(pieces.len()),
         short_end: AtomicU64::new(u64::MAX),
-        failed: AtomicBool::new(false),
-        integrity: AtomicBool::new(false),
+        failure: AtomicU8::new(0),
     });
     let (first, rest) = match engine_first {
         true => pieces.split_first().map_or((None, pieces), |(first, rest)| (Some(*first), rest)),
@@ -273,7 +273,7 @@ pub(super) fn hand_off(
     };
     for &piece in rest {
         if jobs.send(Job::Piece(Piece { request: request.clone(), piece })).is_err() {
-            request.failed.store(true, Ordering::Relaxed);
+            request.failed(BackendFailure::Io);
             request.piece_done(times);
         }
     }

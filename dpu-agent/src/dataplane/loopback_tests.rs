@@ -37,6 +37,20 @@ use crate::metrics::Metrics;
 use crate::runtime::lock;
 use crate::validate::RegionAccess;
 
+/// The methods of [`Object`] a test double of an open file passes to its `inner`
+/// object unchanged, by name.
+macro_rules! delegate_to_inner {
+    ($($method:ident),*) => { $(delegate_to_inner!(@one $method);)* };
+    (@one path) => { fn path(&self) -> &NsPath { self.inner.path() } };
+    (@one writable) => { fn writable(&self) -> bool { self.inner.writable() } };
+    (@one write_at) => {
+        fn write_at(&self, buf: &[u8], offset: u64) -> dpuio_backend::Result<()> { self.inner.write_at(buf, offset) }
+    };
+    (@one stat) => { fn stat(&self) -> dpuio_backend::Result<Attr> { self.inner.stat() } };
+    (@one truncate) => { fn truncate(&self, size: u64) -> dpuio_backend::Result<()> { self.inner.truncate(size) } };
+    (@one sync) => { fn sync(&self) -> dpuio_backend::Result<()> { self.inner.sync() } };
+}
+
 /// How long a test waits for something the engine should do in microseconds.
 const PATIENCE: Duration = Duration::from_secs(20);
 /// Longer than the engine's safety-net scan: what has not happened by then is not
@@ -533,12 +547,7 @@ impl Drop for OpenOnDrop {
 }
 
 impl Object for GatedObject {
-    fn path(&self) -> &NsPath {
-        self.inner.path()
-    }
-    fn writable(&self) -> bool {
-        self.inner.writable()
-    }
+    delegate_to_inner!(path, writable);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> dpuio_backend::Result<usize> {
         if (offset / SPLIT_BYTES) % 2 == 1 {
             self.waiting.fetch_add(1, Ordering::SeqCst);
@@ -551,18 +560,7 @@ impl Object for GatedObject {
         }
         self.inner.read_at(buf, offset)
     }
-    fn write_at(&self, buf: &[u8], offset: u64) -> dpuio_backend::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn stat(&self) -> dpuio_backend::Result<Attr> {
-        self.inner.stat()
-    }
-    fn truncate(&self, size: u64) -> dpuio_backend::Result<()> {
-        self.inner.truncate(size)
-    }
-    fn sync(&self) -> dpuio_backend::Result<()> {
-        self.inner.sync()
-    }
+    delegate_to_inner!(write_at, stat, truncate, sync);
 }
 
 /// Mapped only: requests stay in flight (and a tenant parks) only while the I/O
@@ -724,28 +722,12 @@ struct RecordingObject {
 }
 
 impl Object for RecordingObject {
-    fn path(&self) -> &NsPath {
-        self.inner.path()
-    }
-    fn writable(&self) -> bool {
-        self.inner.writable()
-    }
+    delegate_to_inner!(path, writable);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> dpuio_backend::Result<usize> {
         lock(&self.log).push(self.tag);
         self.inner.read_at(buf, offset)
     }
-    fn write_at(&self, buf: &[u8], offset: u64) -> dpuio_backend::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn stat(&self) -> dpuio_backend::Result<Attr> {
-        self.inner.stat()
-    }
-    fn truncate(&self, size: u64) -> dpuio_backend::Result<()> {
-        self.inner.truncate(size)
-    }
-    fn sync(&self) -> dpuio_backend::Result<()> {
-        self.inner.sync()
-    }
+    delegate_to_inner!(write_at, stat, truncate, sync);
 }
 
 /// Two sessions, each with a full ring of 1024 reads, both submitted before the
@@ -876,4 +858,105 @@ fn metrics_count_completions_put_get() {
 /// copy, never through a Rust slice).
 fn copy(m: &fabric::SharedMemory) -> Vec<u8> {
     m.bytes(0, m.len()).to_vec()
+}
+
+// ---------------------------------------------------------------------------------
+// Staged reads: a backend that reads into memory of its own (a tenant DAOS worker's
+// staging) has its bytes put to the host straight from there, and gets each slot back
+// once the put is flushed.
+
+/// A test double of a worker's object: reads go into a slot of a real staging memfd
+/// (the worker crate's), taken with `try_take`, so a slot the engine kept too long
+/// fails the read instead of waiting.
+struct StagingObjectForTests {
+    inner: Arc<dyn Object>,
+    staging: Arc<dpuio_worker::staging::Staging>,
+    staged: AtomicUsize,
+    written: AtomicUsize,
+}
+
+impl StagingObjectForTests {
+    fn slot(&self) -> dpuio_backend::Result<dpuio_worker::staging::Slot> {
+        let slot = self.staging.try_take();
+        slot.ok_or_else(|| dpuio_backend::Error::InvalidArgument("every staging slot is still lent".into()))
+    }
+}
+
+impl Object for StagingObjectForTests {
+    delegate_to_inner!(path, writable);
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> dpuio_backend::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn read_staged(&self, offset: u64, len: usize) -> Option<dpuio_backend::Result<dpuio_backend::Staged>> {
+        let slot = match self.slot() {
+            Ok(slot) => slot,
+            Err(e) => return Some(Err(e)),
+        };
+        let into = self.staging.mapping.bytes_mut(slot.offset, len as u64).unwrap();
+        let n = match self.inner.read_into(into, offset) {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e)),
+        };
+        self.staged.fetch_add(1, Ordering::SeqCst);
+        let at = slot.offset as usize;
+        Some(Ok(dpuio_backend::Staged::new(self.staging.clone(), at, n, Box::new(slot)).unwrap()))
+    }
+    fn staging_for_write(&self, len: usize) -> Option<dpuio_backend::Result<dpuio_backend::Staged>> {
+        Some(self.slot().map(|slot| {
+            let at = slot.offset as usize;
+            dpuio_backend::Staged::new(self.staging.clone(), at, len, Box::new(slot)).unwrap()
+        }))
+    }
+    fn write_staged(&self, staged: dpuio_backend::Staged, offset: u64) -> dpuio_backend::Result<()> {
+        self.written.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_from(staged.bytes(), offset)
+    }
+    delegate_to_inner!(write_at, stat, truncate, sync);
+}
+
+#[test]
+fn staged_reads_and_writes_move_through_the_backends_memory_and_its_slots_come_back() {
+    const CHUNK: usize = 64 << 10;
+    let rig = Rig::new(&[(TENANT, QosConfig::default())]);
+    rig.start(CHUNK, 1);
+    let host = rig.host(TENANT, PeerAccess::PutGet);
+    // Three and a half chunks: both halves, a flush before each half is reused, and a
+    // short last chunk. Two slots only: a slot not given back fails the next read.
+    let input = pattern(7, 3 * CHUNK + CHUNK / 2);
+    let staging = Arc::new(dpuio_worker::staging::Staging::new("dpuio-test-lent", 2, CHUNK as u64).unwrap());
+    let object = Arc::new(StagingObjectForTests {
+        inner: rig.file("lent", &input),
+        staging: staging.clone(),
+        staged: AtomicUsize::new(0),
+        written: AtomicUsize::new(0),
+    });
+    let handle = host.handle(object.clone());
+    let mut data = host.region(&rig, 4 * CHUNK);
+    let mut ring = host.ring(&rig, 8);
+    for (i, (file_offset, length)) in [(0, 4 * CHUNK), (1000, CHUNK), (5, 2 * CHUNK + 3)].into_iter().enumerate() {
+        ring.push(&read(handle, &data, file_offset as u64, 0, length as u64, i as u64));
+        ring.submit(&host);
+        let c = ring.reap();
+        let want = &input[file_offset..(file_offset + length).min(input.len())];
+        assert_ok(&c, i as u64, want.len() as u64);
+        assert_eq!(&copy(&data.region)[..want.len()], want, "read {i} put the staged bytes to the host");
+        let (a, b) = (staging.try_take(), staging.try_take());
+        assert!(a.is_some() && b.is_some(), "read {i}: both slots are free again once it completed");
+    }
+    // Chunks end at multiples of CHUNK in the file: 4, then 2 and 3 for the unaligned reads.
+    assert_eq!(object.staged.load(Ordering::SeqCst), 4 + 2 + 3, "every chunk was read into the staging slots");
+
+    // A write of two and a bit chunks is got from the host into the slots and written
+    // from there.
+    let output = pattern(8, 2 * CHUNK + 100);
+    data.region.write_at(0, &output);
+    ring.push(&Submission { user_data: 9, ..sub(Opcode::Write, handle, &data, 10, 0, output.len() as u64) });
+    ring.submit(&host);
+    assert_ok(&ring.reap(), 9, output.len() as u64);
+    let mut written = vec![0u8; output.len()];
+    assert_eq!(object.read_at(&mut written, 10).unwrap(), output.len());
+    assert_eq!(written, output, "the host's bytes reached the file through the slots");
+    assert_eq!(object.written.load(Ordering::SeqCst), 3, "each chunk was written from a slot");
+    let (a, b) = (staging.try_take(), staging.try_take());
+    assert!(a.is_some() && b.is_some(), "both slots are free again after the write");
 }

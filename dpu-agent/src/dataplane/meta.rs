@@ -53,6 +53,10 @@ pub enum Request {
         anchor: String,
         max: u32,
     },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
 }
 
 /// What the namespace answered.
@@ -63,7 +67,8 @@ pub enum Reply {
         attr: Attr,
         chunk_bytes: u64,
     },
-    Closed,
+    /// Done, with nothing to say but that (a close, a remove).
+    Done,
     /// An open-read: the object to read from offset 0 (closed when dropped).
     Object {
         object: Arc<dyn Object>,
@@ -105,6 +110,7 @@ pub fn request(m: &MetaSubmission, bytes: &[u8]) -> Result<Request> {
         MetaOpcode::OpenRead => Request::OpenRead { path: next() },
         MetaOpcode::Lookup => Request::Lookup { paths: std::iter::from_fn(|| strings.next()).collect() },
         MetaOpcode::Readdir => Request::Readdir { path: next(), anchor: next(), max: m.arg },
+        MetaOpcode::Remove => Request::Remove { path: next(), recursive: m.flags & wire::META_RECURSIVE != 0 },
     })
 }
 
@@ -148,7 +154,7 @@ pub fn answer(reply: &Reply, room: usize) -> std::result::Result<Vec<u8>, usize>
             MetaHeader { handle: *handle, chunk_bytes: *chunk_bytes, attr: attr_record(attr), ..MetaHeader::default() }
                 .encode(),
         ),
-        Reply::Closed => out.extend(MetaHeader::default().encode()),
+        Reply::Done => out.extend(MetaHeader::default().encode()),
         Reply::Object { attr, .. } => out.extend(open_read_header(attr, 0)),
         Reply::Lookup(results) => {
             out.extend(MetaHeader { count: results.len() as u64, ..MetaHeader::default() }.encode());
@@ -247,6 +253,9 @@ mod tests {
         let d = entry(MetaOpcode::Readdir, 5);
         let r = request(&d, &wire::encode_strings(&["/d", ""]).unwrap()).unwrap();
         assert_eq!(r, Request::Readdir { path: "/d".into(), anchor: String::new(), max: 5 });
+        let rm = MetaSubmission { flags: wire::META_RECURSIVE, ..entry(MetaOpcode::Remove, 0) };
+        let r = request(&rm, &wire::encode_strings(&["/t"]).unwrap()).unwrap();
+        assert_eq!(r, Request::Remove { path: "/t".into(), recursive: true });
     }
 
     #[test]

@@ -83,25 +83,63 @@ pub fn syncs(sub: &Submission) -> bool {
     sub.opcode == Opcode::Write && sub.flags & wire::FLAG_SYNC != 0
 }
 
-/// The status of a request whose backend call failed with `e`: `Integrity` when an
-/// integrity check failed (inline encryption), else `Io`.
-pub fn failure_status(e: &dpuio_backend::Error) -> Status {
-    match e {
-        dpuio_backend::Error::Integrity { .. } => Status::Integrity,
-        _ => Status::Io,
+/// How a backend piece of a request failed, in rising order: where several pieces of
+/// one request fail, the completion names the highest (an integrity failure is never
+/// hidden behind another; a hard error not behind a "retry later").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum BackendFailure {
+    /// The storage does not answer now (DAOS engines down); retrying later may work.
+    Unavailable = 1,
+    /// Any other error.
+    Io = 2,
+    /// An integrity check failed (inline encryption).
+    Integrity = 3,
+}
+
+impl BackendFailure {
+    /// The completion status of a request that failed so.
+    pub fn status(self) -> Status {
+        match self {
+            BackendFailure::Unavailable => Status::Unavailable,
+            BackendFailure::Io => Status::Io,
+            BackendFailure::Integrity => Status::Integrity,
+        }
+    }
+
+    /// The failure a rank from [`BackendFailure`] `as u8` names (0: none).
+    pub fn from_rank(rank: u8) -> Option<BackendFailure> {
+        [BackendFailure::Unavailable, BackendFailure::Io, BackendFailure::Integrity]
+            .into_iter()
+            .find(|f| *f as u8 == rank)
     }
 }
 
+/// How a request whose backend call failed with `e` failed: `Integrity` when an
+/// integrity check failed (inline encryption), `Unavailable` when the storage does not
+/// answer now (the host may retry later), else `Io`.
+pub fn failure(e: &dpuio_backend::Error) -> BackendFailure {
+    match e {
+        dpuio_backend::Error::Integrity { .. } => BackendFailure::Integrity,
+        dpuio_backend::Error::Unavailable { .. } => BackendFailure::Unavailable,
+        _ => BackendFailure::Io,
+    }
+}
+
+/// The completion status of a request whose backend call failed with `e` ([`failure`]).
+pub fn failure_status(e: &dpuio_backend::Error) -> Status {
+    failure(e).status()
+}
+
 /// What a request that ran on the I/O threads completes with (status, bytes), from
-/// how its pieces went: `failed` if one of them (or the sync after a write) failed,
-/// `integrity` if one failed an integrity check, `short_end` the lowest file offset
-/// where a read came up short at the end of the file (`u64::MAX`: none did).
-pub fn pieces_outcome(sub: &Submission, failed: bool, integrity: bool, short_end: u64) -> (Status, u64) {
-    match (failed, integrity) {
-        (false, _) if short_end == u64::MAX => (Status::Ok, sub.length),
-        (false, _) => (Status::Ok, short_end.saturating_sub(sub.file_offset)),
-        (true, true) => (Status::Integrity, 0),
-        (true, false) => (Status::Io, 0),
+/// how its pieces went: `failure` the highest failure of them (or of the sync after a
+/// write), `short_end` the lowest file offset where a read came up short at the end of
+/// the file (`u64::MAX`: none did).
+pub fn pieces_outcome(sub: &Submission, failure: Option<BackendFailure>, short_end: u64) -> (Status, u64) {
+    match failure {
+        Some(f) => (f.status(), 0),
+        None if short_end == u64::MAX => (Status::Ok, sub.length),
+        None => (Status::Ok, short_end.saturating_sub(sub.file_offset)),
     }
 }
 
@@ -179,12 +217,18 @@ mod tests {
     #[test]
     fn pieces_complete_with_the_bytes_up_to_the_end_of_the_file_or_the_failure() {
         let read = sub(Opcode::Read, 100, 1000);
-        assert_eq!(pieces_outcome(&read, false, false, u64::MAX), (Status::Ok, 1000));
-        assert_eq!(pieces_outcome(&read, false, false, 600), (Status::Ok, 500), "end of file at 600");
-        assert_eq!(pieces_outcome(&read, false, false, 100), (Status::Ok, 0), "nothing past the end");
-        assert_eq!(pieces_outcome(&read, true, false, 600), (Status::Io, 0));
-        assert_eq!(pieces_outcome(&read, true, true, u64::MAX), (Status::Integrity, 0));
-        assert_eq!(pieces_outcome(&read, false, true, u64::MAX), (Status::Ok, 1000), "integrity only with a failure");
+        assert_eq!(pieces_outcome(&read, None, u64::MAX), (Status::Ok, 1000));
+        assert_eq!(pieces_outcome(&read, None, 600), (Status::Ok, 500), "end of file at 600");
+        assert_eq!(pieces_outcome(&read, None, 100), (Status::Ok, 0), "nothing past the end");
+        assert_eq!(pieces_outcome(&read, Some(BackendFailure::Io), 600), (Status::Io, 0));
+        assert_eq!(pieces_outcome(&read, Some(BackendFailure::Integrity), u64::MAX), (Status::Integrity, 0));
+        assert_eq!(pieces_outcome(&read, Some(BackendFailure::Unavailable), u64::MAX), (Status::Unavailable, 0));
+        // Pieces failing differently: the highest failure names the request.
+        assert!(BackendFailure::Unavailable < BackendFailure::Io && BackendFailure::Io < BackendFailure::Integrity);
+        for f in [BackendFailure::Unavailable, BackendFailure::Io, BackendFailure::Integrity] {
+            assert_eq!(BackendFailure::from_rank(f as u8), Some(f));
+        }
+        assert_eq!(BackendFailure::from_rank(0), None);
     }
 
     #[test]
@@ -197,5 +241,7 @@ mod tests {
         assert_eq!(failure_status(&integrity), Status::Integrity);
         let io = dpuio_backend::Error::Io { context: "/f".into(), source: std::io::Error::other("disk") };
         assert_eq!(failure_status(&io), Status::Io);
+        let gone = dpuio_backend::Error::Unavailable { what: "/f".into(), reason: "dfs_read: no answer".into() };
+        assert_eq!(failure_status(&gone), Status::Unavailable);
     }
 }

@@ -44,6 +44,7 @@
 use dpuio_proto::wire::{self, Completion, Entry, MetaOpcode, MetaSubmission, Status, Submission};
 
 use super::policy;
+pub use super::policy::BackendFailure;
 use crate::validate::{self, SessionView};
 
 /// Submissions taken from one ring before the engine turns to the next, so one busy
@@ -330,8 +331,8 @@ impl Batch {
 }
 
 /// One step of a request whose payload moves through the agent's staging region
-/// (transports without mapped host memory: TCP, RDMA). The staging region has two
-/// halves of a chunk each, so the backend read of a chunk overlaps the put of the one
+/// (transports without mapped host memory: TCP, RDMA). The request has a pair of
+/// staging halves of a chunk each (the driver's; several requests' pairs may be in flight), so the backend read of a chunk overlaps the put of the one
 /// before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -351,15 +352,6 @@ pub enum Step {
     /// The request is done: its completion has this status and result (payload puts
     /// may still be in flight: posting the completion flushes first).
     Done { status: Status, result: u64 },
-}
-
-/// How a backend piece of a staged request failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendFailure {
-    /// An integrity check failed (inline encryption).
-    Integrity,
-    /// Any other error.
-    Io,
 }
 
 /// A validated request moving through the staging region, chunk by chunk. A
@@ -477,11 +469,7 @@ impl Staged {
     }
 
     fn fail(&mut self, failure: BackendFailure) {
-        let status = match failure {
-            BackendFailure::Integrity => Status::Integrity,
-            BackendFailure::Io => Status::Io,
-        };
-        self.next = StagedNext::Step(Step::Done { status, result: 0 }, StagedThen::Done);
+        self.next = StagedNext::Step(Step::Done { status: failure.status(), result: 0 }, StagedThen::Done);
     }
 
     /// The backend read asked for by [`Step::Read`] ended: `Ok(bytes)` (fewer than the

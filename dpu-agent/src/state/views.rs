@@ -106,7 +106,15 @@ impl Gauges for Agent {
         self.dataplane().map(|dp| dp.transport_gauges()).unwrap_or_default()
     }
 
+    /// The agent's own DAOS retry counters and its tenant workers' together.
     fn daos_retries(&self) -> Option<dpuio_daos::RetryStats> {
-        (self.backend.kind() == "daos").then(dpuio_daos::retry_stats)
+        if self.backend.kind() != "daos" {
+            return None;
+        }
+        let mut stats = dpuio_daos::retry_stats();
+        for worker in lock(&self.workers).values() {
+            stats += worker.retry_stats();
+        }
+        Some(stats)
     }
 }

@@ -553,10 +553,10 @@ fn a_backend_failure_mid_transfer_ends_the_request_with_its_status_and_moves_not
     for (opcode, flags) in [(Opcode::Read, 0), (Opcode::Write, wire::FLAG_SYNC)] {
         // Pieces 0..4, and the sync of the write (piece 4).
         for at in 0..=4 {
-            for failure in [BackendFailure::Io, BackendFailure::Integrity] {
+            for failure in [BackendFailure::Unavailable, BackendFailure::Io, BackendFailure::Integrity] {
                 let (steps, end) =
                     staged(sub_at(opcode, flags, 0, 400), 100, |_, len| len as usize, |k| (k == at).then_some(failure));
-                let want = if failure == BackendFailure::Io { Status::Io } else { Status::Integrity };
+                let want = failure.status();
                 if opcode == Opcode::Read && at == 4 {
                     assert_eq!(end, Some((Status::Ok, 400)), "a read has no piece 4");
                     continue;
