@@ -13,12 +13,15 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-usage: host-shim/bench/daos-identity.sh [-b BIN_DIR] [-r ROUNDS] -- BENCH_ARGS...
+usage: host-shim/bench/daos-identity.sh [-b BIN_DIR] [-r ROUNDS] [-p PATH] -- BENCH_ARGS...
 
   -b BIN_DIR   holds dpu-agent, dpuctl, dpuio and dpuio-bench (default target/release)
   -r ROUNDS    how many times each tenant runs the workloads, alternating (default 2)
+  -p PATH      the data plane both tenants use: shm (default; the agent reads straight
+               into the host's mapped memory), tcp or ofi-tcp (through the agent's
+               staging, as over RDMA on a DPU)
   BENCH_ARGS   what `dpuio bench` gets (the script adds --agent, the tenant's bundle,
-               --paths shm and --json), e.g. seq-read --queue-depth 8 --file-bytes 256MiB
+               --paths PATH and --json), e.g. seq-read --queue-depth 8 --file-bytes 256MiB
 
 example: host-shim/bench/daos-identity.sh -- seq-read --queue-depth 8 --file-bytes 256MiB --seconds 5
 EOF
@@ -27,10 +30,12 @@ die() { echo "daos-identity.sh: $*" >&2; exit 2; }
 
 bin=target/release
 rounds=2
-while getopts "b:r:h" opt; do
+path=shm
+while getopts "b:r:p:h" opt; do
     case $opt in
         b) bin=$OPTARG ;;
         r) rounds=$OPTARG ;;
+        p) path=$OPTARG ;;
         h) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
     esac
@@ -38,6 +43,7 @@ done
 shift $((OPTIND - 1))
 [ "${1:-}" != -- ] || shift
 (($#)) || die "no workload after '--' (e.g. -- seq-read --queue-depth 8)"
+case $path in shm | tcp | ofi-tcp) ;; *) die "-p $path: use shm, tcp or ofi-tcp" ;; esac
 for b in dpu-agent dpuctl dpuio dpuio-bench; do
     [ -x "$bin/$b" ] || die "$bin/$b is missing: build it (cargo build --release --bins) or pass -b DIR"
 done
@@ -90,7 +96,7 @@ done
 
 for round in $(seq "$rounds"); do
     for t in inproc worker; do
-        DPUIO_CONFIG_DIR="$work/$t" "$bin/dpuio" bench --agent "$addr" --paths shm --json --agent-pid "$agent_pid" "$@" |
+        DPUIO_CONFIG_DIR="$work/$t" "$bin/dpuio" bench --agent "$addr" --paths "$path" --json --agent-pid "$agent_pid" "$@" |
             sed "s/^{/{\"tenant\":\"$t\",\"round\":$round,/" >>"$work/rows.json"
     done
 done

@@ -49,8 +49,14 @@ shift $((OPTIND - 1))
 [ "${1:-}" != -- ] || shift
 (($#)) || die "no workload after '--' (e.g. -- seq-read --queue-depth 8)"
 for b in dpu-agent dpuctl dpuio dpuio-bench dpuio-bench-agent libdpuio_preload.so; do
-    [ -e "$bin/$b" ] || die "$bin/$b is missing: build it (cargo build --release --bins) or pass -b DIR"
+    [ -e "$bin/$b" ] ||
+        die "$bin/$b is missing: build it (cargo build --release --bins; cargo build --release -p dpuio-preload) or pass -b DIR"
 done
+# `cargo build --bins` leaves the preload library as it was: a stale one measures old code.
+if [ "$bin/libdpuio_preload.so" -ot "$bin/dpuio" ]; then
+    echo "daos-peers.sh: warning: $bin/libdpuio_preload.so is older than $bin/dpuio;" \
+        "the preload row measures that older build (cargo build --release -p dpuio-preload)" >&2
+fi
 bin=$(cd "$bin" && pwd)
 [ -e /dev/fuse ] || die "/dev/fuse is missing: dfuse and dpuio mount need FUSE"
 command -v fusermount3 >/dev/null || die "fusermount3 is missing (apt-get install fuse3)"
@@ -68,45 +74,17 @@ cleanup() {
     for m in $(awk '$2 ~ /dpuio-bench-(dfuse|fuse)-/ {print $2}' /proc/self/mounts); do
         fusermount3 -uz "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done
-    if [ -n "${DAOS_POOL:-}" ]; then
-        daos container destroy --force "$DAOS_POOL" "$container" >/dev/null 2>&1 || true
-    fi
-    if [ -n "$rundir" ]; then
-        "$daos_dir/daos-down.sh" "$rundir" >/dev/null || echo "daos-peers.sh: daos-down.sh $rundir failed" >&2
-    fi
+    daos_down "$rundir" "$container"
     rm -rf "$work"
 }
 trap cleanup EXIT
-
-if [ -n "$rundir" ]; then
-    up=$daos_dir/daos-up.sh
-    [ -x "$up" ] || die "$up is missing: set DPUIO_DAOS_DIR to the directory of daos-up.sh (../shared/daos)"
-    # Every path writes a checkpoint and DAOS reclaims removed files' space later:
-    # daos-up.sh's 2 GB pool runs out with 256 MiB checkpoints.
-    DAOS_SCM_GIB=${DAOS_SCM_GIB:-6} DAOS_POOL_SIZE=${DAOS_POOL_SIZE:-4GB} "$up" "$rundir" >"$work/daos-up.log" 2>&1 || { cat "$work/daos-up.log" >&2; die "daos-up.sh $rundir failed"; }
-    # shellcheck disable=SC1091
-    source "$rundir/env"
-fi
-for v in DAOS_POOL DAOS_AGENT_DRPC_DIR; do
-    [ -n "${!v:-}" ] || die "$v is not set: pass -d RUNDIR, or start DAOS (daos-up.sh RUNDIR) and source RUNDIR/env"
-done
-
-cat >"$work/agent.toml" <<EOF2
-[backend]
-kind = "daos"
-pool = "$DAOS_POOL"
-agent_socket_dir = "$DAOS_AGENT_DRPC_DIR"
-create_containers = true
-
-[[tenants]]
-name = "default"
-container = "$container"
-EOF2
 # shellcheck source=host-shim/bench/agent-up.sh
 source "$(dirname "${BASH_SOURCE[0]}")/agent-up.sh"
-agent_up "$bin" "$work"
-"$bin/dpuctl" --data-dir "$work/data" cert issue --tenant default --out "$work/default" >/dev/null ||
-    die "dpuctl cert issue --tenant default failed"
+
+# Every path writes a checkpoint and DAOS reclaims removed files' space later: daos-up.sh's
+# own 2 GB pool runs out with 256 MiB checkpoints (daos_up makes a 4 GB one).
+daos_up "$rundir" "$work"
+daos_agent_up "$bin" "$work" "$container" "create_containers = true"
 
 bench() {
     echo "+ dpuio bench $* (machine load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores)"

@@ -101,6 +101,9 @@ impl Tenant {
 fn put(agent: &AgentProcess, local: &Path, remote: &str) -> Child {
     agent
         .command("dpuio")
+        // The agent comes back only after the round's puts: a put caught by the kill
+        // waits for it 1 s, not the 60 s default (the loop would give up at 20 s).
+        .env("DPUIO_RESUME_S", "1")
         .args(["--transport", "shm", "put"])
         .arg(local)
         .arg(remote)

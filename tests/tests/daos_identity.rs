@@ -11,7 +11,10 @@
 //! - a worker made (by the test-only hook `DPUIO_TEST_HOOK_WORKER_MOUNT`) to open the
 //!   other tenant's container is refused by DAOS with `DER_NO_PERM`;
 //! - SIGKILL of one tenant's worker under load: the other tenant's reads go on untouched
-//!   (byte-exact, no error), and the tenant's own job continues on a new worker.
+//!   (byte-exact, no error), and the tenant's own job continues on a new worker;
+//! - a worker killed (by the test-only hook `DPUIO_TEST_HOOK_WORKER_DIE_AFTER`) after a
+//!   put's create or replace, a rename or a remove and before it answered: the call, made
+//!   again on a new worker, answers as the first run would have.
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -69,8 +72,13 @@ fn wait_until(what: &str, limit: Duration, done: impl Fn() -> bool) {
     }
 }
 
+/// With the test hooks on, a worker SIGKILLs itself after it made a create, remove,
+/// rename or replace of a path holding this, before it answers.
+const DIE_AFTER: &str = "die-after";
+
 /// An agent on `config` in `dir`, its log in `log`; with `hook`, its workers also try to
-/// mount that container after each mount (the test-only hook).
+/// mount that container after each mount, and die after calls naming [`DIE_AFTER`] (the
+/// test-only hooks).
 fn start_agent(
     dir: &std::path::Path,
     config: &std::path::Path,
@@ -80,6 +88,7 @@ fn start_agent(
     let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
     if let Some(container) = hook {
         program.env("DPUIO_TEST_HOOK_WORKER_MOUNT", container);
+        program.env("DPUIO_TEST_HOOK_WORKER_DIE_AFTER", DIE_AFTER);
     }
     program.stderr(Stdio::from(std::fs::File::create(log).unwrap()));
     AgentProcess::start_program(
@@ -177,21 +186,24 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         "tenant a's own worker should mount its container:\n{hook}"
     );
 
-    // Data through each tenant's own certificate.
+    // Data through each tenant's own certificate; tenant a over TCP, where its worker's
+    // staging slots are registered with the transport and payload is put and got
+    // straight from and into them (also across the restart of its worker below), b over
+    // shared memory, where it is copied between a slot and the host's mapped region.
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let certs = dir.path().join("certs");
-    let connect = |tenant: &str| {
+    let connect = |tenant: &str, transports: &str| {
         let bundle = certs.join(tenant);
         ok_stdout(&agent.dpuctl(&["cert", "issue", "--tenant", tenant, "--out", bundle.to_str().unwrap()]));
         let options = ConnectOptions {
             agent: agent.url(),
             tls: TlsOptions::bundle(bundle),
-            data_plane: Some(DataPlaneOptions { transports: "shm".into(), rings: 1, ..Default::default() }),
+            data_plane: Some(DataPlaneOptions { transports: transports.into(), rings: 1, ..Default::default() }),
             ..ConnectOptions::default()
         };
         runtime.block_on(dpuio_shim::Client::connect(options)).unwrap()
     };
-    let (a, b) = (connect("a"), connect("b"));
+    let (a, b) = (connect("a", "tcp"), connect("b", "shm"));
     let data = [seeded_bytes(FILE_BYTES, 71), seeded_bytes(FILE_BYTES, 72)];
     runtime.block_on(a.put_bytes("/data.bin", &data[0])).unwrap();
     runtime.block_on(b.put_bytes("/data.bin", &data[1])).unwrap();
@@ -265,13 +277,36 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     }
     assert!(a.read_file("/data.bin").unwrap() == data[0] && b.read_file("/data.bin").unwrap() == data[1]);
 
+    // Calls that cannot simply run twice, their worker killed after making them and
+    // before answering (the test-only hook): made again on a new worker, each answers as
+    // the first run would have. A put (an exclusive create of its temporary file, then a
+    // replace), a rename, a remove; an exclusive create of any other name says "already
+    // exists", since whether this call made the file cannot be told.
+    let put = &data[0][..1 << 20];
+    runtime.block_on(a.put_bytes("/die-after-put.bin", put)).unwrap_or_else(|e| panic!("put: {e}\n{}", log_text()));
+    assert!(a.read_file("/die-after-put.bin").unwrap() == put, "the put's bytes differ");
+    runtime.block_on(a.rename("/die-after-put.bin", "/die-after-moved.bin")).unwrap();
+    runtime.block_on(a.remove("/die-after-moved.bin", false)).unwrap();
+    let listed = runtime.block_on(a.readdir("/")).unwrap();
+    let left: Vec<_> = listed.iter().filter(|e| e.name.contains(DIE_AFTER)).map(|e| &e.name).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let Err(e) = runtime.block_on(a.create("/die-after-exclusive", true)) else {
+        panic!("an exclusive create made again on a new worker succeeded")
+    };
+    assert!(e.to_string().contains("ALREADY_EXISTS"), "{e}");
+    let settled = log_text().lines().filter(|l| l.contains("had run before; taken as done")).count();
+    assert_eq!(settled, 3, "the replace, rename and remove settled by their second run:\n{}", log_text());
+    let metrics = dpuio_tests::scrape_metrics(agent.process.metrics_addr().expect("[metrics] listen is set"));
+    let line = "dpuio_daos_worker_restarts_total{tenant=\"a\"} 6";
+    assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
+
     // A tenant added at run time with its own DAOS identity: its worker, its ACL.
     let user_c = daos::tenant_identity(&d, "c").unwrap_or_else(|e| panic!("{e}"));
     let container_c = label("idc");
     ok_stdout(&agent.dpuctl(&["tenant", "add", "c", "--container", &container_c, "--daos-user", &user_c]));
     let listed = ok_stdout(&agent.dpuctl(&["tenant", "list"]));
     assert!(listed.contains(&format!("DAOS identity: user {user_c}")), "{listed}");
-    let c = connect("c");
+    let c = connect("c", "shm");
     runtime.block_on(c.put_bytes("/data.bin", &data[0])).unwrap();
     assert!(c.read_file("/data.bin").unwrap() == data[0]);
     let worker_c = workers(agent.process.id()).iter().find(|(t, _)| t == "c").map(|(_, p)| *p);

@@ -7,6 +7,9 @@
 //!   the deadline and some slack, and at once while DAOS stays silent;
 //! - a second agent, SIGTERMed while DAOS is gone, exits within its drain bound
 //!   (`call_timeout_seconds` + 5 s) with a non-zero status and a message saying so;
+//! - a third agent, started while DAOS is gone, exits within twice `call_timeout_seconds`
+//!   (`daos_init`, then the pool connect) and some slack, its error naming the DAOS call
+//!   and what to check;
 //! - the system is started again (`dmg system start`): the same agent process serves
 //!   the job again, every dataset file and every checkpoint it acknowledged reads back
 //!   the same, and no read ever returned a wrong byte.
@@ -17,7 +20,8 @@
 //! Needs `RUNDIR/env` of `tests/daos-engines.sh` (any number of engines); without it the
 //! test says it is skipped and why (a failure under `DPUIO_REQUIRE_DAOS=1`).
 
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -109,7 +113,8 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
-fn start_agent(dir: &std::path::Path, name: &str, pool: &str, socket_dir: &str, container: &str) -> AgentProcess {
+/// The config of an agent of this test, written to `dir/NAME.toml`.
+fn agent_config(dir: &std::path::Path, name: &str, pool: &str, socket_dir: &str, container: &str) -> PathBuf {
     let config = dir.join(format!("{name}.toml"));
     std::fs::write(
         &config,
@@ -121,10 +126,21 @@ fn start_agent(dir: &std::path::Path, name: &str, pool: &str, socket_dir: &str, 
         ),
     )
     .unwrap();
+    config
+}
+
+/// `dpu-agent` with DAOS's RPC timeout shortened: how soon a call to a dead engine fails
+/// inside libdaos (which then tries again, without end); shorter than its default 60 s
+/// for the tier's time.
+fn agent_program() -> Command {
     let mut program = Command::new(dpuio_tests::binary("dpu-agent"));
-    // DAOS's RPC timeout: how soon a call to a dead engine fails inside libdaos (which
-    // then tries again, without end); shorter than its default 60 s for the tier's time.
     program.env("CRT_TIMEOUT", "10");
+    program
+}
+
+fn start_agent(dir: &std::path::Path, name: &str, pool: &str, socket_dir: &str, container: &str) -> AgentProcess {
+    let config = agent_config(dir, name, pool, socket_dir, container);
+    let mut program = agent_program();
     program.stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap());
     AgentProcess::start_program(
         program,
@@ -182,6 +198,12 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // A file held open across the loss, to read through the data plane after it.
+    let held = runtime.block_on(client.open("/data/f0", dpuio_shim::Access::ReadOnly)).expect("open /data/f0");
+    let held_region = runtime
+        .block_on(client.register_region(1 << 20, dpuio_shim::RegionAccess::WriteByAgent))
+        .expect("register a region");
+
     let rundir = d.rundir.to_str().unwrap();
     let cpu_before = cpu_seconds(agent.process.id());
     script(&["kill-all", rundir]);
@@ -207,6 +229,13 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     // Through the ring too (an open-read), not only over gRPC.
     let ring = client.read_file("/data/f2").expect_err("a ring open-read with every engine gone");
     eprintln!("a ring open-read with every engine gone: {ring}");
+    // A data-plane read on the file opened before: not sent to DAOS, and the host hears
+    // UNAVAILABLE (storage gone, retry later), not a bare I/O error.
+    let asked = Instant::now();
+    let refused = held.read_at(&held_region, 0).expect_err("a data-plane read with every engine gone");
+    eprintln!("a data-plane read with every engine gone, {:.2?} after it was asked: {refused}", asked.elapsed());
+    assert_eq!(refused.code(), Some(tonic::Code::Unavailable), "{refused}");
+    assert!(refused.to_string().contains("does not answer"), "{refused}");
 
     // The second agent, with a call of its own waiting on DAOS, is told to stop.
     let waiting = {
@@ -226,6 +255,41 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     assert!(!said.is_empty(), "the stopped agent said nothing on its way out:\n{log}");
     // Its call ends with the agent (the shim's keep-alive finds it gone); not waited for.
     drop(waiting);
+
+    // An agent started now does not wait for DAOS without end: its `daos_init` and pool
+    // connect have the same deadline each, and it exits saying what to check.
+    let config = agent_config(&dir, "starting", &d.pool, socket_dir, &container);
+    let mut starting = agent_program()
+        .args(["serve", "--config", config.to_str().unwrap(), "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("starting-data"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("starting.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let start_bound = Duration::from_secs(2 * CALL_TIMEOUT_SECONDS) + SLACK;
+    let start_status = loop {
+        if let Some(status) = starting.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > start_bound + SLACK {
+            let _ = starting.kill();
+            let _ = starting.wait();
+            panic!("an agent started with every engine gone was still starting after {:.1?}", started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let gave_up = started.elapsed();
+    let log = std::fs::read_to_string(dir.join("starting.log")).unwrap_or_default();
+    eprintln!("an agent started with every engine gone exited {start_status} after {gave_up:.1?}");
+    assert!(!start_status.success(), "it started without its pool:\n{log}");
+    assert!(
+        (log.contains("daos_init") || log.contains("daos_pool_connect"))
+            && log.contains("call_timeout_seconds")
+            && log.contains("dmg system query"),
+        "its error names the call, the deadline and what to check:\n{log}"
+    );
+    assert!(gave_up < start_bound, "it gave up after {gave_up:.1?}, past {start_bound:?}");
 
     // DAOS back: the same agent process serves again.
     let down_for = killed.elapsed();

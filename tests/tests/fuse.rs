@@ -9,6 +9,7 @@
 //! not depend on a privilege a CI runner may lack. A mount is always undone by a drop
 //! guard, so a failing test leaves none behind.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -134,6 +135,17 @@ fn coreutils_read_and_write_through_the_mount() {
     let local_big = scratch.join("big.bin");
     std::fs::write(&local_big, &big).unwrap();
     let Some(m) = mount(&agent, dir.path(), &[]) else { return };
+
+    // The mount's readahead: 1 MiB where the mount may set it (root), so files read in
+    // order go to the agent in 1 MiB requests, not the kernel's first 128 KiB.
+    let dev = std::fs::metadata(&m.point).unwrap().dev();
+    let knob = format!("/sys/class/bdi/{}:{}/read_ahead_kb", dev >> 8 & 0xfff, (dev & 0xff) | (dev >> 12 & !0xff));
+    let readahead = std::fs::read_to_string(&knob).unwrap_or_default();
+    if run(Command::new("id").arg("-u")).stdout == b"0\n" {
+        assert_eq!(readahead.trim(), "1024", "{knob}; the mount said: {}", m.log());
+    } else {
+        assert!(m.log().contains("readahead stays at 128 KiB"), "a mount that may not set it says so: {}", m.log());
+    }
 
     assert_eq!(ok(Command::new("cat").arg(m.path("/data/small.txt"))), "hello, dpuio\n");
     let want = sha256(Command::new("sha256sum").arg(&local_big));

@@ -1,5 +1,5 @@
-//! Metadata over the data plane end to end: stat, open/create/close, lookup, readdir
-//! and open-read travel as ring entries (over UCX shm, libfabric tcp and shm) and give
+//! Metadata over the data plane end to end: stat, open/create/close, lookup, readdir,
+//! remove and open-read travel as ring entries (over UCX shm, libfabric tcp and shm) and give
 //! the same answers and the same errors, code and message, as the gRPC calls; handles
 //! opened on the ring are the session's handles on both planes; a delegated token
 //! limited to a prefix is enforced on the ring exactly as over gRPC; hostile metadata
@@ -168,6 +168,25 @@ async fn metadata_over_the_ring_matches_grpc() {
                 (r, g) => panic!("{transport}: ring {r:?}, gRPC {g:?}"),
             }
         }
+        // Remove over the ring: the file is gone for gRPC; errors as gRPC gives them
+        // (missing, a directory with entries, the root), and a tree with `recursive`.
+        ring.remove(&name, false).await.unwrap();
+        assert_eq!(text(grpc.stat(&name).await), text(ring.stat(&name).await));
+        assert!(
+            text(grpc.stat(&name).await).contains("NOT_FOUND") || text(grpc.stat(&name).await).contains("NotFound")
+        );
+        for (bad, recursive) in [(name.as_str(), false), ("/data/dir", false), ("/", true), ("/../x", false)] {
+            assert_eq!(
+                text(ring.remove(bad, recursive).await),
+                text(grpc.remove(bad, recursive).await),
+                "{transport}: remove {bad:?}"
+            );
+        }
+        let tree = format!("/data/tree-{transport}");
+        grpc.mkdir(&format!("{tree}/a/b"), true).await.unwrap();
+        grpc.create(&format!("{tree}/a/b/f"), true).await.unwrap().close().await.unwrap();
+        ring.remove(&tree, true).await.unwrap();
+        assert!(grpc.stat(&tree).await.is_err(), "{transport}: {tree} removed whole");
         ring.detach().await.unwrap();
     }
 }
@@ -199,6 +218,8 @@ async fn a_prefix_token_is_enforced_on_the_ring_as_over_grpc() {
             ),
             ("create", text(ring.create("/data/y", false).await), text(grpc.create("/data/y", false).await)),
             ("list root", text(ring.readdir("/").await), text(grpc.readdir("/").await)),
+            ("remove", text(ring.remove("/data/x", false).await), text(grpc.remove("/data/x", false).await)),
+            ("remove outside", text(ring.remove("/outside", false).await), text(grpc.remove("/outside", false).await)),
             (
                 "read outside",
                 text(ring.read_file("/outside")),
