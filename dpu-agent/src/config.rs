@@ -36,6 +36,8 @@
 //! #                                     # gone, the pool map moving) is made again; 0: never
 //! # call_timeout_seconds = 180          # the longest a DAOS call waits for DAOS (every engine
 //! #                                     # gone: DAOS answers nothing) before UNAVAILABLE
+//! # dir_cache_seconds = 5               # how long a directory found by path is used again
+//! #                                     # (dfuse's default); 0: looked up every time
 //!
 //! [limits]
 //! max_sessions = 1024
@@ -310,6 +312,9 @@ pub struct DaosConfig {
     /// The longest a DAOS metadata call, its retries included, waits for DAOS before
     /// the client hears `UNAVAILABLE`; at least `retry_seconds`.
     pub call_timeout_seconds: u64,
+    /// How long a directory found by path is used again as the parent of calls on its
+    /// names before it is looked up afresh (0: never kept).
+    pub dir_cache_seconds: u64,
 }
 
 /// The DAOS system name DAOS uses unless its servers are configured otherwise.

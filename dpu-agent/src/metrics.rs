@@ -619,6 +619,14 @@ impl Container for TimedContainer {
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> dpuio_backend::Result<Arc<dyn Object>> {
         timed(&self.times.open, || self.inner.open(path, options, mode))
     }
+    fn open_stat(
+        &self,
+        path: &NsPath,
+        options: OpenOptions,
+        mode: u32,
+    ) -> dpuio_backend::Result<(Arc<dyn Object>, Attr)> {
+        timed(&self.times.open, || self.inner.open_stat(path, options, mode))
+    }
     fn remove(&self, path: &NsPath, recursive: bool) -> dpuio_backend::Result<()> {
         timed(&self.times.remove, || self.inner.remove(path, recursive))
     }

@@ -35,6 +35,7 @@ pub fn daos_options(daos: &DaosConfig) -> DaosOptions {
         redundancy_factor: daos.redundancy_factor,
         redundancy_level: daos.redundancy_level,
         call_timeout: std::time::Duration::from_secs(daos.call_timeout_seconds),
+        dir_cache: std::time::Duration::from_secs(daos.dir_cache_seconds),
     }
 }
 

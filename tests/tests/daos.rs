@@ -133,6 +133,7 @@ fn encrypted_tenant_over_daos_stores_only_ciphertext_and_tampering_is_detected()
             redundancy_factor: 0,
             redundancy_level: 0,
             call_timeout: std::time::Duration::ZERO,
+            dir_cache: std::time::Duration::ZERO,
         })
         .unwrap();
         let c = outside.mount(&container, false).unwrap();

@@ -83,6 +83,8 @@ fn mount(args: &LibdfsArgs) -> Result<Arc<dyn Container>, String> {
         redundancy_level: 0,
         // Nor a deadline: each call made on the calling thread, as libdfs's own.
         call_timeout: std::time::Duration::ZERO,
+        // Nor a directory cache: every path looked up as a job's `dfs_lookup` does.
+        dir_cache: std::time::Duration::ZERO,
     })
     .map_err(|e| e.to_string())?;
     backend.mount(&args.container, false).map_err(|e| e.to_string())

@@ -507,6 +507,38 @@ impl Fs {
         Ok((Obj { fs: self.clone(), obj }, Stat::from(&st)))
     }
 
+    /// `dfs_lookup_rel` of `name` in `parent` (the root when `None`), not following a
+    /// link: the entry opened and its stat, as [`Fs::lookup`] gives for a whole path
+    /// but with one fetch from DAOS for the entry (and one for a file's size) instead of
+    /// one per component.
+    pub fn lookup_rel(
+        self: &Arc<Self>,
+        parent: Option<&Obj>,
+        name: &str,
+        write: bool,
+    ) -> Result<(Obj, Stat), CallError> {
+        let c = cstring(name)?;
+        let mut obj: *mut dfs_obj_t = ptr::null_mut();
+        let mut mode: libc::mode_t = 0;
+        let mut st = zeroed_stat();
+        let flags = if write { libc::O_RDWR } else { libc::O_RDONLY } | libc::O_NOFOLLOW;
+        // SAFETY: dfs is mounted; parent (if any) is an open object of this mount; c
+        // outlives the call; obj, mode and st are valid out-pointers.
+        let rc = unsafe {
+            (self.api().dfs_lookup_rel)(
+                self.dfs,
+                Self::parent_ptr(parent),
+                c.as_ptr(),
+                flags,
+                &mut obj,
+                &mut mode,
+                &mut st,
+            )
+        };
+        check("dfs_lookup_rel", rc)?;
+        Ok((Obj { fs: self.clone(), obj }, Stat::from(&st)))
+    }
+
     /// `dfs_stat` of `name` in `parent` (the root when `None`).
     pub fn stat(&self, parent: Option<&Obj>, name: &str) -> Result<Stat, CallError> {
         let c = cstring(name)?;
@@ -548,6 +580,56 @@ impl Fs {
         };
         check("dfs_open", rc)?;
         Ok(Obj { fs: self.clone(), obj })
+    }
+
+    /// `dfs_open_stat` of `name` in `parent` with open(2) `flags`, which must include
+    /// `O_CREAT` (DFS refuses the stat otherwise): the object and its attributes, in one
+    /// DFS call. A file it creates costs no more than `dfs_open` (its size is 0 and its
+    /// entry is the one just written); where DFS finds an existing file it reads its size
+    /// too, and where `O_TRUNC` cut it, the size is 0 with no read. The entry's owner is
+    /// this process's effective uid and gid, as `dfs_open` makes it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_stat(
+        self: &Arc<Self>,
+        parent: Option<&Obj>,
+        name: &str,
+        mode: u32,
+        flags: c_int,
+        object_class: u32,
+        chunk_bytes: u64,
+    ) -> Result<(Obj, Stat), CallError> {
+        if flags & libc::O_CREAT == 0 {
+            return Err(CallError {
+                call: "argument check",
+                code: Code::Errno(libc::EINVAL),
+                name: "EINVAL".to_owned(),
+                description: format!("dfs_open_stat of {name:?} without O_CREAT (use dfs_lookup)"),
+            });
+        }
+        let c = cstring(name)?;
+        let mut obj: *mut dfs_obj_t = ptr::null_mut();
+        let mut st = zeroed_stat();
+        // The owner of an entry this call creates is taken from the stat passed in.
+        // SAFETY: geteuid and getegid cannot fail.
+        (st.st_uid, st.st_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        // SAFETY: dfs is mounted; parent (if any) is an open object of this mount; c
+        // outlives the call; no symlink value; obj and st are valid out-pointers.
+        let rc = unsafe {
+            (self.api().dfs_open_stat)(
+                self.dfs,
+                Self::parent_ptr(parent),
+                c.as_ptr(),
+                mode,
+                flags,
+                object_class,
+                chunk_bytes,
+                ptr::null(),
+                &mut obj,
+                &mut st,
+            )
+        };
+        check("dfs_open_stat", rc)?;
+        Ok((Obj { fs: self.clone(), obj }, Stat::from(&st)))
     }
 
     /// `dfs_mkdir` of `name` in `parent`.

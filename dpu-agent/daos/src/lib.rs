@@ -33,13 +33,14 @@ mod anchor;
 mod backend;
 mod deadline;
 mod dfs;
+mod dir_cache;
 pub mod error;
 mod retry;
 mod sys;
 
 // Public for the fuzz targets (fuzz/): a token is bytes from an untrusted host.
 pub use anchor::AnchorKey;
-pub use backend::{DEFAULT_CHUNK_BYTES, DaosBackend, DaosContainer, DaosOptions, OpenError};
+pub use backend::{DEFAULT_CHUNK_BYTES, DEFAULT_DIR_CACHE, DaosBackend, DaosContainer, DaosOptions, OpenError};
 pub use deadline::{MAX_STUCK, exit_leaving_calls_in_daos, stuck_calls};
 pub use dfs::{DEFAULT_AGENT_SOCKET_DIR, SetupError, default_agent_socket_dir, load_libraries, prefix_from_env};
 pub use retry::{RetryStats, retry_stats};

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use dpuio_backend::local::LocalBackend;
 use dpuio_backend::{
-    Backend, Container, EntryKind, Error, IoOp, IoQueue, IoRequest, Layout, NsPath, Object, OpenOptions,
+    Attr, Backend, Container, EntryKind, Error, IoOp, IoQueue, IoRequest, Layout, NsPath, Object, OpenOptions,
 };
 use dpuio_daos::{DaosBackend, DaosOptions};
 
@@ -73,6 +73,9 @@ fn daos_backend() -> &'static DaosBackend {
             redundancy_factor: 0,
             redundancy_level: 0,
             call_timeout: std::time::Duration::from_secs(180),
+            // As the agent runs it: the cases see that its own removes and renames
+            // forget the directories they touch.
+            dir_cache: dpuio_daos::DEFAULT_DIR_CACHE,
         })
         .unwrap_or_else(|e| panic!("DAOS is reachable but the backend did not open: {e}"))
     })
@@ -109,6 +112,7 @@ conformance!(
     open_create_and_modes,
     open_stat_answers_as_open_and_stat,
     remove_files_and_trees,
+    a_directory_made_again_under_an_old_name_is_the_new_one,
     rename_rules,
     invalid_names_and_escapes,
     readdir_batches_resume_and_errors,
@@ -206,6 +210,26 @@ fn open_stat_answers_as_open_and_stat(c: &dyn Container) {
     }
     let (_, created) = c.open_stat(&p("/d/g"), OpenOptions { exclusive: true, ..create() }, 0o600).unwrap();
     assert_eq!((created.kind, created.size, created.mode), (EntryKind::File, 0, 0o600));
+    // What a create answers (DFS: from the entry it wrote) is what a stat then says.
+    let same_as_stat = |path: &str, attr: Attr| {
+        let stat = c.stat(&p(path)).unwrap();
+        assert_eq!(
+            (attr.kind, attr.size, attr.mode, attr.object_id),
+            (stat.kind, stat.size, stat.mode, stat.object_id)
+        );
+        assert!((attr.mtime_ns - stat.mtime_ns).abs() < 2_000_000_000, "{path}: {attr:?} against {stat:?}");
+    };
+    same_as_stat("/d/g", created);
+    // A create of an existing file opens it as it is (size and mode kept).
+    let (object, existing) = c.open_stat(&p("/d/f"), create(), 0o600).unwrap();
+    assert_eq!((existing.kind, existing.size, existing.mode), (EntryKind::File, 70_002, 0o640));
+    assert!(object.writable());
+    same_as_stat("/d/f", existing);
+    assert!(matches!(
+        c.open_stat(&p("/d/f"), OpenOptions { exclusive: true, ..create() }, 0o600),
+        Err(Error::AlreadyExists { .. })
+    ));
+    assert!(matches!(c.open_stat(&p("/d"), create(), 0o600), Err(Error::IsADirectory { .. })));
     let (_, truncated) = c.open_stat(&p("/d/f"), OpenOptions { truncate: true, ..rw() }, 0).unwrap();
     assert_eq!(truncated.size, 0);
     assert!(matches!(c.open_stat(&p("/d/nope"), OpenOptions::default(), 0), Err(Error::NotFound { .. })));
@@ -216,6 +240,36 @@ fn open_stat_answers_as_open_and_stat(c: &dyn Container) {
     assert!(matches!(c.open_stat(&p("/d"), OpenOptions::default(), 0), Err(Error::IsADirectory { .. })));
     assert!(matches!(c.open_stat(&p("/d"), rw(), 0), Err(Error::IsADirectory { .. })));
     assert!(matches!(c.open_stat(&NsPath::root(), OpenOptions::default(), 0), Err(Error::IsADirectory { .. })));
+}
+
+/// A directory removed or renamed through this container and then made again under its
+/// old name: calls by that name reach the new one (the DAOS backend keeps directories it
+/// found, and forgets those its own calls removed or moved).
+fn a_directory_made_again_under_an_old_name_is_the_new_one(c: &dyn Container) {
+    let names = |dir: &str| {
+        let mut names: Vec<String> = c.readdir(&p(dir), None, 100).unwrap().0.into_iter().map(|e| e.name).collect();
+        names.sort();
+        names
+    };
+    c.mkdir(&p("/r"), 0o755).unwrap();
+    c.mkdir(&p("/r/s"), 0o755).unwrap();
+    touch(c, "/r/s/old");
+    assert_eq!(c.stat(&p("/r/s/old")).unwrap().kind, EntryKind::File);
+    c.remove(&p("/r"), true).unwrap();
+    c.mkdir(&p("/r"), 0o755).unwrap();
+    c.mkdir(&p("/r/s"), 0o755).unwrap();
+    touch(c, "/r/s/new");
+    assert_eq!(names("/r/s"), ["new"]);
+    assert!(matches!(c.stat(&p("/r/s/old")), Err(Error::NotFound { .. })));
+
+    c.rename(&p("/r"), &p("/moved")).unwrap();
+    c.mkdir(&p("/r"), 0o755).unwrap();
+    assert!(matches!(c.stat(&p("/r/s/new")), Err(Error::NotFound { .. })));
+    c.mkdir(&p("/r/s"), 0o755).unwrap();
+    touch(c, "/r/s/again");
+    assert_eq!(names("/r/s"), ["again"]);
+    assert_eq!(names("/moved/s"), ["new"]);
+    assert_eq!(c.stat(&p("/moved/s/new")).unwrap().kind, EntryKind::File);
 }
 
 fn remove_files_and_trees(c: &dyn Container) {

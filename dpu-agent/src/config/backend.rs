@@ -20,6 +20,7 @@ const DAOS_KEYS: &[&str] = &[
     "redundancy_factor",
     "redundancy_level",
     "call_timeout_seconds",
+    "dir_cache_seconds",
 ];
 
 impl Checker {
@@ -147,6 +148,9 @@ impl Checker {
                 ),
             );
         }
+        let dir_cache_seconds = self
+            .integer(t, "backend", "dir_cache_seconds", 0, 3600)
+            .map_or(dpuio_daos::DEFAULT_DIR_CACHE.as_secs(), |n| n as u64);
         (self.issues.len() == issues).then(|| DaosConfig {
             pool: pool.unwrap_or_default(),
             system,
@@ -158,6 +162,7 @@ impl Checker {
             redundancy_factor,
             redundancy_level,
             call_timeout_seconds,
+            dir_cache_seconds,
         })
     }
 
@@ -194,6 +199,7 @@ impl super::DaosConfig {
             object_class: self.object_class.clone(),
             retry_ms: self.retry_seconds.saturating_mul(1000),
             call_timeout_ms: self.call_timeout_seconds.saturating_mul(1000),
+            dir_cache_ms: self.dir_cache_seconds.saturating_mul(1000),
             redundancy_factor: self.redundancy_factor,
             redundancy_level: self.redundancy_level,
         }

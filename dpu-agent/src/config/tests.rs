@@ -157,6 +157,7 @@ fn daos_backend_parses_with_defaults_and_every_key() {
             redundancy_factor: 0,
             redundancy_level: 0,
             call_timeout_seconds: crate::config::DEFAULT_CALL_TIMEOUT_SECONDS,
+            dir_cache_seconds: 5,
         })
     );
     let config = Config::parse(
@@ -210,6 +211,11 @@ fn a_tenant_names_its_object_class_and_retries_have_a_bound() {
     let set = Config::parse("[backend]\nkind = \"daos\"\npool = \"t\"\nretry_seconds = 5\ncall_timeout_seconds = 10\n");
     let BackendConfig::Daos(d) = &set.unwrap().backend else { panic!("not daos") };
     assert_eq!((d.retry_seconds, d.call_timeout_seconds), (5, 10));
+    let off = Config::parse("[backend]\nkind = \"daos\"\npool = \"t\"\ndir_cache_seconds = 0\n").unwrap();
+    let BackendConfig::Daos(d) = &off.backend else { panic!("not daos") };
+    assert_eq!(d.dir_cache_seconds, 0);
+    let long = issues("[backend]\nkind = \"daos\"\npool = \"t\"\ndir_cache_seconds = 86400\n");
+    assert_eq!(long.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), ["backend.dir_cache_seconds"], "{long:?}");
     let short = issues("[backend]\nkind = \"daos\"\npool = \"t\"\nretry_seconds = 30\ncall_timeout_seconds = 20\n");
     assert_eq!(short.len(), 1, "{short:?}");
     assert_eq!(short[0].key, "backend.call_timeout_seconds");

@@ -526,6 +526,12 @@ impl Container for WorkerContainer {
     }
 
     fn open(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<Arc<dyn Object>> {
+        Ok(self.open_stat(path, options, mode)?.0)
+    }
+
+    /// One call to the worker, which opens and stats there ([`Container::open_stat`] of
+    /// the tenant's container: one DFS lookup, or the parent's and one `dfs_open_stat`).
+    fn open_stat(&self, path: &NsPath, options: OpenOptions, mode: u32) -> Result<(Arc<dyn Object>, Attr)> {
         let container = self
             .me
             .upgrade()
@@ -535,7 +541,7 @@ impl Container for WorkerContainer {
         // answered is this put's (its name is unique to it): the second run opens it.
         let unique = options.exclusive && path.file_name().is_some_and(|n| dpuio_proto::put::target_of(n).is_some());
         let sent = Cell::new(false);
-        let (generation, id, writable) = self.shared.with_process(|p| {
+        let (generation, id, writable, attr) = self.shared.with_process(|p| {
             let container = self.id(p)?;
             let request = Request::Open { container, path: path.to_string(), options: options.into(), mode };
             let again = sent.replace(true);
@@ -551,19 +557,20 @@ impl Container for WorkerContainer {
                 reply => reply,
             };
             match reply {
-                Reply::Opened { object, writable } => Ok((p.generation, object, writable)),
+                Reply::Opened { object, writable, attr } => Ok((p.generation, object, writable, Attr::from(attr))),
                 Reply::Failed(e) => Err(Fault::Backend(e.into())),
                 other => Err(Fault::Backend(unexpected(other))),
             }
         })?;
-        Ok(Arc::new(WorkerObject {
+        let object = WorkerObject {
             container,
             path: path.clone(),
             options,
             mode,
             writable,
             remote: Mutex::new(Remote { generation, id }),
-        }))
+        };
+        Ok((Arc::new(object), attr))
     }
 
     fn remove(&self, path: &NsPath, recursive: bool) -> Result<()> {

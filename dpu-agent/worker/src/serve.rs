@@ -102,6 +102,7 @@ fn open_backend(setup: &Setup) -> Result<DaosBackend> {
         object_class: setup.object_class.clone(),
         retry: Duration::from_millis(setup.retry_ms),
         call_timeout: Duration::from_millis(setup.call_timeout_ms),
+        dir_cache: Duration::from_millis(setup.dir_cache_ms),
         private_containers: true,
         redundancy_factor: setup.redundancy_factor,
         redundancy_level: setup.redundancy_level,
@@ -223,11 +224,13 @@ impl Worker {
                 Reply::Listing { entries: wire::entries_to_wire(&entries), next }
             }
             Request::Open { container, path: p, options, mode } => {
-                let object = self.container(container)?.open(&path(&p)?, options.into(), mode)?;
+                // With its attributes: over DAOS no dearer than the open alone, and what
+                // the agent's open answers the client with.
+                let (object, attr) = self.container(container)?.open_stat(&path(&p)?, options.into(), mode)?;
                 let writable = object.writable();
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 lock(&self.objects).insert(id, object);
-                Reply::Opened { object: id, writable }
+                Reply::Opened { object: id, writable, attr: WireAttr::from(&attr) }
             }
             Request::Remove { container, path: p, recursive } => {
                 self.container(container)?.remove(&path(&p)?, recursive)?;

@@ -29,6 +29,7 @@ pub struct Setup {
     pub object_class: String,
     pub retry_ms: u64,
     pub call_timeout_ms: u64,
+    pub dir_cache_ms: u64,
     pub redundancy_factor: u32,
     pub redundancy_level: u32,
 }
@@ -173,9 +174,12 @@ pub enum Reply {
         entries: Vec<(String, WireAttr)>,
         next: Option<String>,
     },
+    /// A file opened: its id in the worker, whether it was opened for writing, and its
+    /// attributes as opened (what a client's open answers with).
     Opened {
         object: u64,
         writable: bool,
+        attr: WireAttr,
     },
     /// One piece of a [`Request::Io`] done: its index in the request, and the bytes it
     /// moved or its error. Sent as each completes; [`Reply::Done`] follows the last.
