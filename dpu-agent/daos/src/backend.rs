@@ -499,14 +499,18 @@ impl DaosContainer {
             let open = move || fs.open(parent.as_deref(), &name, mode, flags, object_class, chunk_bytes);
             (self.bounded("dfs_open", path, open)?, None)
         };
-        let object = DaosObject {
+        Ok((self.object(obj, path, options.write), stat))
+    }
+
+    /// `obj`, opened at `path`, as this container's object.
+    fn object(&self, obj: Obj, path: &NsPath, writable: bool) -> DaosObject {
+        DaosObject {
             obj: Arc::new(obj),
             path: path.clone(),
-            writable: options.write,
+            writable,
             retry: self.retry,
             call_timeout: self.call_timeout,
-        };
-        Ok((object, stat))
+        }
     }
 }
 
@@ -617,14 +621,7 @@ impl Container for DaosContainer {
             return Err(Error::IsADirectory { path: path.to_string() });
         }
         let attr = with_object_id(attr(path.as_str(), &st)?, &obj, path)?;
-        let object = DaosObject {
-            obj: Arc::new(obj),
-            path: path.clone(),
-            writable: options.write,
-            retry: self.retry,
-            call_timeout: self.call_timeout,
-        };
-        Ok((Arc::new(object), attr))
+        Ok((Arc::new(self.object(obj, path, options.write)), attr))
     }
 
     fn remove(&self, path: &NsPath, recursive: bool) -> Result<()> {
