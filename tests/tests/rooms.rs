@@ -61,7 +61,7 @@ const FLOORS: &[(&str, &[&str])] = &[
         "dpu-agent/crypto/src/lib.rs",
         &["bench cipher_tests", "cipher", "header", "keys layout", "provider", "vectors error"],
     ),
-    ("dpu-agent/daos/src/lib.rs", &["backend", "retry", "anchor", "dfs", "deadline", "sys", "error"]),
+    ("dpu-agent/daos/src/lib.rs", &["backend", "dir_cache", "retry", "anchor", "dfs", "deadline", "sys", "error"]),
     ("dpu-agent/encryption/src/lib.rs", &["tests", "rotation", "container", "object", "settings", "error"]),
     ("dpu-agent/worker/src/lib.rs", &["queue serve", "client", "control spawn staging", "wire"]),
     ("bench-core/src/lib.rs", &["child", "block unet3d", "figures"]),
