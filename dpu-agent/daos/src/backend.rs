@@ -490,15 +490,10 @@ impl DaosContainer {
         let object_class = if layout.object_class != 0 { layout.object_class } else { self.object_class };
         let chunk_bytes = if layout.chunk_bytes != 0 { layout.chunk_bytes } else { self.chunk_bytes };
         let (fs, name, mode) = (self.fs.clone(), name.to_owned(), libc::S_IFREG | (mode & 0o7777));
-        let (obj, stat) = if options.create {
-            let (obj, stat) = self.bounded("dfs_open_stat", path, move || {
-                fs.open_stat(parent.as_deref(), &name, mode, flags, object_class, chunk_bytes)
-            })?;
-            (obj, Some(stat))
-        } else {
-            let open = move || fs.open(parent.as_deref(), &name, mode, flags, object_class, chunk_bytes);
-            (self.bounded("dfs_open", path, open)?, None)
-        };
+        let (call, create) = if options.create { ("dfs_open_stat", true) } else { ("dfs_open", false) };
+        let (obj, stat) = self.bounded(call, path, move || {
+            fs.open(parent.as_deref(), &name, mode, flags, object_class, chunk_bytes, create)
+        })?;
         Ok((self.object(obj, path, options.write), stat))
     }
 

@@ -550,7 +550,13 @@ impl Fs {
         Ok(Stat::from(&st))
     }
 
-    /// `dfs_open` of `name` in `parent` with open(2) `flags`.
+    /// `dfs_open_stat` of `name` in `parent` with open(2) `flags`: the object, and with
+    /// `stat` (which needs `O_CREAT`: DFS refuses it otherwise) its attributes from the
+    /// same call. Without `stat` this is `dfs_open` (DFS's `dfs_open` is this call with no
+    /// stat). A file it creates costs no more than `dfs_open` (its size is 0 and its entry
+    /// is the one just written); where DFS finds an existing file it reads its size too,
+    /// and where `O_TRUNC` cut it, the size is 0 with no read. The owner of an entry it
+    /// creates is this process's effective uid and gid, as `dfs_open` makes it.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         self: &Arc<Self>,
@@ -560,45 +566,9 @@ impl Fs {
         flags: c_int,
         object_class: u32,
         chunk_bytes: u64,
-    ) -> Result<Obj, CallError> {
-        let c = cstring(name)?;
-        let mut obj: *mut dfs_obj_t = ptr::null_mut();
-        // SAFETY: dfs is mounted; parent (if any) is an open object of this mount; c
-        // outlives the call; no symlink value; obj is a valid out-pointer.
-        let rc = unsafe {
-            (self.api().dfs_open)(
-                self.dfs,
-                Self::parent_ptr(parent),
-                c.as_ptr(),
-                mode,
-                flags,
-                object_class,
-                chunk_bytes,
-                ptr::null(),
-                &mut obj,
-            )
-        };
-        check("dfs_open", rc)?;
-        Ok(Obj { fs: self.clone(), obj })
-    }
-
-    /// `dfs_open_stat` of `name` in `parent` with open(2) `flags`, which must include
-    /// `O_CREAT` (DFS refuses the stat otherwise): the object and its attributes, in one
-    /// DFS call. A file it creates costs no more than `dfs_open` (its size is 0 and its
-    /// entry is the one just written); where DFS finds an existing file it reads its size
-    /// too, and where `O_TRUNC` cut it, the size is 0 with no read. The entry's owner is
-    /// this process's effective uid and gid, as `dfs_open` makes it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn open_stat(
-        self: &Arc<Self>,
-        parent: Option<&Obj>,
-        name: &str,
-        mode: u32,
-        flags: c_int,
-        object_class: u32,
-        chunk_bytes: u64,
-    ) -> Result<(Obj, Stat), CallError> {
-        if flags & libc::O_CREAT == 0 {
+        stat: bool,
+    ) -> Result<(Obj, Option<Stat>), CallError> {
+        if stat && flags & libc::O_CREAT == 0 {
             return Err(CallError {
                 call: "argument check",
                 code: Code::Errno(libc::EINVAL),
@@ -612,8 +582,10 @@ impl Fs {
         // The owner of an entry this call creates is taken from the stat passed in.
         // SAFETY: geteuid and getegid cannot fail.
         (st.st_uid, st.st_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let st_ptr: *mut libc::stat = if stat { &mut st } else { ptr::null_mut() };
         // SAFETY: dfs is mounted; parent (if any) is an open object of this mount; c
-        // outlives the call; no symlink value; obj and st are valid out-pointers.
+        // outlives the call; no symlink value; obj is a valid out-pointer and st_ptr NULL
+        // or one.
         let rc = unsafe {
             (self.api().dfs_open_stat)(
                 self.dfs,
@@ -625,11 +597,11 @@ impl Fs {
                 chunk_bytes,
                 ptr::null(),
                 &mut obj,
-                &mut st,
+                st_ptr,
             )
         };
-        check("dfs_open_stat", rc)?;
-        Ok((Obj { fs: self.clone(), obj }, Stat::from(&st)))
+        check(if stat { "dfs_open_stat" } else { "dfs_open" }, rc)?;
+        Ok((Obj { fs: self.clone(), obj }, stat.then(|| Stat::from(&st))))
     }
 
     /// `dfs_mkdir` of `name` in `parent`.

@@ -297,9 +297,8 @@ api! {
     dfs: dfs_umount: fn(*mut dfs_t) -> c_int;
     dfs: dfs_lookup: fn(*mut dfs_t, *const c_char, c_int, *mut *mut dfs_obj_t, *mut mode_t, *mut stat) -> c_int;
     dfs: dfs_lookup_rel: fn(*mut dfs_t, *mut dfs_obj_t, *const c_char, c_int, *mut *mut dfs_obj_t, *mut mode_t, *mut stat) -> c_int;
-    dfs: dfs_open: fn(*mut dfs_t, *mut dfs_obj_t, *const c_char, mode_t, c_int, u32, u64, *const c_char, *mut *mut dfs_obj_t) -> c_int;
-    // Not in daos_fs.h but exported by libdfs (dfuse's create): dfs_open that also fills a
-    // stat of the entry it made or opened, with no further call for a file it created.
+    // Not in daos_fs.h but exported by libdfs (dfuse's create): dfs_open (which is this
+    // call with a NULL stat) that also fills a stat of the entry it made or opened.
     dfs: dfs_open_stat: fn(*mut dfs_t, *mut dfs_obj_t, *const c_char, mode_t, c_int, u32, u64, *const c_char, *mut *mut dfs_obj_t, *mut stat) -> c_int;
     dfs: dfs_release: fn(*mut dfs_obj_t) -> c_int;
     dfs: dfs_read: fn(*mut dfs_t, *mut dfs_obj_t, *mut d_sg_list_t, u64, *mut u64, *mut daos_event_t) -> c_int;
