@@ -1,0 +1,2 @@
+// A build script, so that cargo also applies the crate's [build-dependencies] feature union.
+fn main() {}
