@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build the dpuio Python package into a virtual environment and run its tests.
 #
-#   host-shim/python/ci.sh REPO_ROOT VENV
+#   host-shim/python/ci.sh [--prepare] REPO_ROOT VENV
+#
+# With --prepare it only installs (the first two steps below) and stops: ./x test runs that
+# in the background while it compiles, since the downloads need the network, not the cores.
 #
 # - Creates VENV if needed (kept between runs: it is the cache) and installs maturin,
 #   numpy and pytest into it.
@@ -19,8 +22,13 @@
 #   unless its caller (./x test) already made one.
 set -euo pipefail
 
+PREPARE_ONLY=""
+if [ "${1:-}" = --prepare ]; then
+    PREPARE_ONLY=1
+    shift
+fi
 if (($# != 2)); then
-    echo "usage: $0 REPO_ROOT VENV" >&2
+    echo "usage: $0 [--prepare] REPO_ROOT VENV" >&2
     exit 2
 fi
 ROOT=$(cd "$1" && pwd)
@@ -107,6 +115,11 @@ if [ -z "$skip_reason" ] && [ -f "$SKIP_MARK" ]; then
 fi
 if [ -n "$skip_reason" ]; then
     export DPUIO_TORCH_SKIP_REASON="torch is not installed: $skip_reason"
+fi
+
+if [ -n "$PREPARE_ONLY" ]; then
+    say "prepared in $(($(date +%s) - start)) s (maturin, numpy, pytest${skip_reason:+; no torch: $skip_reason})"
+    exit 0
 fi
 
 say "building the extension (maturin develop)"
