@@ -2,7 +2,10 @@
 //! `tests/daos-engines.sh` (`./x test`'s DAOS tier runs this after `daos_faults.rs`, on
 //! the same three-engine system) with `[backend] retry_seconds = 5` and
 //! `call_timeout_seconds = 10`, and a host job that reads a dataset and writes a new
-//! checkpoint each step through the shim. Every engine is SIGKILLed:
+//! checkpoint each step through the shim while its loader reads samples back to back.
+//! Every engine is SIGKILLed:
+//! - a read DAOS holds at the loss waits for DAOS on an I/O thread, never on the engine
+//!   that answers the other calls (a CI run's stat waited 600 s, most likely behind one);
 //! - calls are answered `UNAVAILABLE`, naming the DAOS call and what to check, within
 //!   the deadline and some slack, and at once while DAOS stays silent;
 //! - a second agent, SIGTERMed while DAOS is gone, exits within its drain bound
@@ -37,6 +40,9 @@ const CALL_TIMEOUT_SECONDS: u64 = 10;
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 /// Room for a loaded 2-core machine on top of each bound.
 const SLACK: Duration = Duration::from_secs(10);
+/// A read DAOS holds at the loss keeps its I/O thread until DAOS answers: the job's
+/// and the loader's may hold two; the test's own data-plane read needs another.
+const IO_THREADS: usize = 4;
 
 fn dataset(i: usize) -> Vec<u8> {
     seeded_bytes(FILE_BYTES, 700 + i as u64)
@@ -104,6 +110,51 @@ fn job(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>
     }
 }
 
+/// Sample files a second thread of the job reads one after another, each in a single
+/// open-read (under the shim's answer area), so that at the loss one is most likely in
+/// DAOS's hands with its bytes still to come.
+const SAMPLES: usize = 4;
+const SAMPLE_BYTES: usize = 256 << 10;
+
+fn sample(i: usize) -> Vec<u8> {
+    seeded_bytes(SAMPLE_BYTES, 900 + i as u64)
+}
+
+/// The job's loader: reads the samples back to back (checking each byte) until `stop`.
+/// A read DAOS holds at the loss waits for DAOS on an I/O thread; the engine, which
+/// answers the other calls, must not be the one waiting.
+fn loader(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
+    let expected: Vec<Vec<u8>> = (0..SAMPLES).map(sample).collect();
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let path = format!("/data/s{}", i % SAMPLES);
+        let started = Instant::now();
+        let result = client.read_file(&path);
+        let mut seen = seen.lock().unwrap();
+        let error = match result {
+            Ok(got) if got != expected[i % SAMPLES] => {
+                seen.wrong.push(format!("sample read {i}: {path}: {} bytes that differ", got.len()));
+                None
+            }
+            Ok(_) => None,
+            Err(e) => Some(e),
+        };
+        let failed = error.is_some();
+        seen.calls.push(Call {
+            started,
+            ended: Instant::now(),
+            what: format!("read {path}"),
+            unavailable: error.as_ref().is_some_and(|e| e.code() == Some(tonic::Code::Unavailable)),
+            error: error.map(|e| e.to_string()),
+        });
+        drop(seen);
+        if failed {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        i += 1;
+    }
+}
+
 /// CPU seconds a process has used (user + system), from /proc.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -121,6 +172,7 @@ fn agent_config(dir: &std::path::Path, name: &str, pool: &str, socket_dir: &str,
         format!(
             "[backend]\nkind = \"daos\"\npool = \"{pool}\"\nagent_socket_dir = \"{socket_dir}\"\n\
              retry_seconds = {RETRY_SECONDS}\ncall_timeout_seconds = {CALL_TIMEOUT_SECONDS}\n\n\
+             [data_plane]\nio_threads = {IO_THREADS}\n\n\
              [metrics]\nlisten = \"127.0.0.1:0\"\n\n\
              [[tenants]]\nname = \"default\"\ncontainer = \"{container}\"\n"
         ),
@@ -181,6 +233,9 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
         for i in 0..FILES {
             client.put_bytes(&format!("/data/f{i}"), &dataset(i)).await.unwrap();
         }
+        for i in 0..SAMPLES {
+            client.put_bytes(&format!("/data/s{i}"), &sample(i)).await.unwrap();
+        }
     });
     let other = connect(&stopping);
     assert_eq!(other.read_file("/data/f0").unwrap(), dataset(0), "the second agent serves before the loss");
@@ -190,6 +245,10 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     let running = {
         let (client, stop, seen) = (client.clone(), stop.clone(), seen.clone());
         std::thread::spawn(move || job(client, stop, seen))
+    };
+    let loading = {
+        let (client, stop, seen) = (client.clone(), stop.clone(), seen.clone());
+        std::thread::spawn(move || loader(client, stop, seen))
     };
     let since = Instant::now();
     while seen.lock().unwrap().acknowledged.len() < 2 {
@@ -322,6 +381,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     }
     stop.store(true, Ordering::Relaxed);
     running.join().expect("the job panicked");
+    loading.join().expect("the loader panicked");
 
     let seen = seen.lock().unwrap();
     assert!(seen.wrong.is_empty(), "reads returned wrong bytes: {:#?}", seen.wrong);
@@ -362,6 +422,9 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     // Nothing acknowledged is lost: every dataset file and acknowledged checkpoint.
     for i in 0..FILES {
         assert!(client.read_file(&format!("/data/f{i}")).unwrap() == dataset(i), "/data/f{i} differs afterwards");
+    }
+    for i in 0..SAMPLES {
+        assert!(client.read_file(&format!("/data/s{i}")).unwrap() == sample(i), "/data/s{i} differs afterwards");
     }
     for &step in &seen.acknowledged {
         let path = format!("/ckpt/step{step}");

@@ -359,7 +359,13 @@ impl Engine {
             cq_tail: ring.cq_tail.load(Ordering::Relaxed),
         };
         let tenant = protocol::Tenant::of(s.tenant.as_ref().map(|t| t.room()), direct);
-        let memory = if ring.region.is_mapped() { RingMemory::Mapped } else { RingMemory::Remote };
+        // A backend with asynchronous I/O (DAOS) is storage across a network that can go
+        // silent: the engine leaves every mapped open-read to the I/O threads.
+        let memory = match (ring.region.is_mapped(), self.io_overlaps) {
+            (true, false) => RingMemory::Mapped,
+            (true, true) => RingMemory::MappedStalling,
+            (false, _) => RingMemory::Remote,
+        };
         let mut batch = match cursor.serve(ring.entries, memory, protocol::HostIndices { sq_tail, cq_head }, tenant) {
             protocol::Serve::Batch(batch) => batch,
             protocol::Serve::Idle => return Ok(false),

@@ -96,8 +96,15 @@ impl Tenant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RingMemory {
     /// Mapped into the agent (shared memory): the I/O threads can post its completions
-    /// themselves, so open-reads may go to them ([`Action::OpenRead`]).
+    /// themselves, so open-reads may go to them ([`Action::OpenRead`]) when entries wait
+    /// behind them (the last of a batch runs here, sparing a hand-off).
     Mapped,
+    /// Mapped, over a backend whose reads may wait on storage without bound (DAOS: a
+    /// read in flight when every engine is lost waits until DAOS answers, as DAOS may
+    /// still write the memory it was lent): every open-read goes to the I/O threads, the
+    /// last of a batch too, so that the engine never waits on storage and keeps
+    /// answering the ring's other entries (refused at once while DAOS is silent).
+    MappedStalling,
     /// Through put/get (TCP, RDMA): only the engine posts its completions.
     Remote,
 }
@@ -291,12 +298,17 @@ impl Batch {
     /// Whether the open-read `meta`, just taken, goes to the I/O threads: its ring and
     /// both its memory ranges are mapped (the threads write the answer and post the
     /// completion themselves), and the host had published more entries behind it (the
-    /// last of a batch runs on the engine, which would otherwise wait).
+    /// last of a batch runs on the engine, which would otherwise wait) or the backend
+    /// may stall ([`RingMemory::MappedStalling`]).
     fn offloads(&self, meta: &MetaSubmission, session: &impl SessionView) -> bool {
         let mapped = |id| session.region(id).is_some_and(|r| r.mapped);
+        let behind = self.sq_tail != self.cursor.sq_head;
         meta.opcode == MetaOpcode::OpenRead
-            && self.memory == RingMemory::Mapped
-            && self.sq_tail != self.cursor.sq_head
+            && match self.memory {
+                RingMemory::Mapped => behind,
+                RingMemory::MappedStalling => true,
+                RingMemory::Remote => false,
+            }
             && mapped(meta.answer_region)
             && mapped(meta.request_region)
     }

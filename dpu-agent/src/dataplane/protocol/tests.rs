@@ -683,6 +683,25 @@ fn open_reads_with_entries_behind_them_go_to_the_workers_on_a_mapped_ring() {
 }
 
 #[test]
+fn over_storage_that_may_stall_every_open_read_goes_to_the_workers_the_last_too() {
+    let (mut host, mut agent) = (HostRing::new(16), Driver::new(16));
+    agent.memory = RingMemory::MappedStalling;
+    host.submit(open_read(0).encode());
+    host.submit(stat(1).encode());
+    host.submit(open_read(2).encode());
+    agent.serve(&mut host, UNLIMITED);
+    // The engine runs the stat only: it never waits on a read DAOS may hold.
+    assert_eq!(runs(&agent.log), [("workers", 0), ("here", 1), ("workers", 2)]);
+
+    // A range the workers cannot write still runs here, as on a mapped ring.
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    agent.memory = RingMemory::MappedStalling;
+    host.submit(wire::MetaSubmission { answer_region: REMOTE_REGION, ..open_read(0) }.encode());
+    agent.serve(&mut host, UNLIMITED);
+    assert_eq!(runs(&agent.log), [("here", 0)]);
+}
+
+#[test]
 fn open_reads_stay_here_on_a_remote_ring_or_with_a_remote_range() {
     let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
     host.submit(open_read(0).encode());
