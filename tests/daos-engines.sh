@@ -163,12 +163,14 @@ ENV
     cat "$R/env"
 }
 
-# The pid of the engine of RANK (engine index = rank on a fresh system: they join in order
-# of their index, which `dmg system query -v` confirms by its log file).
+# The pid of the engine of RANK: the running engine that daos_server's log says started on
+# that rank ("daos_engine:IDX ... process PID started on rank RANK ..."). Ranks are given in
+# the order the engines join, not always that of their index (asked for rank 2, a cold run
+# killed engine 2, rank 1, then restarted rank 2, which had never stopped).
 engine_pid() {
     local rank=$1 pid
-    for pid in $(pgrep -x daos_engine); do
-        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "D_LOG_FILE=$R/log/daos_engine.$rank.log"; then
+    for pid in $(sed -n "s/.* process \([0-9]*\) started on rank $rank .*/\1/p" "$R/log/daos_server.log" | tac); do
+        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = daos_engine ]; then
             echo "$pid"
             return 0
         fi
@@ -181,6 +183,13 @@ kill_engine() {
     pid=$(engine_pid "$rank") || die "no running engine of rank $rank in $R"
     kill -9 "$pid"
     say "SIGKILL sent to the engine of rank $rank (pid $pid)"
+}
+
+# targets_in RANK: every target of RANK is in the pool (`Target: state up_in`).
+targets_in() {
+    local states
+    states=$(dmg pool query-targets "$DAOS_POOL" --rank="$1" 2>/dev/null | grep "Target: state" || true)
+    [ -n "$states" ] && ! grep -qv "state up_in" <<<"$states"
 }
 
 restart_engine() {
@@ -199,11 +208,16 @@ restart_engine() {
         dmg pool reintegrate "$DAOS_POOL" --ranks="$rank" >"$R/log/reint.$rank.out" 2>&1 ||
             die "dmg pool reintegrate $DAOS_POOL --ranks=$rank failed: $(tail -3 "$R/log/reint.$rank.out")"
     fi
-    # Until the rebuild onto it is over, the pool is still degraded.
+    # Until its targets are back in the pool (up_in) and the rebuild onto them is over, the
+    # pool is still degraded. "Rebuild done" alone may be the exclusion's rebuild, before the
+    # reintegration's began: DAOS's own tools then abort (an assertion in reserve_grp_by_rf,
+    # which counts fewer targets than domains while one is still up, not up_in).
     for i in $(seq 300); do
-        dmg pool query "$DAOS_POOL" 2>/dev/null | grep -q "Rebuild done" && break
+        targets_in "$rank" && dmg pool query "$DAOS_POOL" 2>/dev/null | grep -q "Rebuild done" && break
         sleep 1
     done
+    targets_in "$rank" ||
+        die "rank $rank's targets are not back in the pool 300 s after its restart: $(dmg pool query-targets "$DAOS_POOL" --rank="$rank" 2>&1 | grep -i state)"
     dmg pool query "$DAOS_POOL" 2>/dev/null | grep -q "Rebuild done" ||
         die "the rebuild onto rank $rank did not finish in 300 s: $(dmg pool query "$DAOS_POOL" 2>&1 | grep -i rebuild)"
     say "rank $rank is back"
