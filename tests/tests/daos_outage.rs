@@ -76,28 +76,10 @@ struct Seen {
 fn job(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let expected: Vec<Vec<u8>> = (0..FILES).map(dataset).collect();
-    let note = |what: String, started: Instant, result: Result<(), dpuio_shim::Error>| {
-        let (error, unavailable) = match &result {
-            Ok(()) => (None, false),
-            Err(e) => (Some(e.to_string()), e.code() == Some(tonic::Code::Unavailable)),
-        };
-        let failed = error.is_some();
-        seen.lock().unwrap().calls.push(Call { started, ended: Instant::now(), what, error, unavailable });
-        if failed {
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    };
     let mut step = 0u64;
     while !stop.load(Ordering::Relaxed) {
         for (i, want) in expected.iter().enumerate() {
-            let path = format!("/data/f{i}");
-            let started = Instant::now();
-            let result = client.read_file(&path).map(|got| {
-                if got != *want {
-                    seen.lock().unwrap().wrong.push(format!("step {step}: {path}: {} bytes that differ", got.len()));
-                }
-            });
-            note(format!("read {path}"), started, result);
+            read_checked(&client, &seen, &format!("/data/f{i}"), want, &format!("step {step}"));
         }
         let path = format!("/ckpt/step{step}");
         let started = Instant::now();
@@ -105,8 +87,32 @@ fn job(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>
         if result.is_ok() {
             seen.lock().unwrap().acknowledged.push(step);
         }
-        note(format!("put {path}"), started, result);
+        note(&seen, format!("put {path}"), started, result);
         step += 1;
+    }
+}
+
+/// Read `path` whole, note wrong bytes (as of `when`) and the call; see [`note`].
+fn read_checked(client: &dpuio_shim::Client, seen: &Mutex<Seen>, path: &str, want: &[u8], when: &str) {
+    let started = Instant::now();
+    let result = client.read_file(path).map(|got| {
+        if got != want {
+            seen.lock().unwrap().wrong.push(format!("{when}: {path}: {} bytes that differ", got.len()));
+        }
+    });
+    note(seen, format!("read {path}"), started, result);
+}
+
+/// Note a call of the job; after a failed one, pause as a training job that retries would.
+fn note(seen: &Mutex<Seen>, what: String, started: Instant, result: Result<(), dpuio_shim::Error>) {
+    let (error, unavailable) = match &result {
+        Ok(()) => (None, false),
+        Err(e) => (Some(e.to_string()), e.code() == Some(tonic::Code::Unavailable)),
+    };
+    let failed = error.is_some();
+    seen.lock().unwrap().calls.push(Call { started, ended: Instant::now(), what, error, unavailable });
+    if failed {
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 
@@ -128,29 +134,7 @@ fn loader(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<See
     let mut i = 0;
     while !stop.load(Ordering::Relaxed) {
         let path = format!("/data/s{}", i % SAMPLES);
-        let started = Instant::now();
-        let result = client.read_file(&path);
-        let mut seen = seen.lock().unwrap();
-        let error = match result {
-            Ok(got) if got != expected[i % SAMPLES] => {
-                seen.wrong.push(format!("sample read {i}: {path}: {} bytes that differ", got.len()));
-                None
-            }
-            Ok(_) => None,
-            Err(e) => Some(e),
-        };
-        let failed = error.is_some();
-        seen.calls.push(Call {
-            started,
-            ended: Instant::now(),
-            what: format!("read {path}"),
-            unavailable: error.as_ref().is_some_and(|e| e.code() == Some(tonic::Code::Unavailable)),
-            error: error.map(|e| e.to_string()),
-        });
-        drop(seen);
-        if failed {
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        read_checked(&client, &seen, &path, &expected[i % SAMPLES], &format!("sample read {i}"));
         i += 1;
     }
 }
