@@ -444,7 +444,7 @@ fn files_beyond_the_chunk_size(c: &dyn Container) {
 }
 
 fn random_io_against_a_model(c: &dyn Container) {
-    use rand::{Rng, SeedableRng};
+    use rand::{Rng, RngCore, SeedableRng};
     const SIZE: usize = 4 << 20;
     const THREADS: usize = 4;
     let f = c.open(&p("/model"), create(), 0o644).unwrap();
@@ -463,7 +463,8 @@ fn random_io_against_a_model(c: &dyn Container) {
                         let off = rng.random_range(0..stripe);
                         let len = rng.random_range(1..=(stripe - off).min(200_000));
                         if rng.random_bool(0.5) {
-                            let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                            let mut data = vec![0u8; len];
+                            rng.fill_bytes(&mut data);
                             f.write_at(&data, (base + off) as u64).unwrap();
                             model[off..off + len].copy_from_slice(&data);
                         } else {
@@ -530,7 +531,7 @@ fn run_batch(q: &mut dyn IoQueue, batch: &mut [IoRequest<'_>]) -> Vec<dpuio_back
 /// chunk boundaries and past the end of the file, a write through a read-only handle
 /// and an object the queue must run itself, all in one batch, against a model.
 fn io_queue_against_a_model(c: &dyn Container, q: &mut dyn IoQueue) {
-    use rand::{Rng, SeedableRng};
+    use rand::{Rng, RngCore, SeedableRng};
     const PIECE: usize = 96 << 10;
     let pieces = q.depth() * 2 + 3;
     let size = pieces * PIECE;
@@ -538,7 +539,8 @@ fn io_queue_against_a_model(c: &dyn Container, q: &mut dyn IoQueue) {
     let foreign = ForeignObjectDouble(c.open(&p("/queued"), rw(), 0).unwrap());
     let read_only = c.open(&p("/queued"), OpenOptions::default(), 0).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let model: Vec<u8> = (0..size).map(|_| rng.random()).collect();
+    let mut model = vec![0u8; size];
+    rng.fill_bytes(&mut model);
 
     // Every piece written in one batch, in shuffled order, every fifth through the
     // foreign object; one more write through the read-only handle must fail alone.
