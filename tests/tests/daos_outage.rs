@@ -206,8 +206,14 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     let mut stopping = start_agent(&dir, "stopping", &d.pool, socket_dir, &container);
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    // A ring for each thread of the test (the job, the loader, the checks) and one more.
+    // The default is one per core (two here), and a ring whose read DAOS holds stays
+    // held until DAOS answers (DAOS may still write the memory it was lent): with both
+    // rings held by the job's and the loader's reads, the checks' stat waited for a ring,
+    // not for DAOS (a cold CI run: 10 minutes, until killed).
+    let rings = dpuio_shim::DataPlaneOptions { rings: 4, ..Default::default() };
     let connect = |a: &AgentProcess| {
-        let options = dpuio_shim::ConnectOptions { data_plane: Some(Default::default()), ..a.connect_options() };
+        let options = dpuio_shim::ConnectOptions { data_plane: Some(rings.clone()), ..a.connect_options() };
         runtime.block_on(dpuio_shim::Client::connect(options)).unwrap()
     };
     let client = connect(&agent);
