@@ -13,9 +13,13 @@
 //! the shim runs a progress thread there; its CPU time is reported by
 //! [`DataPlaneStats`], never hidden. Which provider: [`DataPlaneOptions::transports`].
 //!
-//! Rings: one per thread doing I/O, up to [`DataPlaneOptions::rings`]; a call takes a
-//! free ring for the duration of its submit-and-wait, so threads never share a ring at
-//! the same time and need no lock on the fast path beyond taking it.
+//! Rings: one per thread doing I/O, [`DataPlaneOptions::rings`] of them at first; a call
+//! takes a free ring for the duration of its submit-and-wait, so threads never share a
+//! ring at the same time and need no lock on the fast path beyond taking it. A call that
+//! finds none free for [`RING_GROW_AFTER`] registers one more, up to [`RINGS_PER_RING`]
+//! times the first count: a ring whose request the agent's storage keeps (a read DAOS holds
+//! while its engines are gone) stays with that request, and the session's other calls,
+//! a stat the agent can refuse at once among them, must not wait for it.
 //!
 //! Rooms: [`options`](self::options) (the transport, the candidates offered at Attach, the
 //! worker opened before it), [`region`](self::region) (registered memory, reached through
@@ -28,7 +32,9 @@ mod meta;
 mod options;
 mod region;
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use dpuio_proto::host_ring::{HostRing, meta as ring_meta};
 use dpuio_proto::v1 as pb;
@@ -48,6 +54,12 @@ pub(crate) use meta::AnswerTo;
 pub(crate) use options::prepare;
 pub use options::{DataPlaneOptions, DataPlaneStats, TransportInfo};
 pub use region::RegisteredRegion;
+
+/// How long a call waits for a free ring before it registers one more.
+pub(crate) const RING_GROW_AFTER: Duration = Duration::from_millis(20);
+/// How many rings a session may grow to, as a multiple of [`DataPlaneOptions::rings`] (the
+/// agent may allow fewer: `max_regions_per_session` counts rings).
+pub(crate) const RINGS_PER_RING: usize = 4;
 
 /// The data plane of one session.
 pub(crate) struct DataPlane {
@@ -70,7 +82,18 @@ pub(crate) struct DataPlane {
     ring_freed: Condvar,
     /// Rings of the current generation given up by a batch whose requests the agent never
     /// completed (it may still write into them): never handed out again.
-    abandoned: std::sync::atomic::AtomicUsize,
+    abandoned: AtomicUsize,
+    /// Rings of the current generation registered (or being registered): free, taken or
+    /// abandoned.
+    made: AtomicUsize,
+    /// The agent refused a further ring in this generation (its region limit): calls
+    /// wait for a free one.
+    growth_refused: AtomicBool,
+    /// A further ring is being registered ([`DataPlane::grow`]).
+    growing: AtomicBool,
+    /// The runtime the session's gRPC calls run on: a ring registered from a blocking
+    /// call is registered there.
+    runtime: tokio::runtime::Handle,
     options: DataPlaneOptions,
     /// Set when the keep-alive learns the session is gone: why (the agent's answer).
     ended: Mutex<Option<tonic::Status>>,
@@ -144,8 +167,10 @@ impl DataPlane {
     /// to them.
     pub(crate) fn install(&self, new: Reattached) {
         let old = std::mem::replace(&mut *self.conn.write().unwrap_or_else(|p| p.into_inner()), Arc::new(new.conn));
+        self.made.store(new.rings.len(), Ordering::Release);
         let stale = std::mem::replace(&mut *self.rings.lock().unwrap_or_else(|p| p.into_inner()), new.rings);
-        self.abandoned.store(0, std::sync::atomic::Ordering::Release);
+        self.abandoned.store(0, Ordering::Release);
+        self.growth_refused.store(false, Ordering::Release);
         *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.live.resumed();
         self.ring_freed.notify_all();
@@ -158,25 +183,72 @@ impl DataPlane {
         &self.registry
     }
 
-    fn take_ring(&self) -> Result<Ring> {
+    /// A free ring of the current generation: one given back, else, after
+    /// [`RING_GROW_AFTER`] without one while the session may grow, the one registered for
+    /// it (or any given back first).
+    fn take_ring(self: &Arc<Self>) -> Result<Ring> {
+        let mut since = Instant::now();
         let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(r) = rings.pop() {
                 return Ok(r);
             }
-            if self.abandoned.load(std::sync::atomic::Ordering::Acquire) >= self.options.rings {
+            let made = self.made.load(Ordering::Acquire);
+            let may_grow = made < self.options.rings * RINGS_PER_RING && !self.growth_refused.load(Ordering::Acquire);
+            if !may_grow && self.abandoned.load(Ordering::Acquire) >= made {
                 // Waiting would be for ever: no ring will come back.
                 return Err(Error::DataPlane {
                     op: "take a ring".into(),
                     reason: format!(
-                        "all {} rings of this session hold requests the agent never completed (see the earlier \
-                         timeouts); attach again (a new client or process) to go on",
-                        self.options.rings
+                        "all {made} rings of this session hold requests the agent never completed (see the earlier \
+                         timeouts); attach again (a new client or process) to go on"
                     ),
                 });
             }
-            rings = self.ring_freed.wait(rings).unwrap_or_else(|p| p.into_inner());
+            if !may_grow {
+                rings = self.ring_freed.wait(rings).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            let waited = since.elapsed();
+            if waited >= RING_GROW_AFTER {
+                self.grow();
+                since = Instant::now();
+                continue;
+            }
+            rings = self.ring_freed.wait_timeout(rings, RING_GROW_AFTER - waited).unwrap_or_else(|p| p.into_inner()).0;
         }
+    }
+
+    /// Register one more ring of the current generation, on the session's runtime: it
+    /// goes to the free rings when registered. Never waits for it (the caller, a blocking
+    /// call, may hold the thread that runtime needs: it waits for any ring given back), and
+    /// asks for one ring at a time.
+    fn grow(self: &Arc<Self>) {
+        if self.growing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.made.fetch_add(1, Ordering::AcqRel);
+        let (dp, conn) = (self.clone(), self.conn());
+        self.runtime.spawn(async move {
+            match dp.new_ring(conn.session_id, conn.generation).await {
+                Ok(ring) => {
+                    tracing::debug!(ring = ring.id, "every ring was busy: registered one more");
+                    dp.growing.store(false, Ordering::Release);
+                    dp.give_ring(ring);
+                }
+                Err(e) => {
+                    if conn.generation == dp.conn().generation {
+                        dp.made.fetch_sub(1, Ordering::AcqRel);
+                        dp.growth_refused.store(true, Ordering::Release);
+                    }
+                    tracing::warn!(error = %e, "no further ring for this session: calls wait for a free one");
+                    dp.growing.store(false, Ordering::Release);
+                    // Waiters learn that none will come (under the lock they wait on).
+                    let _rings = dp.rings.lock().unwrap_or_else(|p| p.into_inner());
+                    dp.ring_freed.notify_all();
+                }
+            }
+        });
     }
 
     /// A batch gives up its ring for good (see [`DataPlane::abandoned`]); waiters for a
@@ -184,7 +256,7 @@ impl DataPlane {
     fn abandon_ring(&self, ring: Ring) {
         let rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
         if ring.generation == self.conn().generation {
-            self.abandoned.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            self.abandoned.fetch_add(1, Ordering::AcqRel);
         }
         std::mem::forget(ring);
         drop(rings);

@@ -292,7 +292,9 @@ class Client:
             ``"ofi-tcp"`` (libfabric) or ``"auto"`` (the first of UCX, ofi-shm,
             ofi-tcp the agent offers); ``"shm"``/``"tcp"`` mean UCX; default
             ``$DPUIO_TRANSPORT``, else ``"auto"``.
-        rings: threads that can have requests in flight at once.
+        rings: threads that can have requests in flight at once (at first: a call
+            that finds every ring busy for 20 ms registers another, up to four
+            times this many).
         ring_entries: queue depth of one ring (a power of two).
         timeout: seconds a data-plane wait may take.
         connect_timeout: seconds to connect.

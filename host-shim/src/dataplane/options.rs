@@ -23,7 +23,8 @@ pub struct DataPlaneOptions {
     /// `"auto"` (UCX with the transports it picks, else libfabric shm, else tcp: the
     /// first the agent offers), `"shm"` / `"tcp"` (UCX, as before), or a UCX_TLS list.
     pub transports: String,
-    /// Rings (one per concurrently submitting thread).
+    /// Rings at first (one per concurrently submitting thread); a call that finds none
+    /// free for 20 ms registers another, up to four times this many in all.
     pub rings: usize,
     /// Entries per ring (a power of two): the queue depth one thread can reach.
     pub ring_entries: u32,
@@ -219,12 +220,17 @@ impl Prepared {
             rings: Mutex::new(Vec::new()),
             ring_freed: Condvar::new(),
             abandoned: Default::default(),
+            made: Default::default(),
+            growth_refused: Default::default(),
+            growing: Default::default(),
+            runtime: tokio::runtime::Handle::current(),
             options: self.options,
             ended: Mutex::new(None),
             live,
             registry: Arc::new(Registry::default()),
         };
         let rings = dp.new_rings(session_id, dp.live.generation()).await?;
+        dp.made.store(rings.len(), std::sync::atomic::Ordering::Release);
         *dp.rings.lock().unwrap_or_else(|p| p.into_inner()) = rings;
         Ok(dp)
     }

@@ -1,0 +1,80 @@
+//! A session's rings grow when every one is busy: a call that finds no free ring for a
+//! moment registers one more (up to four times the first count), so a request the agent
+//! holds (a read DAOS keeps while its engines are gone) does not hold up the session's
+//! other calls; at the bound, or when the agent refuses a further ring (the tenant's
+//! `max_regions_per_session`), calls wait for a ring given back.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use dpuio_shim::{Batch, Client, ConnectOptions, DataPlaneOptions};
+use dpuio_tests::{AgentProcess, ok_stdout};
+
+async fn one_ring_client(agent: &AgentProcess) -> Arc<Client> {
+    let options = ConnectOptions {
+        data_plane: Some(DataPlaneOptions { transports: "ucx-shm".into(), rings: 1, ..Default::default() }),
+        ..agent.connect_options()
+    };
+    Arc::new(Client::connect(options).await.unwrap())
+}
+
+/// Read `path` on a thread of its own (a blocking ring call); its answer comes on the
+/// channel.
+fn read_on_a_thread(client: &Arc<Client>, path: &str) -> mpsc::Receiver<dpuio_shim::Result<Vec<u8>>> {
+    let (client, path, (tx, rx)) = (client.clone(), path.to_owned(), mpsc::channel());
+    std::thread::spawn(move || tx.send(client.read_file(&path)));
+    rx
+}
+
+/// Take `n` batches, each holding a ring, on a thread of its own (taking a ring blocks).
+fn hold_rings(client: &Arc<Client>, n: usize) -> Vec<Batch> {
+    let client = client.clone();
+    std::thread::spawn(move || (0..n).map(|_| client.batch().unwrap()).collect()).join().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_finding_every_ring_held_gets_a_further_ring_up_to_four_times_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(dir.path(), &[]);
+    agent.seed_file("/data/a", b"the answer");
+    let client = one_ring_client(&agent).await;
+
+    // The one ring held (as by a read the agent's storage keeps): a read still gets an
+    // answer, on a ring registered for it.
+    let mut held = hold_rings(&client, 1);
+    let got = read_on_a_thread(&client, "/data/a").recv_timeout(Duration::from_secs(30));
+    assert_eq!(got.expect("a read while the only ring is held").unwrap(), b"the answer");
+
+    // Four rings in all are held (the bound for one at first): the next call waits for
+    // one given back, and then goes on.
+    held.extend(hold_rings(&client, 3));
+    let waiting = read_on_a_thread(&client, "/data/a");
+    assert!(
+        waiting.recv_timeout(Duration::from_millis(1500)).is_err(),
+        "a fifth ring was taken or registered while four were held"
+    );
+    drop(held.pop());
+    let got = waiting.recv_timeout(Duration::from_secs(30)).expect("the read once a ring was given back");
+    assert_eq!(got.unwrap(), b"the answer");
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_agent_refuses_a_further_ring_calls_wait_for_one_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(dir.path(), &[]);
+    agent.seed_file("/data/a", b"the answer");
+    let client = one_ring_client(&agent).await;
+    let held = hold_rings(&client, 1);
+    // The session is held to the new limit at its next registration: no further ring.
+    ok_stdout(&agent.dpuctl(&["tenant", "set-limits", "default", "--max-regions-per-session", "1"]));
+    let waiting = read_on_a_thread(&client, "/data/a");
+    assert!(
+        waiting.recv_timeout(Duration::from_millis(1500)).is_err(),
+        "the read went on though the agent refused a further ring and the only one was held"
+    );
+    drop(held);
+    let got = waiting.recv_timeout(Duration::from_secs(30)).expect("the read once the ring was given back");
+    assert_eq!(got.unwrap(), b"the answer");
+}
