@@ -139,6 +139,12 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("dpu-agent: {e}");
+                    if !dpuio_daos::stuck_calls().is_empty() {
+                        // A failure while DAOS still owes answers (a final sync it left
+                        // unanswered): the teardown would run under those calls (seen:
+                        // SIGSEGV in the DAOS client after this message).
+                        dpuio_daos::exit_leaving_calls_in_daos(1)
+                    }
                     ExitCode::FAILURE
                 }
             }

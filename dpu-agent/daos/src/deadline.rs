@@ -86,6 +86,27 @@ pub fn exit_leaving_calls_in_daos(status: i32) -> ! {
     unsafe { libc::_exit(status) }
 }
 
+/// One blocking DAOS call at a time in this process: held around each try of a call
+/// made through [`crate::backend`]'s bounded calls.
+///
+/// Every blocking DAOS call waits on the same CaRT context (the thread-private event of
+/// `daos_event_priv_wait` belongs to libdaos's global context), and only one thread
+/// progresses a context at a time. The others wait in CaRT's
+/// `crt_hg_progress_multi_trylock` (`src/cart/crt_hg.c`) with `pthread_cond_timedwait` on
+/// a condition variable made with the default clock (`CLOCK_REALTIME`) against a deadline
+/// read from `CLOCK_MONOTONIC_COARSE`: the deadline is always long past, so the wait
+/// returns at once and each waiting thread spins on futex calls until the progressing
+/// one is done (seen: eight threads creating files made 108k futex calls in 8 s, at 150%
+/// CPU mostly in the kernel, and ran 2.6x slower than one; with every engine gone, the
+/// stuck calls' threads spun at 194% of this 2-core machine). A waiter here sleeps
+/// instead; what DAOS can overlap, the calls on event queues (data-plane reads and
+/// writes, each I/O thread's queue a context of its own), is not held here.
+pub(crate) fn one_at_a_time<T>(call: impl FnOnce() -> T) -> T {
+    static GATE: Mutex<()> = Mutex::new(());
+    let _one = GATE.lock().unwrap_or_else(|e| e.into_inner());
+    call()
+}
+
 /// Make `call` on a call thread and wait for it at most `deadline` (`Duration::ZERO`:
 /// no deadline, the call is made here). `call_name` is the DAOS function for the error,
 /// `what` names the call for logs (a path).
