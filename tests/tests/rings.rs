@@ -11,12 +11,18 @@ use std::time::Duration;
 use dpuio_shim::{Batch, Client, ConnectOptions, DataPlaneOptions};
 use dpuio_tests::{AgentProcess, ok_stdout};
 
-async fn one_ring_client(agent: &AgentProcess) -> Arc<Client> {
+/// An agent with a file `/data/a` and a client that starts with one ring, and the
+/// directory both live in.
+async fn agent_and_one_ring_client() -> (tempfile::TempDir, AgentProcess, Arc<Client>) {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(dir.path(), &[]);
+    agent.seed_file("/data/a", b"the answer");
     let options = ConnectOptions {
         data_plane: Some(DataPlaneOptions { transports: "ucx-shm".into(), rings: 1, ..Default::default() }),
         ..agent.connect_options()
     };
-    Arc::new(Client::connect(options).await.unwrap())
+    let client = Arc::new(Client::connect(options).await.unwrap());
+    (dir, agent, client)
 }
 
 /// Read `path` on a thread of its own (a blocking ring call); its answer comes on the
@@ -35,10 +41,8 @@ fn hold_rings(client: &Arc<Client>, n: usize) -> Vec<Batch> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_finding_every_ring_held_gets_a_further_ring_up_to_four_times_the_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(dir.path(), &[]);
-    agent.seed_file("/data/a", b"the answer");
-    let client = one_ring_client(&agent).await;
+    // The agent lives while its handle does.
+    let (_dir, _agent, client) = agent_and_one_ring_client().await;
 
     // The one ring held (as by a read the agent's storage keeps): a read still gets an
     // answer, on a ring registered for it.
@@ -62,10 +66,7 @@ async fn a_call_finding_every_ring_held_gets_a_further_ring_up_to_four_times_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_the_agent_refuses_a_further_ring_calls_wait_for_one_given_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(dir.path(), &[]);
-    agent.seed_file("/data/a", b"the answer");
-    let client = one_ring_client(&agent).await;
+    let (_dir, agent, client) = agent_and_one_ring_client().await;
     let held = hold_rings(&client, 1);
     // The session is held to the new limit at its next registration: no further ring.
     ok_stdout(&agent.dpuctl(&["tenant", "set-limits", "default", "--max-regions-per-session", "1"]));
