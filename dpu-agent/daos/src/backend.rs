@@ -309,7 +309,9 @@ fn bounded<T: Send + 'static>(
     mut call: impl FnMut() -> std::result::Result<T, CallError> + Send + 'static,
 ) -> std::result::Result<T, CallError> {
     let what = path.to_owned();
-    deadline::call(name, path, call_timeout, move || retry.run(&what, || deadline::one_at_a_time(&mut call)))
+    deadline::call(name, path, call_timeout, move || {
+        retry.run(&what, || deadline::one_at_a_time(call_timeout, &mut call))
+    })
 }
 
 fn io_error(what: &str, e: CallError) -> Error {

@@ -86,8 +86,8 @@ pub fn exit_leaving_calls_in_daos(status: i32) -> ! {
     unsafe { libc::_exit(status) }
 }
 
-/// One blocking DAOS call at a time in this process: held around each try of a call
-/// made through [`crate::backend`]'s bounded calls.
+/// One blocking DAOS call at a time in this process, as long as calls are quick: held
+/// around each try of a call made through [`crate::backend`]'s bounded calls.
 ///
 /// Every blocking DAOS call waits on the same CaRT context (the thread-private event of
 /// `daos_event_priv_wait` belongs to libdaos's global context), and only one thread
@@ -101,10 +101,61 @@ pub fn exit_leaving_calls_in_daos(status: i32) -> ! {
 /// stuck calls' threads spun at 194% of this 2-core machine). A waiter here sleeps
 /// instead; what DAOS can overlap, the calls on event queues (data-plane reads and
 /// writes, each I/O thread's queue a context of its own), is not held here.
-pub(crate) fn one_at_a_time<T>(call: impl FnOnce() -> T) -> T {
-    static GATE: Mutex<()> = Mutex::new(());
-    let _one = GATE.lock().unwrap_or_else(|e| e.into_inner());
+///
+/// A call that holds the gate longer than [`GATE_PATIENCE`] (a recursive remove of a large
+/// tree, a call waiting out the RPC timeout of a lost engine) does not hold up the others:
+/// past it they go on beside it, spinning as before, rather than waiting up to their own
+/// deadline and answering `UNAVAILABLE` for a DAOS that answers. Once the holder is past
+/// `deadline` (listed as stuck: DAOS is not answering), waiters wait for it, since going
+/// on would only add a spinning thread.
+pub(crate) fn one_at_a_time<T>(deadline: Duration, call: impl FnOnce() -> T) -> T {
+    let _turn = Turn::take(deadline);
     call()
+}
+
+/// How long a call waits for the one ahead of it before it goes on beside it.
+pub(crate) const GATE_PATIENCE: Duration = Duration::from_millis(50);
+
+/// When the call holding the gate took it (`None`: free).
+static GATE: Mutex<Option<Instant>> = Mutex::new(None);
+static GATE_FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+/// A turn at the gate: `held` when this call holds it (and frees it when dropped), not
+/// when it went on beside a slow holder.
+struct Turn {
+    held: bool,
+}
+
+impl Turn {
+    fn take(deadline: Duration) -> Turn {
+        let asked = Instant::now();
+        let mut gate = GATE.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let Some(since) = *gate else {
+                *gate = Some(Instant::now());
+                return Turn { held: true };
+            };
+            let holder_stuck = !deadline.is_zero() && since.elapsed() >= deadline;
+            let waited = asked.elapsed();
+            let wait = if holder_stuck {
+                Duration::from_secs(1)
+            } else if waited >= GATE_PATIENCE {
+                return Turn { held: false };
+            } else {
+                GATE_PATIENCE - waited
+            };
+            gate = GATE_FREED.wait_timeout(gate, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if self.held {
+            *GATE.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            GATE_FREED.notify_one();
+        }
+    }
 }
 
 /// Make `call` on a call thread and wait for it at most `deadline` (`Duration::ZERO`:
@@ -297,6 +348,49 @@ fn submit(mut job: Job) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_take_turns_and_a_slow_one_holds_the_others_only_briefly_unless_it_is_stuck() {
+        let long = Duration::from_secs(60);
+        // A quick holder: the next call waits for it.
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let o = order.clone();
+        let first = std::thread::spawn(move || {
+            one_at_a_time(long, || {
+                std::thread::sleep(Duration::from_millis(20));
+                o.lock().unwrap().push("first done");
+            })
+        });
+        std::thread::sleep(Duration::from_millis(5));
+        one_at_a_time(long, || order.lock().unwrap().push("second"));
+        first.join().unwrap();
+        assert_eq!(*order.lock().unwrap(), ["first done", "second"], "the second call went on beside a quick one");
+
+        // A slow holder (not past its deadline): the next call goes on after the patience.
+        let (release, hold) = mpsc::channel::<()>();
+        let slow = std::thread::spawn(move || one_at_a_time(long, || hold.recv().unwrap()));
+        std::thread::sleep(Duration::from_millis(20));
+        let asked = Instant::now();
+        one_at_a_time(long, || ());
+        let waited = asked.elapsed();
+        assert!(waited >= GATE_PATIENCE - Duration::from_millis(25), "went on after {waited:?}");
+        assert!(waited < Duration::from_secs(5), "waited {waited:?} for a slow call");
+        release.send(()).unwrap();
+        slow.join().unwrap();
+
+        // A holder past its deadline (stuck): the next call waits until it is done.
+        let (release, hold) = mpsc::channel::<()>();
+        let short = Duration::from_millis(10);
+        let stuck = std::thread::spawn(move || one_at_a_time(short, || hold.recv().unwrap()));
+        std::thread::sleep(Duration::from_millis(30));
+        let (done_tx, done) = mpsc::channel();
+        let waiter = std::thread::spawn(move || one_at_a_time(short, || done_tx.send(()).unwrap()));
+        assert!(done.recv_timeout(Duration::from_millis(300)).is_err(), "a call went on beside a stuck one");
+        release.send(()).unwrap();
+        done.recv_timeout(Duration::from_secs(5)).expect("the call once the stuck one was done");
+        stuck.join().unwrap();
+        waiter.join().unwrap();
+    }
 
     #[test]
     fn an_answer_in_time_is_returned_and_a_late_one_is_answered_no_answer() {
