@@ -209,6 +209,12 @@ struct OpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantMemoryLabel {
+    tenant: String,
+    memory: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProviderLabel {
     provider: String,
 }
@@ -669,6 +675,9 @@ pub struct TenantGauges {
     /// Times its DAOS worker was lost and replaced (tenants with a `daos_user` whose
     /// worker has started).
     pub worker_restarts: Option<u64>,
+    /// Pieces of mapped I/O its DAOS worker ran straight in host memory, and through
+    /// staging (tenants with a `daos_user`).
+    pub worker_pieces: Option<(u64, u64)>,
 }
 
 /// One data-plane transport's figures now.
@@ -702,6 +711,7 @@ impl Collector for GaugeCollector {
         let (sessions, handles, regions, in_flight, keys) =
             (tenant_gauge(), tenant_gauge(), tenant_gauge(), tenant_gauge(), tenant_gauge());
         let restarts = Family::<TenantLabel, Counter>::default();
+        let pieces = Family::<TenantMemoryLabel, Counter>::default();
         let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         for t in gauges.tenants() {
             let label = TenantLabel { tenant: t.tenant };
@@ -715,6 +725,11 @@ impl Collector for GaugeCollector {
             if let Some(n) = t.worker_restarts {
                 restarts.get_or_create(&label).inc_by(n);
             }
+            if let Some((host, staging)) = t.worker_pieces {
+                for (memory, n) in [("host", host), ("staging", staging)] {
+                    pieces.get_or_create(&TenantMemoryLabel { tenant: label.tenant.clone(), memory }).inc_by(n);
+                }
+            }
         }
         let e = &mut encoder;
         encode_family(e, "sessions", "Sessions attached now", &sessions)?;
@@ -727,6 +742,12 @@ impl Collector for GaugeCollector {
             "daos_worker_restarts",
             "Times the tenant's DAOS worker process was lost and replaced (tenants with a daos_user)",
             &restarts,
+        )?;
+        encode_family(
+            e,
+            "daos_worker_pieces",
+            "Pieces of mapped I/O the tenant's DAOS worker ran straight in host memory, or through staging",
+            &pieces,
         )?;
 
         let peers = Family::<ProviderLabel, Gauge>::default();

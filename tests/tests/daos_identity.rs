@@ -189,7 +189,8 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     // Data through each tenant's own certificate; tenant a over TCP, where its worker's
     // staging slots are registered with the transport and payload is put and got
     // straight from and into them (also across the restart of its worker below), b over
-    // shared memory, where it is copied between a slot and the host's mapped region.
+    // shared memory, where the agent lends the host's region it maps to b's worker, which
+    // reads and writes it itself.
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let certs = dir.path().join("certs");
     let connect = |tenant: &str, transports: &str| {
@@ -209,6 +210,15 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     runtime.block_on(b.put_bytes("/data.bin", &data[1])).unwrap();
     assert!(a.read_file("/data.bin").unwrap() == data[0]);
     assert!(b.read_file("/data.bin").unwrap() == data[1]);
+    let metrics = dpuio_tests::scrape_metrics(agent.process.metrics_addr().expect("[metrics] listen is set"));
+    let pieces = |tenant: &str, memory: &str| {
+        let series = format!("dpuio_daos_worker_pieces_total{{tenant=\"{tenant}\",memory=\"{memory}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&series)).and_then(|n| n.parse::<u64>().ok())
+    };
+    let (b_host, b_staging) = (pieces("b", "host").unwrap_or(0), pieces("b", "staging").unwrap_or(0));
+    eprintln!("tenant b's worker pieces: {b_host} in host memory, {b_staging} through staging");
+    assert!(b_host > 0 && b_staging == 0, "tenant b's pieces should run in the lent host region:\n{metrics}");
+    assert_eq!(pieces("a", "host"), Some(0), "tenant a (TCP) has no mapped region:\n{metrics}");
 
     // DAOS's own tools: each container's ACL names only its owner, the tenant's user;
     // root (the agent's identity, and DAOS's admin on this machine) cannot open it.

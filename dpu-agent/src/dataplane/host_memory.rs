@@ -64,6 +64,9 @@ pub struct HostRegion {
     pub addr: u64,
     pub length: u64,
     pub access: RegionAccess,
+    /// The mapping lent to tenant workers (`dpuio_worker::host`), given back before the
+    /// mapping goes (fields drop in order).
+    pub(super) _lent: Option<dpuio_worker::host::Lent>,
     pub(super) key: any::RemoteKey,
     pub(super) mapped: Option<MappedRemote>,
 }

@@ -179,7 +179,9 @@ impl DataPlane {
             Ok(len) => key.map(addr, len)?,
             Err(_) => None,
         };
-        Ok(HostRegion { id, addr, length, access, key, mapped })
+        // Tenant workers read into and write from a mapped region themselves.
+        let lent = mapped.as_ref().and_then(|m| dpuio_worker::host::lend(m.as_ptr(), m.len()));
+        Ok(HostRegion { id, addr, length, access, _lent: lent, key, mapped })
     }
 
     /// Check a ring's header in host memory and start serving it (Memory.RegisterRing).

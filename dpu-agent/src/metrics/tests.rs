@@ -73,6 +73,7 @@ impl Gauges for Fixed {
             requests_in_flight: 5,
             key_version: Some(7),
             worker_restarts: Some(1),
+            worker_pieces: Some((11, 12)),
         }]
     }
     fn transports(&self) -> Vec<TransportGauges> {
@@ -93,6 +94,8 @@ fn gauges_are_read_when_scraped_while_their_source_lives() {
         (r#"dpuio_requests_in_flight{tenant="a"}"#, 5.0),
         (r#"dpuio_key_version{tenant="a"}"#, 7.0),
         (r#"dpuio_daos_worker_restarts_total{tenant="a"}"#, 1.0),
+        (r#"dpuio_daos_worker_pieces_total{tenant="a",memory="host"}"#, 11.0),
+        (r#"dpuio_daos_worker_pieces_total{tenant="a",memory="staging"}"#, 12.0),
         (r#"dpuio_transport_peers{provider="ucx"}"#, 2.0),
         (r#"dpuio_transport_malformed_doorbells_total{provider="ucx"}"#, 9.0),
     ] {

@@ -95,6 +95,7 @@ impl Gauges for Agent {
         for (tenant, worker) in lock(&self.workers).iter() {
             if let Some(g) = by_name.get_mut(tenant) {
                 g.worker_restarts = Some(worker.restarts());
+                g.worker_pieces = Some(worker.pieces());
             }
         }
         let mut all: Vec<TenantGauges> = by_name.into_values().collect();

@@ -19,8 +19,9 @@
 //! this call or another made the file cannot be told apart.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::Child;
@@ -34,6 +35,7 @@ use dpuio_backend::{
 };
 
 use crate::control::{self, Control};
+use crate::host::{Holder, HostFile};
 use crate::lock;
 use crate::spawn::{self, Identity};
 use crate::staging::{Slot, Staging};
@@ -47,6 +49,9 @@ const IDLE_CHANNELS: usize = 32;
 /// Least time between two starts of one tenant's worker, so a worker that dies at once
 /// does not spin.
 const RESTART_PAUSE: Duration = Duration::from_secs(1);
+/// How long a worker may take to answer a host region's offer ([`crate::host`]); one
+/// that does not keeps that region's pieces on staging.
+const CONTROL_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A backend run by a tenant's worker process, as `identity`.
 pub struct WorkerBackend {
@@ -64,6 +69,9 @@ pub(crate) struct Shared {
     current: Mutex<Option<Arc<Process>>>,
     generation: AtomicU64,
     restarts: AtomicU64,
+    /// Pieces sent to a worker in host memory it mapped, and in staging slots.
+    pub(crate) host_pieces: AtomicU64,
+    pub(crate) staged_pieces: AtomicU64,
     last_start: Mutex<Option<Instant>>,
     /// DAOS retry counters of the tenant's workers that are gone, as they last
     /// published them.
@@ -77,6 +85,10 @@ pub(crate) struct Process {
     control: OwnedFd,
     channels: Mutex<Vec<Channel>>,
     pub(crate) staging: Arc<Staging>,
+    /// The host regions offered to it ([`crate::host`]): whether it mapped each.
+    host_regions: Mutex<HashMap<u64, bool>>,
+    /// Held while a region is offered: the worker's answer is the next control message.
+    host_offering: Mutex<()>,
     pub(crate) lost: AtomicBool,
 }
 
@@ -110,6 +122,7 @@ impl WorkerBackend {
     /// `exe` (the agent's own executable). The worker starts on first use.
     pub fn new(tenant: &str, identity: Identity, setup: Setup, exe: PathBuf) -> WorkerBackend {
         let slot_bytes = setup.chunk_bytes.max(1 << 20);
+        crate::host::wanted();
         let start_timeout = Duration::from_millis(setup.retry_ms) + Duration::from_secs(60);
         WorkerBackend {
             shared: Arc::new(Shared {
@@ -122,10 +135,18 @@ impl WorkerBackend {
                 current: Mutex::new(None),
                 generation: AtomicU64::new(0),
                 restarts: AtomicU64::new(0),
+                host_pieces: AtomicU64::new(0),
+                staged_pieces: AtomicU64::new(0),
                 last_start: Mutex::new(None),
                 retired: Mutex::default(),
             }),
         }
+    }
+
+    /// Pieces of mapped I/O its workers ran straight in host memory and through staging
+    /// ([`crate::host`]), since start.
+    pub fn pieces(&self) -> (u64, u64) {
+        (self.shared.host_pieces.load(Ordering::Relaxed), self.shared.staged_pieces.load(Ordering::Relaxed))
     }
 
     /// The DAOS retry counters of the tenant's workers, this one and those before it
@@ -243,6 +264,8 @@ impl Shared {
             control: ours,
             channels: Mutex::new(Vec::new()),
             staging,
+            host_regions: Mutex::new(HashMap::new()),
+            host_offering: Mutex::new(()),
             lost: AtomicBool::new(false),
         };
         let ready = (|| {
@@ -368,6 +391,63 @@ impl Process {
         Ok(Channel::new(ours))
     }
 
+    /// Whether the worker has `file` mapped, offering it first if it has not seen it.
+    pub(crate) fn has_host(self: &Arc<Self>, file: &Arc<HostFile>) -> bool {
+        if let Some(&mapped) = lock(&self.host_regions).get(&file.id) {
+            return mapped;
+        }
+        let _offering = lock(&self.host_offering);
+        if let Some(&mapped) = lock(&self.host_regions).get(&file.id) {
+            return mapped;
+        }
+        let offer = Control::HostMemory { id: file.id, offset: file.file_offset, len: file.len as u64 };
+        let mapped = match self.offer_host(&offer, file.file(), file.id) {
+            Ok(None) => true,
+            Ok(Some(error)) => {
+                tracing::warn!(
+                    region = file.id,
+                    error,
+                    "a tenant worker could not map a host region: its pieces go through staging"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!(region = file.id, error = %e,
+                    "a tenant worker did not answer a host region's offer: its pieces go through staging");
+                false
+            }
+        };
+        lock(&self.host_regions).insert(file.id, mapped);
+        if mapped {
+            let holder: Arc<dyn Holder> = self.clone();
+            file.held_by(Arc::downgrade(&holder));
+        }
+        mapped
+    }
+
+    /// Send `offer` (with the region's file) on the control socket and wait, at most
+    /// [`CONTROL_ANSWER_TIMEOUT`], for the worker's [`Control::HostMapped`] of `id`: the
+    /// error it could not map it with, if any (an answer to an earlier offer that came
+    /// too late is passed over).
+    fn offer_host(&self, offer: &Control, file: BorrowedFd<'_>, id: u64) -> io::Result<Option<String>> {
+        control::send(self.control.as_fd(), offer, Some(file))?;
+        let deadline = Instant::now() + CONTROL_ANSWER_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer within 10 s"));
+            }
+            rustix::net::sockopt::set_socket_timeout(&self.control, rustix::net::sockopt::Timeout::Recv, Some(left))?;
+            let answer = control::recv(self.control.as_fd());
+            rustix::net::sockopt::set_socket_timeout(&self.control, rustix::net::sockopt::Timeout::Recv, None)?;
+            match answer? {
+                (Control::HostMapped { id: answered, error }, _) if answered == id => return Ok(error),
+                (Control::HostMapped { .. }, _) => continue,
+                (other, _) => return Err(io::Error::other(format!("unexpected answer {other:?}"))),
+            }
+        }
+    }
+
     /// A channel whose last reply was read in full, for the next call.
     pub(crate) fn give_back(&self, channel: Channel) {
         let mut idle = lock(&self.channels);
@@ -390,6 +470,15 @@ impl Process {
         }
         let _ = child.kill();
         let _ = child.wait();
+    }
+}
+
+impl Holder for Process {
+    fn forget_host(&self, id: u64) {
+        if lock(&self.host_regions).remove(&id) == Some(true) && !self.lost.load(Ordering::Relaxed) {
+            // A worker that does not get it is lost or going: its mappings go with it.
+            let _ = control::send(self.control.as_fd(), &Control::ForgetHostMemory { id }, None);
+        }
     }
 }
 
@@ -662,7 +751,7 @@ impl WorkerObject {
                 }
             };
             let object = self.id(p)?;
-            let request = Request::Io { pieces: vec![Piece { object, offset, staging: at, len, write }] };
+            let request = Request::Io { pieces: vec![Piece { object, offset, staging: at, len, write, host: None }] };
             let mut channel = p.channel()?;
             wire::send(channel.get_mut(), &request).map_err(Lost)?;
             let mut outcome = None;

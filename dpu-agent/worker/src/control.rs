@@ -1,6 +1,7 @@
 //! The control socket between the agent and one worker: a `SOCK_SEQPACKET` pair whose
 //! messages are small JSON records, some carrying one file descriptor (`SCM_RIGHTS`):
-//! the staging memfd with [`Control::Hello`], a new channel with [`Control::Channel`].
+//! the staging memfd with [`Control::Hello`], a new channel with [`Control::Channel`], a
+//! host region's file with [`Control::HostMemory`].
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -26,6 +27,13 @@ pub enum Control {
     Failed(WireError),
     /// Agent to worker: serve requests on the stream socket this carries.
     Channel,
+    /// Agent to worker: map `len` bytes from `offset` of the host region's file this
+    /// carries, as region `id` ([`crate::host`]); answered with [`Control::HostMapped`].
+    HostMemory { id: u64, offset: u64, len: u64 },
+    /// Worker to agent: region `id` is mapped, or why it could not be.
+    HostMapped { id: u64, error: Option<String> },
+    /// Agent to worker: region `id` was given back; unmap it (no answer).
+    ForgetHostMemory { id: u64 },
 }
 
 /// The two ends of a new control socket pair (close-on-exec).

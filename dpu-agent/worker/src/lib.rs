@@ -14,6 +14,8 @@
 //! - [`serve::run`] is the worker's side (`dpu-agent tenant-worker`), over the DAOS
 //!   backend.
 //! - [`spawn`] starts the worker as the tenant's identity, with no other privilege.
+//! - [`host`]: host regions the agent has mapped, lent to the workers so that their
+//!   pieces move bytes between DAOS and the host's memory with no staging copy.
 //!
 //! Not here: which tenants get a worker (the agent's config), the agent's own tenant
 //! checks (done before a call reaches a backend), encryption (the agent wraps the
@@ -21,6 +23,7 @@
 
 pub mod client;
 mod control;
+pub mod host;
 mod queue;
 pub mod serve;
 pub mod spawn;

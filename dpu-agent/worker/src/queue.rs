@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use dpuio_backend::{Error, IoOp, IoQueue, IoRequest, Object, Result};
 
 use crate::client::{Process, Shared, WorkerObject};
+use crate::host;
 use crate::staging::Slot;
 use crate::wire::{self, Piece, Request};
 
@@ -40,11 +41,12 @@ struct Group {
 }
 
 /// A request sent to a worker: the channel its reply comes on, and per piece its batch
-/// position and staging slot.
+/// position and staging slot (none where the piece is in a host region the worker has
+/// mapped, [`crate::host`]).
 struct Sent<'a> {
     process: &'a Process,
     channel: crate::client::Channel,
-    pieces: Vec<(usize, Slot, u64)>,
+    pieces: Vec<(usize, Option<Slot>, u64)>,
 }
 
 impl IoQueue for RoutedQueue {
@@ -89,11 +91,11 @@ impl IoQueue for RoutedQueue {
         let mut leftover: Vec<usize> = Vec::new();
         let mut sent: Vec<Sent<'_>> = Vec::new();
         for g in &groups {
-            let Some(process) = g.process.as_deref() else {
+            let Some(process) = g.process.as_ref() else {
                 leftover.extend(&g.positions);
                 continue;
             };
-            match send(process, g.shared.slot_bytes, theirs, &g.positions, &mut leftover) {
+            match send(process, &g.shared, theirs, &g.positions, &mut leftover) {
                 Ok(Some(s)) => sent.push(s),
                 Ok(None) => {}
                 Err(positions) => leftover.extend(positions),
@@ -114,11 +116,13 @@ impl IoQueue for RoutedQueue {
     }
 }
 
-/// Send `positions` of `theirs` to `process` as one request. Pieces without a free slot
-/// go to `leftover`; `Err` returns the positions when the worker cannot take it.
+/// Send `positions` of `theirs` to `process` as one request: a piece in a host region
+/// the worker has mapped names it, any other takes a staging slot (a write's bytes copied
+/// in). Pieces without either go to `leftover`; `Err` returns the positions when the
+/// worker cannot take it.
 fn send<'a>(
-    process: &'a Process,
-    slot_bytes: u64,
+    process: &'a Arc<Process>,
+    shared: &Shared,
     theirs: &[IoRequest<'_>],
     positions: &[usize],
     leftover: &mut Vec<usize>,
@@ -129,12 +133,32 @@ fn send<'a>(
         let request = &theirs[pos];
         let len = request.len() as u64;
         let object = worker_object(request.object).expect("grouped as a worker object");
-        let slot = (len <= slot_bytes).then(|| process.staging.try_take()).flatten();
-        let (Some(slot), Ok(id)) = (slot, object.id(process)) else {
+        let Ok(id) = object.id(process) else {
             leftover.push(pos);
             continue;
         };
         let write = matches!(request.op, IoOp::Write(_));
+        let (ptr, bytes) = match &request.op {
+            IoOp::Read(dst) => (dst.as_ptr(), dst.len()),
+            IoOp::Write(src) => (src.as_ptr(), src.len()),
+        };
+        if let Some((file, at)) = host::find(ptr, bytes).filter(|(file, _)| process.has_host(file)) {
+            wire_pieces.push(Piece {
+                object: id,
+                offset: request.offset,
+                staging: at,
+                len,
+                write,
+                host: Some(file.id),
+            });
+            pieces.push((pos, None, len));
+            shared.host_pieces.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let Some(slot) = (len <= shared.slot_bytes).then(|| process.staging.try_take()).flatten() else {
+            leftover.push(pos);
+            continue;
+        };
         if let IoOp::Write(bytes) = &request.op {
             let Ok(mut staged) = process.staging.mapping.bytes_mut(slot.offset, len) else {
                 leftover.push(pos);
@@ -142,13 +166,14 @@ fn send<'a>(
             };
             staged.copy_from_view(*bytes);
         }
-        wire_pieces.push(Piece { object: id, offset: request.offset, staging: slot.offset, len, write });
-        pieces.push((pos, slot, len));
+        wire_pieces.push(Piece { object: id, offset: request.offset, staging: slot.offset, len, write, host: None });
+        pieces.push((pos, Some(slot), len));
+        shared.staged_pieces.fetch_add(1, Ordering::Relaxed);
     }
     if pieces.is_empty() {
         return Ok(None);
     }
-    let back = |pieces: Vec<(usize, Slot, u64)>| pieces.into_iter().map(|(pos, _, _)| pos).collect::<Vec<_>>();
+    let back = |pieces: Vec<(usize, Option<Slot>, u64)>| pieces.into_iter().map(|(pos, _, _)| pos).collect::<Vec<_>>();
     let Ok(mut channel) = process.channel().map_err(|l| l.0) else { return Err(back(pieces)) };
     if wire::send(channel.get_mut(), &Request::Io { pieces: wire_pieces }).is_err() {
         process.lost.store(true, Ordering::Relaxed);
@@ -174,15 +199,16 @@ fn collect(
         let outcome = match result {
             Ok(n) => {
                 let n = n.min(len);
-                match &mut theirs[*pos].op {
-                    IoOp::Read(dst) => match staging.bytes(slot.offset, n) {
+                match (&mut theirs[*pos].op, slot) {
+                    (IoOp::Read(dst), Some(slot)) => match staging.bytes(slot.offset, n) {
                         Ok(staged) => {
                             dst.slice_mut(..n as usize).copy_from_view(staged);
                             Ok(n as usize)
                         }
                         Err(e) => Err(Error::InvalidArgument(e.to_string())),
                     },
-                    IoOp::Write(_) => Ok(n as usize),
+                    // In the host's memory already, or written.
+                    _ => Ok(n as usize),
                 }
             }
             Err(e) => Err(e.into()),

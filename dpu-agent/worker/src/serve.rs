@@ -17,7 +17,7 @@ use dpuio_daos::{DaosBackend, DaosContainer, DaosOptions};
 
 use crate::control::{self, Control};
 use crate::lock;
-use crate::staging::Mapping;
+use crate::staging::{MappedFile, Mapping};
 use crate::wire::{self, Piece, Reply, Request, Setup, WireAttr, WireError};
 
 /// A test-only hook: after each mount the agent asks for, the worker also mounts the
@@ -71,6 +71,7 @@ pub fn run(control: OwnedFd) -> std::result::Result<(), String> {
         tenant: setup.tenant.clone(),
         backend,
         staging,
+        host: Mutex::new(HashMap::new()),
         containers: Mutex::new(HashMap::new()),
         objects: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(1),
@@ -84,6 +85,24 @@ pub fn run(control: OwnedFd) -> std::result::Result<(), String> {
                     .name("dpuio-worker-channel".into())
                     .spawn(move || worker.serve(stream))
                     .map_err(|e| format!("starting a channel thread: {e}"))?;
+            }
+            Ok((Control::HostMemory { id, offset, len }, Some(fd))) => {
+                let mapped = usize::try_from(len)
+                    .map_err(|_| std::io::Error::other(format!("{len} bytes do not fit this address space")))
+                    .and_then(|len| MappedFile::map(fd.as_fd(), offset, len));
+                let error = match mapped {
+                    Ok(m) => {
+                        lock(&worker.host).insert(id, Arc::new(m));
+                        None
+                    }
+                    Err(e) => Some(format!("mapping host region {id} ({len} bytes at {offset}): {e}")),
+                };
+                control::send(control.as_fd(), &Control::HostMapped { id, error }, None)
+                    .map_err(|e| format!("answering the agent: {e}"))?;
+            }
+            Ok((Control::ForgetHostMemory { id }, _)) => {
+                // Pieces still running in it hold it mapped until they are done.
+                lock(&worker.host).remove(&id);
             }
             Ok((other, _)) => return Err(format!("unexpected control message {other:?}")),
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
@@ -144,6 +163,8 @@ struct Worker {
     tenant: String,
     backend: DaosBackend,
     staging: Arc<Mapping>,
+    /// Host regions the agent lent ([`crate::host`]), by id.
+    host: Mutex<HashMap<u64, Arc<MappedFile>>>,
     containers: Mutex<HashMap<u64, Arc<DaosContainer>>>,
     objects: Mutex<HashMap<u64, Arc<dyn Object>>>,
     next_id: AtomicU64,
@@ -321,11 +342,13 @@ impl Worker {
             },
         };
         let mut objects = Vec::with_capacity(pieces.len());
+        let mut regions = Vec::with_capacity(pieces.len());
         let mut runnable = Vec::with_capacity(pieces.len());
         for (i, piece) in pieces.iter().enumerate() {
             match self.object(piece.object) {
                 Ok(o) => {
                     objects.push(o);
+                    regions.push(piece.host.map(|id| lock(&self.host).get(&id).cloned().ok_or(id)));
                     runnable.push((i, piece));
                 }
                 Err(e) => report(i, Err(WireError::from(&e))),
@@ -333,11 +356,14 @@ impl Worker {
         }
         let mut batch = Vec::with_capacity(runnable.len());
         let mut index = Vec::with_capacity(runnable.len());
-        for ((i, piece), object) in runnable.iter().zip(&objects) {
-            let op = if piece.write {
-                self.staging.bytes(piece.staging, piece.len).map(IoOp::Write)
-            } else {
-                self.staging.bytes_mut(piece.staging, piece.len).map(IoOp::Read)
+        for (((i, piece), object), region) in runnable.iter().zip(&objects).zip(&regions) {
+            let (p, n) = (piece.staging, piece.len);
+            let op = match region {
+                None if piece.write => self.staging.bytes(p, n).map(IoOp::Write),
+                None => self.staging.bytes_mut(p, n).map(IoOp::Read),
+                Some(Ok(m)) if piece.write => m.bytes(p, n, m.len(), "host region").map(IoOp::Write),
+                Some(Ok(m)) => m.bytes_mut(p, n, m.len(), "host region").map(IoOp::Read),
+                Some(Err(id)) => Err(std::io::Error::other(format!("host region {id} is not mapped in this worker"))),
             };
             match op {
                 Ok(op) => {

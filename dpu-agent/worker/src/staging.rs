@@ -25,19 +25,90 @@ const COUNTERS_BYTES: usize = 4096;
 /// The worker's DAOS retry counters, in the order of [`dpuio_daos::RetryStats`]'s fields.
 const COUNTERS: usize = 6;
 
-/// A shared mapping of the staging memfd.
-pub struct Mapping {
-    fd: OwnedFd,
+/// A shared, read-write mapping of `len` bytes of a file from `offset`: the staging
+/// memfd here, a host region's file in a worker ([`crate::host`]).
+pub(crate) struct MappedFile {
     ptr: NonNull<u8>,
-    /// Bytes mapped: the slots, then the counters page.
     len: usize,
 }
 
 // SAFETY: the mapping is plain shared memory; every access goes through HostBytes
 // views, which make no aliasing promises (the other process may write it too).
-unsafe impl Send for Mapping {}
+unsafe impl Send for MappedFile {}
 // SAFETY: as above.
-unsafe impl Sync for Mapping {}
+unsafe impl Sync for MappedFile {}
+
+impl MappedFile {
+    /// Map `len` bytes of `fd` from `offset` (a multiple of the page size).
+    pub(crate) fn map(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<MappedFile> {
+        let offset = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("file offset {offset} is too large")))?;
+        // SAFETY: a fresh shared mapping of a file we hold; nothing else in this
+        // process refers to the address range it returns.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                offset,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(MappedFile { ptr, len })
+    }
+
+    /// The address of byte `offset`, when `offset + len` is within `limit` bytes (at most
+    /// the mapping's); `what` names the memory in the error.
+    fn at(&self, offset: u64, len: u64, limit: usize, what: &str) -> io::Result<*mut u8> {
+        match offset.checked_add(len) {
+            // SAFETY: inside the mapping (limit <= self.len).
+            Some(end) if end <= limit.min(self.len) as u64 => Ok(unsafe { self.ptr.as_ptr().add(offset as usize) }),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{what} range {offset}+{len} is outside the {} bytes of {what} memory", limit.min(self.len)),
+            )),
+        }
+    }
+
+    /// `len` bytes at `offset` of the first `limit`, to read from.
+    pub(crate) fn bytes(&self, offset: u64, len: u64, limit: usize, what: &str) -> io::Result<HostBytes<'_>> {
+        let at = self.at(offset, len, limit, what)?;
+        // SAFETY: the range is inside the mapping (checked), which lives as long as
+        // the borrow of self.
+        Ok(unsafe { HostBytes::from_raw_parts(at, len as usize) })
+    }
+
+    /// `len` bytes at `offset` of the first `limit`, to write into.
+    pub(crate) fn bytes_mut(&self, offset: u64, len: u64, limit: usize, what: &str) -> io::Result<HostBytesMut<'_>> {
+        let at = self.at(offset, len, limit, what)?;
+        // SAFETY: as in bytes; HostBytesMut promises no exclusive access, which is
+        // what shared memory another process also writes needs.
+        Ok(unsafe { HostBytesMut::from_raw_parts(at, len as usize) })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        // SAFETY: the range was mapped in `map` and no view outlives self.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A shared mapping of the staging memfd.
+pub struct Mapping {
+    fd: OwnedFd,
+    /// The slots, then the counters page.
+    file: MappedFile,
+}
 
 impl Mapping {
     /// A new memfd of `len` bytes of slots and the counters page, mapped.
@@ -56,23 +127,8 @@ impl Mapping {
                 format!("the staging memfd has {len} bytes: not slots and a counters page"),
             ));
         }
-        // SAFETY: a fresh shared mapping of a file we hold; nothing else in this
-        // process refers to the address range it returns.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
-        Ok(Mapping { fd, ptr, len })
+        let file = MappedFile::map(fd.as_fd(), 0, len)?;
+        Ok(Mapping { fd, file })
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -81,17 +137,7 @@ impl Mapping {
 
     /// Bytes of slots (the counters page is not one).
     fn slots_len(&self) -> usize {
-        self.len - COUNTERS_BYTES
-    }
-
-    fn check(&self, offset: u64, len: u64) -> io::Result<usize> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.slots_len() as u64 => Ok(offset as usize),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("staging range {offset}+{len} is outside the {} bytes of staging memory", self.slots_len()),
-            )),
-        }
+        self.file.len() - COUNTERS_BYTES
     }
 
     /// Counter `i` of the counters page.
@@ -100,7 +146,7 @@ impl Mapping {
         // SAFETY: the counters page lies inside the mapping (checked in `map`), is
         // page-aligned (so every word is 8-aligned), and is only ever accessed through
         // atomics, by this process and the other; the borrow ends before self drops.
-        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(self.slots_len()).cast::<u64>().add(i)) }
+        unsafe { AtomicU64::from_ptr(self.file.ptr.as_ptr().add(self.slots_len()).cast::<u64>().add(i)) }
     }
 
     /// Publish the worker's counters (the worker's side).
@@ -128,25 +174,12 @@ impl Mapping {
 
     /// `len` bytes at `offset`, to read from.
     pub fn bytes(&self, offset: u64, len: u64) -> io::Result<HostBytes<'_>> {
-        let at = self.check(offset, len)?;
-        // SAFETY: the range is inside the mapping (checked), which lives as long as
-        // the borrow of self.
-        Ok(unsafe { HostBytes::from_raw_parts(self.ptr.as_ptr().add(at), len as usize) })
+        self.file.bytes(offset, len, self.slots_len(), "staging")
     }
 
     /// `len` bytes at `offset`, to write into.
     pub fn bytes_mut(&self, offset: u64, len: u64) -> io::Result<HostBytesMut<'_>> {
-        let at = self.check(offset, len)?;
-        // SAFETY: as in bytes; HostBytesMut promises no exclusive access, which is
-        // what shared memory another process also writes needs.
-        Ok(unsafe { HostBytesMut::from_raw_parts(self.ptr.as_ptr().add(at), len as usize) })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the range was mapped in `map` and no view outlives self.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        self.file.bytes_mut(offset, len, self.slots_len(), "staging")
     }
 }
 
@@ -192,7 +225,7 @@ impl Staging {
 // Staging (and so the Mapping) drops.
 unsafe impl host_bytes::LentMemory for Staging {
     fn span(&self) -> (*mut u8, usize) {
-        (self.mapping.ptr.as_ptr(), self.mapping.slots_len())
+        (self.mapping.file.ptr.as_ptr(), self.mapping.slots_len())
     }
 }
 

@@ -147,7 +147,8 @@ impl From<Open> for OpenOptions {
 }
 
 /// One read or write of [`Request::Io`]: `len` bytes at `offset` of the file, to or
-/// from the staging memory at `staging`.
+/// from the staging memory at `staging`, or, with `host`, at `staging` of that host
+/// region ([`crate::host`]).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Piece {
     pub object: u64,
@@ -155,6 +156,8 @@ pub struct Piece {
     pub staging: u64,
     pub len: u64,
     pub write: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<u64>,
 }
 
 /// A reply, in the shape of the request it answers.
