@@ -329,11 +329,13 @@ def test_importing_dpuio_leaves_sigint_and_sigterm_to_the_program():
         "try:\n"
         "    os.kill(os.getpid(), signal.SIGINT); time.sleep(2)\n"
         "except KeyboardInterrupt:\n"
-        "    print('KeyboardInterrupt')\n"
+        "    print('KeyboardInterrupt', flush=True)\n"
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(2)\n"
-        "print('survived SIGTERM')\n"
+        "print('survived SIGTERM', flush=True)\n"
     )
+    # flush=True: the child dies of SIGTERM, and a line buffered for the pipe dies with it
+    # (without PYTHONUNBUFFERED in the environment the test failed with no output at all).
     env = {k: v for k, v in os.environ.items() if k != "IPATH_NO_BACKTRACE"}
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
-    assert done.stdout == "KeyboardInterrupt\n", (done.stdout, done.stderr)
+    assert done.stdout == "KeyboardInterrupt\n", (done.stdout, done.stderr, done.returncode)
     assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr)
