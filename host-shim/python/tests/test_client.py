@@ -333,9 +333,19 @@ def test_importing_dpuio_leaves_sigint_and_sigterm_to_the_program():
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(2)\n"
         "print('survived SIGTERM', flush=True)\n"
     )
-    # flush=True: the child dies of SIGTERM, and a line buffered for the pipe dies with it
-    # (without PYTHONUNBUFFERED in the environment the test failed with no output at all).
+    # flush=True: the child dies of SIGTERM, and a line buffered for the pipe dies with it.
+    # SIGINT back to its default in the child: a test run started in the background of a
+    # non-interactive shell inherits it ignored, and Python leaves an ignored SIGINT ignored
+    # (two cold CI runs started that way failed here with no output, the child killed by
+    # the SIGTERM after an ignored SIGINT).
     env = {k: v for k, v in os.environ.items() if k != "IPATH_NO_BACKTRACE"}
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert done.stdout == "KeyboardInterrupt\n", (done.stdout, done.stderr, done.returncode)
     assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr)
