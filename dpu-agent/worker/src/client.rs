@@ -435,7 +435,10 @@ impl Process {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer within 10 s"));
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer within {} s", CONTROL_ANSWER_TIMEOUT.as_secs()),
+                ));
             }
             rustix::net::sockopt::set_socket_timeout(&self.control, rustix::net::sockopt::Timeout::Recv, Some(left))?;
             let answer = control::recv(self.control.as_fd());

@@ -75,12 +75,6 @@ impl HostFile {
 /// A region lent to the workers while this lives (see the module's text).
 pub struct Lent(Arc<HostFile>);
 
-impl std::fmt::Debug for Lent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Lent(region {} at {:#x}, {} bytes)", self.0.id, self.0.start, self.0.len)
-    }
-}
-
 /// Lend the mapped region `[ptr, ptr + len)` to the workers, if any tenant has one and
 /// the mapping's file can be opened; `None` otherwise (why, the first time, in the log).
 pub fn lend(ptr: *const u8, len: usize) -> Option<Lent> {
