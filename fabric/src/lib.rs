@@ -197,7 +197,7 @@ pub use config::{FabricConfig, SHM_TRANSPORTS, TCP_TRANSPORTS};
 pub use doorbell::{Doorbell, MAX_DOORBELL_BYTES};
 pub use error::{Error, Result};
 pub use host_bytes::{HostBytes, HostBytesMut};
-pub use memory::{MappedRemote, SharedMemory};
+pub use memory::{MappedRemote, SharedMapping, SharedMemory};
 pub use progress::{ProgressReport, ProgressThread};
 pub use transport::{Transport, wait_any};
 

@@ -266,6 +266,7 @@ impl fmt::Debug for SharedMemory {
 pub struct MappedRemote {
     mem: SharedMemory,
     remote_addr: u64,
+    backing: Option<SharedMapping>,
     _key: Arc<dyn Any + Send + Sync>,
 }
 
@@ -273,14 +274,27 @@ impl MappedRemote {
     /// # Safety
     ///
     /// Same as [`SharedMemory::new`]; `key` must keep the mapping of `ptr..ptr+len`
-    /// alive for as long as it is alive.
-    pub(crate) unsafe fn new(ptr: *mut u8, len: usize, remote_addr: u64, key: Arc<dyn Any + Send + Sync>) -> Self {
+    /// alive for as long as it is alive. `backing`, where known, holds that range.
+    pub(crate) unsafe fn new(
+        ptr: *mut u8,
+        len: usize,
+        remote_addr: u64,
+        backing: Option<SharedMapping>,
+        key: Arc<dyn Any + Send + Sync>,
+    ) -> Self {
         MappedRemote {
             // SAFETY: forwarded contract.
             mem: unsafe { SharedMemory::new(ptr, len) },
             remote_addr,
+            backing,
             _key: key,
         }
+    }
+
+    /// The shared mapping of the object that holds this memory (a shared-memory
+    /// transport's segment), where the transport checked it.
+    pub fn backing(&self) -> Option<&SharedMapping> {
+        self.backing.as_ref()
     }
 
     /// The peer's address of the first mapped byte (what the mapping was asked for).
@@ -311,63 +325,85 @@ impl fmt::Debug for MappedRemote {
     }
 }
 
-/// True if `[addr, addr+len)` lies inside shared (`s`) mappings of this process that
-/// are contiguous and back the same object (device and inode), per `/proc/self/maps`.
+/// The shared mappings of one object that hold a range of this process's memory, per
+/// `/proc/self/maps`: one or more read-write shared (`rw-s`) mappings, contiguous in
+/// memory and in the object (one mapping split by `mprotect` shows as several lines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedMapping {
+    /// Where the first of them starts and the last ends, in this process.
+    pub start: usize,
+    pub end: usize,
+    /// The offset of `start` in the object.
+    pub object_offset: u64,
+    /// Where the first of them ends (the name of its `/proc/self/map_files` entry).
+    pub first_end: usize,
+}
+
+impl SharedMapping {
+    /// The path that opens the object (`/proc/self/map_files`: opening it needs
+    /// `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE`).
+    pub fn map_file(&self) -> String {
+        format!("/proc/self/map_files/{:x}-{:x}", self.start, self.first_end)
+    }
+}
+
+/// The shared mappings of one object that hold all of `[addr, addr+len)`, if any.
 ///
 /// UCX maps a peer's shared-memory segment whole when it unpacks the key, and its
 /// shared-memory put is a plain `memcpy` to `mapping + offset` with no bounds check.
 /// A peer that declares a region longer than its segment would otherwise direct our
 /// writes past the end of that mapping, into whatever the agent has mapped next.
-pub(crate) fn shared_mapping_covers(addr: usize, len: usize) -> std::io::Result<bool> {
+pub(crate) fn shared_mapping_of(addr: usize, len: usize) -> std::io::Result<Option<SharedMapping>> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
-    Ok(mapping_covers(&maps, addr, len))
+    Ok(mapping_of(&maps, addr, len))
 }
 
-fn mapping_covers(maps: &str, addr: usize, len: usize) -> bool {
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    // (start, end, shared, device+inode) per line.
+fn mapping_of(maps: &str, addr: usize, len: usize) -> Option<SharedMapping> {
+    let end = addr.checked_add(len)?;
+    // (start, end, read-write shared, offset, device+inode) per line.
     let parsed = maps.lines().filter_map(|line| {
         let mut fields = line.split_whitespace();
         let (start, stop) = fields.next()?.split_once('-')?;
         let perms = fields.next()?;
-        let _offset = fields.next()?;
+        let offset = fields.next()?;
         let dev = fields.next()?;
         let inode = fields.next()?;
         Some((
             usize::from_str_radix(start, 16).ok()?,
             usize::from_str_radix(stop, 16).ok()?,
             perms.as_bytes().get(3) == Some(&b's') && perms.starts_with("rw"),
+            u64::from_str_radix(offset, 16).ok()?,
             (dev, inode),
         ))
     });
-    let mut covered_to: Option<(usize, (&str, &str))> = None;
-    for (start, stop, shared, object) in parsed {
-        match covered_to {
+    let mut found: Option<(SharedMapping, (&str, &str))> = None;
+    for (start, stop, shared, offset, object) in parsed {
+        match &mut found {
             None if start <= addr && addr < stop => {
                 if !shared {
-                    return false;
+                    return None;
                 }
+                let mapping = SharedMapping { start, end: stop, object_offset: offset, first_end: stop };
                 if end <= stop {
-                    return true;
+                    return Some(mapping);
                 }
-                covered_to = Some((stop, object));
+                found = Some((mapping, object));
             }
-            Some((upto, obj)) if start == upto => {
-                if !shared || obj != object {
-                    return false;
+            Some((mapping, first)) if start == mapping.end => {
+                let in_object = mapping.object_offset.checked_add((mapping.end - mapping.start) as u64);
+                if !shared || *first != object || in_object != Some(offset) {
+                    return None;
                 }
+                mapping.end = stop;
                 if end <= stop {
-                    return true;
+                    return Some(*mapping);
                 }
-                covered_to = Some((stop, obj));
             }
-            Some(_) => return false,
+            Some(_) => return None,
             None => {}
         }
     }
-    false
+    None
 }
 
 #[cfg(test)]
@@ -448,18 +484,35 @@ mod tests {
 7f0000001000-7f0000002000 rw-s 00001000 00:01 42   /SYSV00000000 (deleted)
 7f0000002000-7f0000003000 rw-p 00000000 00:00 0
 7f0000003000-7f0000004000 rw-s 00000000 00:19 77   /dev/shm/ucx_posix (deleted)
+7f0000004000-7f0000005000 rw-s 00002000 00:19 77   /dev/shm/ucx_posix (deleted)
 ";
 
     #[test]
-    fn mapping_cover_rules() {
+    fn mapping_rules() {
         let base = 0x7f00_0000_0000usize;
-        assert!(mapping_covers(MAPS, base, 0x1000));
-        assert!(mapping_covers(MAPS, base + 0x800, 0x1000), "spans same-object pieces");
-        assert!(!mapping_covers(MAPS, base + 0x800, 0x1900), "runs into a private mapping");
-        assert!(!mapping_covers(MAPS, base + 0x2000, 8), "private mapping");
-        assert!(!mapping_covers(MAPS, base + 0x3000, 0x1001), "past the last mapping");
-        assert!(mapping_covers(MAPS, base + 0x3000, 0x1000));
-        assert!(!mapping_covers(MAPS, 0x1000, 8), "unmapped");
-        assert!(!mapping_covers(MAPS, usize::MAX, 2), "overflow");
+        let sysv = SharedMapping { start: base, end: base + 0x1000, object_offset: 0, first_end: base + 0x1000 };
+        assert_eq!(mapping_of(MAPS, base, 0x1000), Some(sysv));
+        assert_eq!(mapping_of(MAPS, base + 0x10, 0x20), Some(sysv), "the whole mapping, not the range");
+        assert_eq!(
+            mapping_of(MAPS, base + 0x800, 0x1000),
+            Some(SharedMapping { end: base + 0x2000, ..sysv }),
+            "spans same-object pieces"
+        );
+        assert_eq!(sysv.map_file(), "/proc/self/map_files/7f0000000000-7f0000001000");
+        assert_eq!(mapping_of(MAPS, base + 0x800, 0x1900), None, "runs into a private mapping");
+        assert_eq!(mapping_of(MAPS, base + 0x2000, 8), None, "private mapping");
+        assert_eq!(mapping_of(MAPS, base + 0x3800, 0x1000), None, "the object's next piece is elsewhere in it");
+        assert_eq!(
+            mapping_of(MAPS, base + 0x3000, 0x1000),
+            Some(SharedMapping {
+                start: base + 0x3000,
+                end: base + 0x4000,
+                object_offset: 0,
+                first_end: base + 0x4000
+            })
+        );
+        assert_eq!(mapping_of(MAPS, base + 0x4000, 0x1001), None, "past the last mapping");
+        assert_eq!(mapping_of(MAPS, 0x1000, 8), None, "unmapped");
+        assert_eq!(mapping_of(MAPS, usize::MAX, 2), None, "overflow");
     }
 }

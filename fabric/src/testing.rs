@@ -471,7 +471,7 @@ impl transport::RemoteKey for LoopbackRemoteKey {
         // against the declared range, which unpack checked against the allocation);
         // `keep` holds the allocation, so it stays valid as long as the mapping.
         Ok(Some(unsafe {
-            MappedRemote::new(self.inner.alloc.ptr.as_ptr().wrapping_add(offset), len, remote_addr, keep)
+            MappedRemote::new(self.inner.alloc.ptr.as_ptr().wrapping_add(offset), len, remote_addr, None, keep)
         }))
     }
 }

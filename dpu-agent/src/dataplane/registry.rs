@@ -180,7 +180,17 @@ impl DataPlane {
             Err(_) => None,
         };
         // Tenant workers read into and write from a mapped region themselves.
-        let lent = mapped.as_ref().and_then(|m| dpuio_worker::host::lend(m.as_ptr(), m.len()));
+        let lent = mapped.as_ref().and_then(|m| {
+            let backing = m.backing()?;
+            let map_file = backing.map_file();
+            let mapping = dpuio_worker::host::Mapping {
+                start: backing.start,
+                end: backing.end,
+                object_offset: backing.object_offset,
+                map_file: &map_file,
+            };
+            dpuio_worker::host::lend(m.as_ptr(), m.len(), mapping)
+        });
         Ok(HostRegion { id, addr, length, access, _lent: lent, key, mapped })
     }
 

@@ -75,13 +75,27 @@ impl HostFile {
 /// A region lent to the workers while this lives (see the module's text).
 pub struct Lent(Arc<HostFile>);
 
-/// Lend the mapped region `[ptr, ptr + len)` to the workers, if any tenant has one and
-/// the mapping's file can be opened; `None` otherwise (why, the first time, in the log).
-pub fn lend(ptr: *const u8, len: usize) -> Option<Lent> {
+/// Where a mapped region lies: the shared mapping of one object that holds it (as the
+/// transport found it when it mapped the region), contiguous in memory and in the object.
+#[derive(Debug, Clone, Copy)]
+pub struct Mapping<'a> {
+    /// The mapping's first address and end in this process.
+    pub start: usize,
+    pub end: usize,
+    /// The offset of `start` in the object.
+    pub object_offset: u64,
+    /// The `/proc/self/map_files` entry that opens the object.
+    pub map_file: &'a str,
+}
+
+/// Lend the mapped region `[ptr, ptr + len)`, which lies in `mapping`, to the workers,
+/// if any tenant has one and the mapping's object can be opened; `None` otherwise (why,
+/// the first time, in the log).
+pub fn lend(ptr: *const u8, len: usize, mapping: Mapping<'_>) -> Option<Lent> {
     if !WANTED.load(Ordering::Relaxed) || len == 0 {
         return None;
     }
-    match open_mapping(ptr as usize, len) {
+    match open_mapping(ptr as usize, len, mapping) {
         Ok(file) => {
             let file = Arc::new(file);
             lock(&LENT).insert((file.start, file.id), file.clone());
@@ -97,47 +111,29 @@ pub fn lend(ptr: *const u8, len: usize) -> Option<Lent> {
     }
 }
 
-/// The file behind the shared mapping that holds `[addr, addr + len)`, per
-/// `/proc/self/maps`, opened through `/proc/self/map_files`.
-fn open_mapping(addr: usize, len: usize) -> io::Result<HostFile> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
-    let (start, end, file_offset) = mapping_of(&maps, addr, len).ok_or_else(|| {
-        io::Error::new(
+/// The object behind `mapping`, opened through its `/proc/self/map_files` entry, to lend
+/// `[addr, addr + len)`.
+fn open_mapping(addr: usize, len: usize, mapping: Mapping<'_>) -> io::Result<HostFile> {
+    let inside = mapping.start <= addr && addr.checked_add(len).is_some_and(|end| end <= mapping.end);
+    if !inside {
+        return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{addr:#x}+{len} is not inside one shared file mapping of this process"),
-        )
-    })?;
-    let path = format!("/proc/self/map_files/{start:x}-{end:x}");
+            format!("{addr:#x}+{len} is not inside the mapping {:#x}-{:#x}", mapping.start, mapping.end),
+        ));
+    }
+    let path = mapping.map_file;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(&path)
+        .open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("opening {path}: {e}")))?;
     Ok(HostFile {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-        start,
-        len: end - start,
-        file_offset,
+        start: mapping.start,
+        len: mapping.end - mapping.start,
+        file_offset: mapping.object_offset,
         file: file.into(),
         holders: Mutex::new(Vec::new()),
-    })
-}
-
-/// The start, end and file offset of the shared file mapping (`s` in its permissions,
-/// an inode) of `maps` that holds all of `[addr, addr + len)`.
-fn mapping_of(maps: &str, addr: usize, len: usize) -> Option<(usize, usize, u64)> {
-    let last = addr.checked_add(len)?;
-    maps.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let (range, perms, offset, _dev, inode) =
-            (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
-        let (start, end) = range.split_once('-')?;
-        let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
-        let shared_file = perms.as_bytes().get(3) == Some(&b's') && inode != "0";
-        if !(shared_file && start <= addr && last <= end) {
-            return None;
-        }
-        Some((start, end, u64::from_str_radix(offset, 16).ok()?))
     })
 }
 
@@ -166,28 +162,6 @@ pub(crate) fn find(ptr: *const u8, len: usize) -> Option<(Arc<HostFile>, u64)> {
 mod tests {
     use super::*;
 
-    const MAPS: &str = "\
-55d0c0a00000-55d0c0a21000 r--p 00000000 fd:01 1234 /usr/bin/dpu-agent
-7f0000000000-7f0000100000 rw-s 00002000 00:1a 99 /dev/shm/ucx_posix_1 (deleted)
-7f0000100000-7f0000200000 rw-p 00000000 00:00 0
-7f0000200000-7f0000300000 rw-s 00000000 00:01 0 /dev/zero (deleted)
-";
-
-    #[test]
-    fn a_range_inside_one_shared_file_mapping_is_found_with_its_file_offset() {
-        assert_eq!(mapping_of(MAPS, 0x7f0000000000, 0x100000), Some((0x7f0000000000, 0x7f0000100000, 0x2000)));
-        assert_eq!(mapping_of(MAPS, 0x7f0000010000, 4096), Some((0x7f0000000000, 0x7f0000100000, 0x2000)));
-    }
-
-    #[test]
-    fn private_anonymous_and_straddling_ranges_are_not() {
-        assert_eq!(mapping_of(MAPS, 0x55d0c0a00000, 16), None, "private");
-        assert_eq!(mapping_of(MAPS, 0x7f0000100000, 16), None, "anonymous");
-        assert_eq!(mapping_of(MAPS, 0x7f0000200000, 16), None, "shared but no inode");
-        assert_eq!(mapping_of(MAPS, 0x7f00000ff000, 0x2000), None, "runs past the mapping");
-        assert_eq!(mapping_of(MAPS, usize::MAX - 1, 16), None, "overflow");
-    }
-
     #[test]
     fn a_memfd_mapping_is_lent_found_and_given_back() {
         wanted();
@@ -196,7 +170,12 @@ mod tests {
         let ours = crate::staging::MappedFile::map(fd.as_fd(), 0, 4 << 20).unwrap();
         let mut view = ours.bytes_mut(4096, 8, 4 << 20, "test").unwrap();
         let ptr = view.as_ptr();
-        let Some(lent) = lend(ptr, 8) else {
+        let start = ptr as usize - 4096;
+        let map_file = format!("/proc/self/map_files/{start:x}-{:x}", start + (4 << 20));
+        let mapping = Mapping { start, end: start + (4 << 20), object_offset: 0, map_file: &map_file };
+        let outside = Mapping { start: start + 8192, ..mapping };
+        assert!(lend(ptr, 8, outside).is_none(), "a region outside the mapping named");
+        let Some(lent) = lend(ptr, 8, mapping) else {
             eprintln!("skipped: /proc/self/map_files cannot be opened here (needs CAP_SYS_ADMIN)");
             return;
         };

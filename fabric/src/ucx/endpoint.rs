@@ -17,7 +17,7 @@ use super::shared::{DOORBELL_AM_ID, Graveyard, WorkerShared};
 use super::{Region, capture_stream};
 use crate::doorbell::MAX_DOORBELL_BYTES;
 use crate::error::{Error, Result, check};
-use crate::memory::{MappedRemote, shared_mapping_covers};
+use crate::memory::{MappedRemote, SharedMapping, shared_mapping_of};
 use crate::transport::{self, DeclaredRange, Endpoint as _, local_range};
 
 /// A connection from this worker to one peer worker (`ucp_ep_h`). `Send + Sync`; all
@@ -254,6 +254,8 @@ struct RkeyInner {
     _ep: Arc<EndpointInner>,
     handle: sys::ucp_rkey_h,
     range: DeclaredRange,
+    /// Where UCX mapped the peer's segment in this process (shared memory only).
+    backing: Option<SharedMapping>,
 }
 
 // SAFETY: the rkey is only used for RMA posted under the worker lock (MULTI), for
@@ -307,7 +309,7 @@ impl transport::RemoteKey for RemoteKey {
         // that the whole declared range lies inside that shared mapping, and just now
         // that remote_addr..+len lies inside the declared range; the offset within
         // the segment is the same on both sides.
-        Ok(Some(unsafe { MappedRemote::new(local, len, remote_addr, keep) }))
+        Ok(Some(unsafe { MappedRemote::new(local, len, remote_addr, self.inner.backing, keep) }))
     }
 
     fn remote_addr(&self) -> u64 {
@@ -341,17 +343,18 @@ impl transport::Endpoint for Endpoint {
         // (UCX trusts the packed bytes; they come from an authenticated peer.)
         let status = unsafe { api().ucp_ep_rkey_unpack(self.inner.handle, packed.as_ptr().cast(), &mut handle) };
         check("unpack remote key (ucp_ep_rkey_unpack)", status)?;
-        let key = RemoteKey { inner: Arc::new(RkeyInner { _ep: self.inner.clone(), handle, range }) };
-        if let Some(local) = key.inner.local_ptr(remote_addr)? {
-            let covered = usize::try_from(len).ok().map(|len| shared_mapping_covers(local as usize, len));
+        let mut inner = RkeyInner { _ep: self.inner.clone(), handle, range, backing: None };
+        if let Some(local) = inner.local_ptr(remote_addr)? {
+            let covered = usize::try_from(len).ok().map(|len| shared_mapping_of(local as usize, len));
             match covered {
-                Some(Ok(true)) => {}
+                Some(Ok(Some(mapping))) => inner.backing = Some(mapping),
                 Some(Err(source)) => {
                     return Err(Error::Io { op: "read /proc/self/maps to check a mapped remote key", source });
                 }
                 _ => return Err(Error::RemoteRangeUnmapped { addr: remote_addr, len }),
             }
         }
+        let key = RemoteKey { inner: Arc::new(inner) };
         if len > 0 {
             self.probe(&key)?;
         }
