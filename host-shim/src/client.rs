@@ -34,7 +34,7 @@ use namespace::Namespace;
 use ring::RingNamespace;
 
 pub use file::File;
-pub use pool::{Buffer, RegionPool};
+pub use pool::{Buffer, RegionPool, Slot, SlotPool};
 pub use tls::TlsOptions;
 
 /// Where the CLI and library look for the agent when nothing says otherwise. An

@@ -20,7 +20,7 @@ pub mod posix;
 mod put;
 pub mod resume;
 
-pub use client::{Access, Buffer, Client, ConnectOptions, DEFAULT_AGENT, File, RegionPool, TlsOptions};
+pub use client::{Access, Buffer, Client, ConnectOptions, DEFAULT_AGENT, File, RegionPool, Slot, SlotPool, TlsOptions};
 pub use dataplane::{Batch, DataPlaneOptions, DataPlaneStats, Done, RegisteredRegion, Request, TransportInfo};
 pub use dpuio_proto::attr::{Attr, DirEntry, EntryKind};
 pub use dpuio_proto::v1::RegionAccess;

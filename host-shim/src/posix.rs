@@ -15,18 +15,58 @@
 //! What it deliberately does not do: file descriptors, offsets shared between them,
 //! prefixes and path rewriting beyond [`mount_relative`], which belong to the caller.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::blocking::{Code, DirStream, Failure, Session};
 use crate::cli::ConnectArgs;
-use crate::{Access, Attr, DataPlaneOptions, EntryKind, Error, File, RegionPool};
+use crate::{
+    Access, Attr, Buffer, DataPlaneOptions, EntryKind, Error, File, RegionPool, RegisteredRegion, Slot, SlotPool,
+};
 
 /// Bytes of each registered staging region; longer reads and writes go through it in
 /// pieces of this size.
 pub const REGION_BYTES: usize = 4 << 20;
 /// Staging regions per mount at most (a thread without a free one waits).
 const MAX_REGIONS: usize = 8;
+/// Reads and writes of at most this many bytes take a slot of one shared region instead
+/// of a whole region (a sample, a FUSE read, a 4 KiB block): a region holds 32, so as many
+/// threads doing small I/O each have one, where the whole regions (as many as the
+/// session's rings, two on a 2-core host) let only that many run at once.
+const SLOT_BYTES: usize = 128 << 10;
+
+/// A mount's registered staging: whole regions, and slots of one more for small I/O.
+#[derive(Clone)]
+struct Staging {
+    regions: RegionPool,
+    slots: Option<Arc<SlotPool>>,
+}
+
+/// What one read or write stages its bytes in while it runs.
+enum Staged {
+    Region(Buffer),
+    Slot(Slot),
+}
+
+impl Staging {
+    /// A slot for `len` bytes that fit one, a whole region otherwise (waiting for one).
+    fn take(&self, len: usize) -> Staged {
+        match &self.slots {
+            Some(slots) if len <= slots.slot_bytes() => Staged::Slot(slots.get()),
+            _ => Staged::Region(self.regions.get()),
+        }
+    }
+}
+
+impl Staged {
+    /// The region, where in it the staged bytes start, and how many it holds.
+    fn range(&self) -> (&RegisteredRegion, usize, usize) {
+        match self {
+            Staged::Region(buffer) => (buffer, 0, buffer.len()),
+            Staged::Slot(slot) => (slot.region(), slot.offset(), slot.capacity()),
+        }
+    }
+}
 
 /// A failure with the `errno` a POSIX program expects and a message for people.
 #[derive(Debug, Clone)]
@@ -226,7 +266,7 @@ const SNAPSHOT_HELD_BYTES: u64 = 64 << 20;
 /// An attached session used the POSIX way.
 pub struct Mount {
     session: Session,
-    regions: Mutex<Option<RegionPool>>,
+    regions: Mutex<Option<Staging>>,
     region_bytes: usize,
     bytes_read: AtomicU64,
     bytes_snapshot: AtomicU64,
@@ -401,15 +441,21 @@ impl Mount {
         Ok(DirStream::open(&self.session, path, 0)?)
     }
 
-    fn pool(&self) -> Result<RegionPool> {
-        let mut pool = self.regions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pool) = pool.as_ref() {
-            return Ok(pool.clone());
+    /// The mount's staging: made on first use (whole regions, and one more cut into
+    /// slots for small I/O where a region holds at least two).
+    fn staging(&self) -> Result<Staging> {
+        let mut staging = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(staging) = staging.as_ref() {
+            return Ok(staging.clone());
         }
         let client = self.session.data_client()?;
         let count = self.session.rings().clamp(1, MAX_REGIONS);
-        let made = self.call(client.region_pool(self.region_bytes, count))?;
-        *pool = Some(made.clone());
+        let slot_bytes = SLOT_BYTES.min(self.region_bytes);
+        let small = self.region_bytes / slot_bytes >= 2;
+        let regions = self.call(client.region_pool(self.region_bytes, count + usize::from(small)))?;
+        let slots = if small { SlotPool::new(regions.get(), slot_bytes) } else { None };
+        let made = Staging { regions, slots };
+        *staging = Some(made.clone());
         Ok(made)
     }
 
@@ -428,16 +474,16 @@ impl Mount {
             out[..n].copy_from_slice(&from[..n]);
             return Ok(n);
         }
-        let pool = self.pool()?;
-        let buffer = pool.get();
+        let buffer = self.staging()?.take(out.len());
+        let (region, at, room) = buffer.range();
         let mut done = 0;
         while done < out.len() {
-            let want = (out.len() - done).min(buffer.len());
-            let request = f.handle()?.read_request(&buffer, 0, want as u64, offset + done as u64);
+            let want = (out.len() - done).min(room);
+            let request = f.handle()?.read_request(region, at as u64, want as u64, offset + done as u64);
             let moved = self.one(f, "read", request)? as usize;
             let moved = moved.min(want);
             // The one copy: from the region the agent wrote into the caller's buffer.
-            buffer.read_at(0, &mut out[done..done + moved]);
+            region.read_at(at, &mut out[done..done + moved]);
             done += moved;
             if moved < want {
                 break;
@@ -457,13 +503,13 @@ impl Mount {
         if data.is_empty() {
             return Ok((offset, 0));
         }
-        let pool = self.pool()?;
-        let mut buffer = pool.get();
+        let buffer = self.staging()?.take(data.len());
+        let (region, at, room) = buffer.range();
         let mut done = 0;
         while done < data.len() {
-            let n = (data.len() - done).min(buffer.len());
-            buffer.write_at(0, &data[done..done + n]);
-            let request = f.handle()?.write_request(&buffer, 0, n as u64, offset + done as u64);
+            let n = (data.len() - done).min(room);
+            region.write_shared(at, &data[done..done + n]);
+            let request = f.handle()?.write_request(region, at as u64, n as u64, offset + done as u64);
             let moved = self.one(f, "write", request)? as usize;
             done += moved.min(n);
             if moved < n {

@@ -112,15 +112,25 @@ pub fn has_fio() -> bool {
 /// container's `/fio` (made here), which the program sees as `dir`; each run made by
 /// `fio` in the working directory `work` (where fio keeps its verify state): a
 /// sequential write with verification headers, a separate read-only job that verifies
-/// them, and random writes verified in the same job.
+/// them, and random writes verified in the same job; then 4 KiB random writes, each
+/// verified, from eight threads of one process at once, each on a file of its own (small
+/// I/O shares one staging region between threads: a slot given to two would show here).
 pub fn fio_write_read_verify(agent: &AgentProcess, fio: impl Fn() -> Command, work: &Path, dir: &str) {
     ok_stdout(&agent.cli(&["mkdir", "-p", "/fio"]));
-    let common =
-        ["--name=dpuio", "--ioengine=psync", "--size=16m", "--bs=256k", "--verify=crc32c", "--output-format=terse"];
+    let common = ["--name=dpuio", "--ioengine=psync", "--verify=crc32c", "--output-format=terse"];
     let run = |args: &[&str]| ok(fio().current_dir(work).args(common).args(args));
-    run(&[&format!("--filename={dir}/file"), "--rw=write"]);
-    run(&[&format!("--filename={dir}/file"), "--rw=read", "--verify_only"]);
-    run(&[&format!("--filename={dir}/rand"), "--rw=randwrite"]);
+    run(&[&format!("--filename={dir}/file"), "--size=16m", "--bs=256k", "--rw=write"]);
+    run(&[&format!("--filename={dir}/file"), "--size=16m", "--bs=256k", "--rw=read", "--verify_only"]);
+    run(&[&format!("--filename={dir}/rand"), "--size=16m", "--bs=256k", "--rw=randwrite"]);
+    run(&[
+        &format!("--directory={dir}"),
+        "--filename_format=small.$jobnum",
+        "--size=1m",
+        "--bs=4k",
+        "--rw=randwrite",
+        "--numjobs=8",
+        "--thread",
+    ]);
 }
 
 /// Where the second 64 KiB block of an encrypted file is stored: after the 256-byte

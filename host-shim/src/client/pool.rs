@@ -69,3 +69,76 @@ impl Drop for Buffer {
         }
     }
 }
+
+/// One registered region cut into slots of `slot_bytes`: each small read or write takes
+/// a slot rather than a whole region, so that many threads doing small I/O each have one
+/// (a [`RegionPool`] of a few whole regions bounds how many are in flight at once, however
+/// many threads ask). A [`Slot`] goes back when dropped.
+pub struct SlotPool {
+    region: Buffer,
+    slot_bytes: usize,
+    /// Offsets in the region of the free slots.
+    free: std::sync::Mutex<Vec<usize>>,
+    returned: std::sync::Condvar,
+}
+
+impl SlotPool {
+    /// The slots of `region` (a whole buffer kept for them), `slot_bytes` each; `None`
+    /// when the region holds fewer than two.
+    pub fn new(region: Buffer, slot_bytes: usize) -> Option<Arc<SlotPool>> {
+        let count = region.len().checked_div(slot_bytes).filter(|&n| n >= 2)?;
+        let free = (0..count).rev().map(|i| i * slot_bytes).collect();
+        Some(Arc::new(SlotPool {
+            region,
+            slot_bytes,
+            free: std::sync::Mutex::new(free),
+            returned: std::sync::Condvar::new(),
+        }))
+    }
+
+    /// Bytes of each slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// A free slot, waiting for one if all are in use.
+    pub fn get(self: &Arc<SlotPool>) -> Slot {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(offset) = free.pop() {
+                return Slot { pool: self.clone(), offset };
+            }
+            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// A slot of a [`SlotPool`]: `slot_bytes` of its region from `offset` on.
+pub struct Slot {
+    pool: Arc<SlotPool>,
+    offset: usize,
+}
+
+impl Slot {
+    /// The region the slot lies in.
+    pub fn region(&self) -> &RegisteredRegion {
+        &self.pool.region
+    }
+
+    /// Where the slot starts in its region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Bytes the slot holds.
+    pub fn capacity(&self) -> usize {
+        self.pool.slot_bytes
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(self.offset);
+        self.pool.returned.notify_one();
+    }
+}

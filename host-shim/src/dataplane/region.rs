@@ -99,6 +99,16 @@ impl RegisteredRegion {
         self.region.write_at(offset, data)
     }
 
+    /// Copies `data` into the region at `offset` through a shared reference: for a range
+    /// its caller holds alone (a [`crate::Slot`]) while other threads use other ranges
+    /// of the same region.
+    ///
+    /// # Panics
+    /// If the range lies outside the region.
+    pub fn write_shared(&self, offset: usize, data: &[u8]) {
+        self.region.bytes_mut(offset, data.len()).copy_from_slice(data)
+    }
+
     /// The memory's words, for the ring's counters (atomics) and entries.
     pub(super) fn shared(&self) -> &fabric::SharedMemory {
         &self.region
