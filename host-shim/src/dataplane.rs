@@ -17,9 +17,12 @@
 //! takes a free ring for the duration of its submit-and-wait, so threads never share a
 //! ring at the same time and need no lock on the fast path beyond taking it. A call that
 //! finds none free for [`RING_GROW_AFTER`] registers one more, up to [`RINGS_PER_RING`]
-//! times the first count: a ring whose request the agent's storage keeps (a read DAOS holds
-//! while its engines are gone) stays with that request, and the session's other calls,
-//! a stat the agent can refuse at once among them, must not wait for it.
+//! times the first count and at least [`RINGS_AT_MOST_AT_LEAST`]: a ring whose request the
+//! agent's storage keeps (a read DAOS holds while its engines are gone) stays with that
+//! request, and the session's other calls, a stat the agent can refuse at once among
+//! them, must not wait for it; and a process's many threads each doing one small read at
+//! a time (a loader's, through the preload library) each need a ring to have that many
+//! reads in flight.
 //!
 //! Rooms: [`options`](self::options) (the transport, the candidates offered at Attach, the
 //! worker opened before it), [`region`](self::region) (registered memory, reached through
@@ -60,6 +63,11 @@ pub(crate) const RING_GROW_AFTER: Duration = Duration::from_millis(20);
 /// How many rings a session may grow to, as a multiple of [`DataPlaneOptions::rings`] (the
 /// agent may allow fewer: `max_regions_per_session` counts rings).
 pub(crate) const RINGS_PER_RING: usize = 4;
+/// The least number of rings a session may grow to, whatever the first count: 32 threads
+/// reading at once through the preload library on a 2-core host (8 rings by the multiple
+/// alone) had a quarter of them waiting for a ring, and the thread that gave one back
+/// mostly took it again before a waiter woke (p99 of 4 KiB reads over 100 ms).
+pub(crate) const RINGS_AT_MOST_AT_LEAST: usize = 32;
 
 /// The data plane of one session.
 pub(crate) struct DataPlane {
@@ -194,7 +202,8 @@ impl DataPlane {
                 return Ok(r);
             }
             let made = self.made.load(Ordering::Acquire);
-            let may_grow = made < self.options.rings * RINGS_PER_RING && !self.growth_refused.load(Ordering::Acquire);
+            let most = (self.options.rings * RINGS_PER_RING).max(RINGS_AT_MOST_AT_LEAST);
+            let may_grow = made < most && !self.growth_refused.load(Ordering::Acquire);
             if !may_grow && self.abandoned.load(Ordering::Acquire) >= made {
                 // Waiting would be for ever: no ring will come back.
                 return Err(Error::DataPlane {

@@ -1,5 +1,6 @@
 //! A session's rings grow when every one is busy: a call that finds no free ring for a
-//! moment registers one more (up to four times the first count), so a request the agent
+//! moment registers one more (up to four times the first count, and at least 32: a
+//! loader's threads each need one), so a request the agent
 //! holds (a read DAOS keeps while its engines are gone) does not hold up the session's
 //! other calls; at the bound, or when the agent refuses a further ring (the tenant's
 //! `max_regions_per_session`), calls wait for a ring given back.
@@ -40,7 +41,7 @@ fn hold_rings(client: &Arc<Client>, n: usize) -> Vec<Batch> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_finding_every_ring_held_gets_a_further_ring_up_to_four_times_the_first() {
+async fn a_call_finding_every_ring_held_gets_a_further_ring_up_to_the_bound() {
     // The agent lives while its handle does.
     let (_dir, _agent, client) = agent_and_one_ring_client().await;
 
@@ -50,13 +51,13 @@ async fn a_call_finding_every_ring_held_gets_a_further_ring_up_to_four_times_the
     let got = read_on_a_thread(&client, "/data/a").recv_timeout(Duration::from_secs(30));
     assert_eq!(got.expect("a read while the only ring is held").unwrap(), b"the answer");
 
-    // Four rings in all are held (the bound for one at first): the next call waits for
-    // one given back, and then goes on.
-    held.extend(hold_rings(&client, 3));
+    // 32 rings in all are held (the bound for one at first: four times one is less):
+    // the next call waits for one given back, and then goes on.
+    held.extend(hold_rings(&client, 31));
     let waiting = read_on_a_thread(&client, "/data/a");
     assert!(
         waiting.recv_timeout(Duration::from_millis(1500)).is_err(),
-        "a fifth ring was taken or registered while four were held"
+        "a 33rd ring was taken or registered while 32 were held"
     );
     drop(held.pop());
     let got = waiting.recv_timeout(Duration::from_secs(30)).expect("the read once a ring was given back");
