@@ -1,51 +1,68 @@
 //! Registered buffers handed out without a round trip to the agent.
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::dataplane::RegisteredRegion;
 
-struct PoolShared {
-    free: std::sync::Mutex<Vec<RegisteredRegion>>,
-    returned: std::sync::Condvar,
+/// Things handed out and given back; a taker waits while none is free.
+struct FreeList<T> {
+    free: Mutex<Vec<T>>,
+    returned: Condvar,
+}
+
+impl<T> FreeList<T> {
+    fn new(free: Vec<T>) -> FreeList<T> {
+        FreeList { free: Mutex::new(free), returned: Condvar::new() }
+    }
+
+    fn take(&self) -> T {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(item) = free.pop() {
+                return item;
+            }
+            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn try_take(&self) -> Option<T> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    fn give_back(&self, item: T) {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).push(item);
+        self.returned.notify_one();
+    }
 }
 
 /// Registered buffers handed out without a round trip to the agent; a [`Buffer`]
 /// goes back to the pool when dropped.
 #[derive(Clone)]
 pub struct RegionPool {
-    shared: Arc<PoolShared>,
+    shared: Arc<FreeList<RegisteredRegion>>,
 }
 
 impl RegionPool {
     /// A pool of the registered regions `free`.
     pub(super) fn new(free: Vec<RegisteredRegion>) -> RegionPool {
-        RegionPool {
-            shared: Arc::new(PoolShared { free: std::sync::Mutex::new(free), returned: std::sync::Condvar::new() }),
-        }
+        RegionPool { shared: Arc::new(FreeList::new(free)) }
     }
 
     /// A free buffer, waiting for one if all are in use.
     pub fn get(&self) -> Buffer {
-        let mut free = self.shared.free.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(region) = free.pop() {
-                return Buffer { region: Some(region), pool: self.shared.clone() };
-            }
-            free = self.shared.returned.wait(free).unwrap_or_else(|p| p.into_inner());
-        }
+        Buffer { region: Some(self.shared.take()), pool: self.shared.clone() }
     }
 
     /// A free buffer, or `None` if all are in use.
     pub fn try_get(&self) -> Option<Buffer> {
-        let region = self.shared.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
-        Some(Buffer { region: Some(region), pool: self.shared.clone() })
+        Some(Buffer { region: Some(self.shared.try_take()?), pool: self.shared.clone() })
     }
 }
 
 /// A registered buffer from a [`RegionPool`].
 pub struct Buffer {
     region: Option<RegisteredRegion>,
-    pool: Arc<PoolShared>,
+    pool: Arc<FreeList<RegisteredRegion>>,
 }
 
 impl std::ops::Deref for Buffer {
@@ -64,8 +81,7 @@ impl std::ops::DerefMut for Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         if let Some(region) = self.region.take() {
-            self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(region);
-            self.pool.returned.notify_one();
+            self.pool.give_back(region);
         }
     }
 }
@@ -78,8 +94,7 @@ pub struct SlotPool {
     region: Buffer,
     slot_bytes: usize,
     /// Offsets in the region of the free slots.
-    free: std::sync::Mutex<Vec<usize>>,
-    returned: std::sync::Condvar,
+    free: FreeList<usize>,
 }
 
 impl SlotPool {
@@ -88,12 +103,7 @@ impl SlotPool {
     pub fn new(region: Buffer, slot_bytes: usize) -> Option<Arc<SlotPool>> {
         let count = region.len().checked_div(slot_bytes).filter(|&n| n >= 2)?;
         let free = (0..count).rev().map(|i| i * slot_bytes).collect();
-        Some(Arc::new(SlotPool {
-            region,
-            slot_bytes,
-            free: std::sync::Mutex::new(free),
-            returned: std::sync::Condvar::new(),
-        }))
+        Some(Arc::new(SlotPool { region, slot_bytes, free: FreeList::new(free) }))
     }
 
     /// Bytes of each slot.
@@ -103,13 +113,7 @@ impl SlotPool {
 
     /// A free slot, waiting for one if all are in use.
     pub fn get(self: &Arc<SlotPool>) -> Slot {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(offset) = free.pop() {
-                return Slot { pool: self.clone(), offset };
-            }
-            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
-        }
+        Slot { pool: self.clone(), offset: self.free.take() }
     }
 }
 
@@ -138,7 +142,6 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(self.offset);
-        self.pool.returned.notify_one();
+        self.pool.free.give_back(self.offset);
     }
 }
