@@ -24,7 +24,7 @@ pub struct DataPlaneOptions {
     /// first the agent offers), `"shm"` / `"tcp"` (UCX, as before), or a UCX_TLS list.
     pub transports: String,
     /// Rings at first (one per concurrently submitting thread); a call that finds none
-    /// free for 20 ms registers another, up to four times this many in all.
+    /// free for 20 ms registers another, up to four times this many in all and at least 32.
     pub rings: usize,
     /// Entries per ring (a power of two): the queue depth one thread can reach.
     pub ring_entries: u32,
