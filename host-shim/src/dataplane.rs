@@ -17,7 +17,7 @@
 //! takes a free ring for the duration of its submit-and-wait, so threads never share a
 //! ring at the same time and need no lock on the fast path beyond taking it. A call that
 //! finds none free for [`RING_GROW_AFTER`] registers one more, up to [`RINGS_PER_RING`]
-//! times the first count and at least [`RINGS_AT_MOST_AT_LEAST`]: a ring whose request the
+//! times the first count and at least [`RING_BOUND_AT_LEAST`]: a ring whose request the
 //! agent's storage keeps (a read DAOS holds while its engines are gone) stays with that
 //! request, and the session's other calls, a stat the agent can refuse at once among
 //! them, must not wait for it; and a process's many threads each doing one small read at
@@ -67,7 +67,7 @@ pub(crate) const RINGS_PER_RING: usize = 4;
 /// reading at once through the preload library on a 2-core host (8 rings by the multiple
 /// alone) had a quarter of them waiting for a ring, and the thread that gave one back
 /// mostly took it again before a waiter woke (p99 of 4 KiB reads over 100 ms).
-pub(crate) const RINGS_AT_MOST_AT_LEAST: usize = 32;
+pub(crate) const RING_BOUND_AT_LEAST: usize = 32;
 
 /// The data plane of one session.
 pub(crate) struct DataPlane {
@@ -202,7 +202,7 @@ impl DataPlane {
                 return Ok(r);
             }
             let made = self.made.load(Ordering::Acquire);
-            let most = (self.options.rings * RINGS_PER_RING).max(RINGS_AT_MOST_AT_LEAST);
+            let most = (self.options.rings * RINGS_PER_RING).max(RING_BOUND_AT_LEAST);
             let may_grow = made < most && !self.growth_refused.load(Ordering::Acquire);
             if !may_grow && self.abandoned.load(Ordering::Acquire) >= made {
                 // Waiting would be for ever: no ring will come back.

@@ -266,7 +266,7 @@ const SNAPSHOT_HELD_BYTES: u64 = 64 << 20;
 /// An attached session used the POSIX way.
 pub struct Mount {
     session: Session,
-    regions: Mutex<Option<Staging>>,
+    staging: Mutex<Option<Staging>>,
     region_bytes: usize,
     bytes_read: AtomicU64,
     bytes_snapshot: AtomicU64,
@@ -317,7 +317,7 @@ impl Mount {
         let region_bytes = REGION_BYTES.min(session.max_io_bytes().max(4096) as usize);
         Ok(Mount {
             session,
-            regions: Mutex::new(None),
+            staging: Mutex::new(None),
             region_bytes,
             bytes_read: AtomicU64::new(0),
             bytes_snapshot: AtomicU64::new(0),
@@ -444,7 +444,7 @@ impl Mount {
     /// The mount's staging: made on first use (whole regions, and one more cut into
     /// slots for small I/O where a region holds at least two).
     fn staging(&self) -> Result<Staging> {
-        let mut staging = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(staging) = staging.as_ref() {
             return Ok(staging.clone());
         }
