@@ -13,7 +13,7 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-usage: host-shim/bench/daos-identity.sh [-b BIN_DIR] [-r ROUNDS] [-p PATH] -- BENCH_ARGS...
+usage: host-shim/bench/daos-identity.sh [-b BIN_DIR] [-r ROUNDS] [-p PATH] [-t IO_THREADS] -- BENCH_ARGS...
 
   -b BIN_DIR   holds dpu-agent, dpuctl, dpuio and dpuio-bench (default target/release)
   -r ROUNDS    how many times each tenant runs the workloads, alternating which goes
@@ -21,6 +21,7 @@ usage: host-shim/bench/daos-identity.sh [-b BIN_DIR] [-r ROUNDS] [-p PATH] -- BE
   -p PATH      the data plane both tenants use: shm (default; the agent reads straight
                into the host's mapped memory), tcp or ofi-tcp (through the agent's
                staging, as over RDMA on a DPU)
+  -t N         the agent's [data_plane] io_threads (default: the agent's, one per core)
   BENCH_ARGS   what `dpuio bench` gets (the script adds --agent, the tenant's bundle,
                --paths PATH and --json), e.g. seq-read --queue-depth 8 --file-bytes 256MiB
 
@@ -32,11 +33,13 @@ die() { echo "daos-identity.sh: $*" >&2; exit 2; }
 bin=target/release
 rounds=2
 path=shm
-while getopts "b:r:p:h" opt; do
+io_threads=
+while getopts "b:r:p:t:h" opt; do
     case $opt in
         b) bin=$OPTARG ;;
         r) rounds=$OPTARG ;;
         p) path=$OPTARG ;;
+        t) io_threads=$OPTARG ;;
         h) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
     esac
@@ -45,6 +48,7 @@ shift $((OPTIND - 1))
 [ "${1:-}" != -- ] || shift
 (($#)) || die "no workload after '--' (e.g. -- seq-read --queue-depth 8)"
 case $path in shm | tcp | ofi-tcp) ;; *) die "-p $path: use shm, tcp or ofi-tcp" ;; esac
+[[ -z $io_threads || $io_threads =~ ^([1-9]|1[0-6])$ ]] || die "-t $io_threads: give a number of I/O threads, 1 to 16"
 for b in dpu-agent dpuctl dpuio dpuio-bench; do
     [ -x "$bin/$b" ] || die "$bin/$b is missing: build it (cargo build --release --bins) or pass -b DIR"
 done
@@ -77,7 +81,10 @@ kind = "daos"
 pool = "$DAOS_POOL"
 agent_socket_dir = "$DAOS_AGENT_DRPC_DIR"
 create_containers = true
-
+${io_threads:+
+[data_plane]
+io_threads = $io_threads
+}
 [[tenants]]
 name = "inproc"
 container = "idb-in-$tag"
