@@ -18,7 +18,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::blocking::{Code, DirStream, Failure, Session};
+mod listed;
+
+use crate::blocking::{Code, Failure, Session};
 use crate::cli::ConnectArgs;
 use crate::{
     Access, Attr, Buffer, DataPlaneOptions, EntryKind, Error, File, RegionPool, RegisteredRegion, Slot, SlotPool,
@@ -262,6 +264,11 @@ pub struct MountStats {
 pub const SNAPSHOT_BYTES: usize = 256 * 1024;
 /// Bytes a mount holds in snapshots at most; files opened beyond it get handles.
 const SNAPSHOT_HELD_BYTES: u64 = 64 << 20;
+/// How long a mount attached from the environment answers `stat` of a listed entry from
+/// its listing by default ([`Mount::set_listing_ttl`]): `dpuio mount`'s kernel TTL.
+pub const LISTING_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+pub use listed::Listing;
 
 /// An attached session used the POSIX way.
 pub struct Mount {
@@ -273,6 +280,7 @@ pub struct Mount {
     bytes_written: AtomicU64,
     snapshot_bytes: AtomicU64,
     snapshot_held: std::sync::Arc<AtomicU64>,
+    listed: Arc<listed::Listed>,
 }
 
 #[derive(clap::Parser)]
@@ -284,7 +292,9 @@ struct FromEnv {
 impl Mount {
     /// Attach with the `DPUIO_*` variables the `dpuio` CLI reads (`DPUIO_AGENT`,
     /// `DPUIO_CERT`/`KEY`/`CA`, `DPUIO_CONFIG_DIR`, `DPUIO_TOKEN`, `DPUIO_TENANT`,
-    /// `DPUIO_TRANSPORT`, `DPUIO_INTERFACE`), with a data plane.
+    /// `DPUIO_TRANSPORT`, `DPUIO_INTERFACE`), with a data plane; `DPUIO_SNAPSHOT_BYTES`
+    /// and `DPUIO_LISTING_TTL_MS` set [`Mount::set_snapshot_bytes`] and
+    /// [`Mount::set_listing_ttl`] ([`LISTING_TTL`] without it).
     pub fn from_env(client_name: &str) -> Result<Mount> {
         use clap::Parser;
         let args = FromEnv::try_parse_from([client_name])
@@ -298,6 +308,16 @@ impl Mount {
             })?;
             mount.set_snapshot_bytes(bytes);
         }
+        let ttl = match std::env::var("DPUIO_LISTING_TTL_MS") {
+            Ok(v) => std::time::Duration::from_millis(v.parse().map_err(|_| {
+                PosixError::new(
+                    rustix::io::Errno::INVAL,
+                    format!("DPUIO_LISTING_TTL_MS={v:?}: not a number of milliseconds (0 turns it off)"),
+                )
+            })?),
+            Err(_) => LISTING_TTL,
+        };
+        mount.set_listing_ttl(ttl);
         Ok(mount)
     }
 
@@ -309,6 +329,15 @@ impl Mount {
     pub fn set_snapshot_bytes(&self, bytes: usize) {
         let bytes = bytes.min(dpuio_proto::host_ring::meta::OPEN_READ_BYTES);
         self.snapshot_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// How long `stat` of an entry a listing of this mount brought (and the kind check
+    /// of `unlink` and `rmdir`) is answered from that listing, as NFS's readdirplus
+    /// does; zero (the default of [`Mount::attach`]) asks the agent each time. What this
+    /// process changes through the mount is never answered stale; changes by other
+    /// processes show after the TTL ([`listed`]).
+    pub fn set_listing_ttl(&self, ttl: std::time::Duration) {
+        self.listed.set_ttl(ttl);
     }
 
     /// Attach with `options` (which must ask for a data plane to move data).
@@ -324,6 +353,7 @@ impl Mount {
             bytes_written: AtomicU64::new(0),
             snapshot_bytes: AtomicU64::new(SNAPSHOT_BYTES as u64),
             snapshot_held: Default::default(),
+            listed: Default::default(),
         })
     }
 
@@ -351,6 +381,9 @@ impl Mount {
     }
 
     pub fn stat(&self, path: &str) -> Result<Attr> {
+        if let Some(attr) = self.listed.get(path) {
+            return Ok(attr);
+        }
         let client = self.session.client()?;
         self.call(client.stat(path))
     }
@@ -360,6 +393,9 @@ impl Mount {
         if let Some(snapshot) = self.snapshot(path, flags)? {
             let size = AtomicU64::new(snapshot.attr.size);
             return Ok(Opened::File(OpenFile { backing: Backing::Snapshot(snapshot), flags, size }));
+        }
+        if flags.write || flags.create || flags.truncate {
+            self.listed.changing(path);
         }
         let client = self.session.client()?;
         let access = if flags.write { Access::ReadWrite } else { Access::ReadOnly };
@@ -437,8 +473,9 @@ impl Mount {
     }
 
     /// Stream the entries of the directory at `path`.
-    pub fn readdir(&self, path: &str) -> Result<DirStream> {
-        Ok(DirStream::open(&self.session, path, 0)?)
+    pub fn readdir(&self, path: &str) -> Result<Listing> {
+        let stream = crate::blocking::DirStream::open(&self.session, path, 0)?;
+        Ok(Listing::new(path, stream, self.listed.clone()))
     }
 
     /// The mount's staging: made on first use (whole regions, and one more cut into
@@ -503,6 +540,7 @@ impl Mount {
         if data.is_empty() {
             return Ok((offset, 0));
         }
+        self.listed.changing(f.path());
         let buffer = self.staging()?.take(data.len());
         let (region, at, room) = buffer.range();
         let mut done = 0;
@@ -549,6 +587,7 @@ impl Mount {
         if !f.flags.write {
             return Err(PosixError::new(rustix::io::Errno::INVAL, format!("{}: not open for writing", f.path())));
         }
+        self.listed.changing(f.path());
         self.call(f.handle()?.truncate(size))?;
         f.size.store(size, Ordering::Release);
         Ok(())
@@ -565,6 +604,9 @@ impl Mount {
     /// Close the handle at the agent (a written file is durable once this returns); a
     /// snapshot has none.
     pub fn close(&self, f: OpenFile) -> Result<()> {
+        if f.flags.write {
+            self.listed.changing(f.path());
+        }
         match f.backing {
             Backing::Handle(file) => self.call(file.close()),
             Backing::Snapshot(_) => Ok(()),
@@ -572,6 +614,7 @@ impl Mount {
     }
 
     pub fn mkdir(&self, path: &str) -> Result<()> {
+        self.listed.changing(path);
         let client = self.session.client()?;
         self.call(client.mkdir(path, false)).map(drop)
     }
@@ -581,6 +624,7 @@ impl Mount {
         if self.stat(path)?.kind == EntryKind::Directory {
             return Err(PosixError::new(rustix::io::Errno::ISDIR, format!("unlink {path}: is a directory")));
         }
+        self.listed.changing(path);
         let client = self.session.client()?;
         self.call(client.remove(path, false))
     }
@@ -590,6 +634,7 @@ impl Mount {
         if self.stat(path)?.kind != EntryKind::Directory {
             return Err(PosixError::new(rustix::io::Errno::NOTDIR, format!("rmdir {path}: not a directory")));
         }
+        self.listed.forget_all();
         let client = self.session.client()?;
         self.call(client.remove(path, false))
     }
@@ -600,6 +645,7 @@ impl Mount {
     /// delete but not write on `to`, removes `to` first: not atomic (a reader may
     /// briefly see no `to`).
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.listed.forget_all();
         let client = self.session.client()?;
         match self.call(client.rename(from, to)) {
             Err(e) if e.errno == rustix::io::Errno::EXIST.raw_os_error() => {
@@ -625,11 +671,13 @@ impl Mount {
 
     /// Rename, failing with `EEXIST` if `to` exists (`RENAME_NOREPLACE`).
     pub fn rename_noreplace(&self, from: &str, to: &str) -> Result<()> {
+        self.listed.forget_all();
         let client = self.session.client()?;
         self.call(client.rename(from, to))
     }
 
     pub fn truncate(&self, path: &str, size: u64) -> Result<()> {
+        self.listed.changing(path);
         let client = self.session.client()?;
         self.call(client.truncate(path, size))
     }

@@ -314,6 +314,64 @@ with open("{MOUNT}/snap/s.bin", "rb") as f:
     }
 }
 
+/// `stat` of an entry a listing just brought is answered from the listing for the
+/// mount's TTL (`DPUIO_LISTING_TTL_MS`): another client's change shows after it, this
+/// process's own changes at once; 0 asks the agent each time, and a bad value is refused
+/// with the variable named.
+#[test]
+fn a_listing_answers_stat_of_its_entries_for_its_ttl() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let script = format!(
+        r#"
+import os, sys
+d = "{MOUNT}/ls"
+print("listed", sorted(os.listdir(d)), flush=True)
+sys.stdin.readline()  # the test writes a.bin in place meanwhile, from another client
+print("a", os.stat(d + "/a.bin").st_size)
+with open(d + "/b.bin", "ab") as f:
+    f.write(b"xyz")
+print("b", os.stat(d + "/b.bin").st_size)
+os.unlink(d + "/b.bin")
+print("b gone", not os.path.exists(d + "/b.bin"))
+"#
+    );
+    for (ttl, a_size) in [("60000", 3), ("0", 11)] {
+        put(&agent, &scratch, "/ls/a.bin", b"old");
+        put(&agent, &scratch, "/ls/b.bin", b"old");
+        let mut child = preloaded(&agent, python().to_str().unwrap())
+            .arg("-c")
+            .arg(&script)
+            .env("DPUIO_LISTING_TTL_MS", ttl)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "listed ['a.bin', 'b.bin']");
+        write_in_place(&agent, "/ls/a.bin", b"new version");
+        writeln!(child.stdin.as_mut().unwrap()).unwrap();
+        let rest: Vec<String> = lines.map(Result::unwrap).collect();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "TTL {ttl}: {rest:?} {stderr}");
+        assert_eq!(rest, [format!("a {a_size}"), "b 6".into(), "b gone True".into()], "TTL {ttl}: {stderr}");
+    }
+    let out = preloaded(&agent, python().to_str().unwrap())
+        .arg("-c")
+        .arg(format!("import os; os.stat('{MOUNT}/ls/a.bin')"))
+        .env("DPUIO_LISTING_TTL_MS", "soon")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad TTL must fail the call: {stderr}");
+    assert!(stderr.contains("DPUIO_LISTING_TTL_MS=\"soon\": not a number of milliseconds"), "{stderr}");
+}
+
 /// Write `data` at offset 0 of the file at `path` in place (through a handle, as another
 /// client's writer would), not as `dpuio put`'s replacing rename.
 fn write_in_place(agent: &AgentProcess, path: &str, data: &[u8]) {

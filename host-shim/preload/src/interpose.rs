@@ -15,7 +15,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use dpuio_shim::blocking::DirStream;
+use dpuio_shim::posix::Listing;
 use dpuio_shim::posix::{OpenFlags, Opened, PosixError, join};
 use dpuio_shim::{Attr, EntryKind};
 use libc::{FILE, mode_t, off_t, size_t, ssize_t};
@@ -294,7 +294,7 @@ fn do_open(path: &str, flags: c_int) -> Result<c_int, PosixError> {
 struct Dir {
     fd: c_int,
     path: String,
-    stream: Option<DirStream>,
+    stream: Option<Listing>,
     /// `.` and `..` still to be returned (2, 1, then 0).
     dots: u8,
     entry: libc::dirent64,

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dpuio_shim::blocking::DirStream;
 use dpuio_shim::posix::{Mount, OpenFile, OpenFlags, Opened, PosixError, join};
 use dpuio_shim::{Attr, DirEntry, EntryKind};
 use fuser::{
@@ -32,7 +31,7 @@ struct OpenHandle {
 struct Listing {
     path: String,
     attr: Attr,
-    stream: DirStream,
+    stream: dpuio_shim::posix::Listing,
     entries: Vec<DirEntry>,
     finished: bool,
 }
