@@ -203,13 +203,40 @@ struct Snapshot {
     path: String,
     attr: Attr,
     data: Vec<u8>,
-    /// The mount's count of bytes held in snapshots, given back on drop.
-    held: std::sync::Arc<AtomicU64>,
+    /// The mount's snapshots, given the bytes and the buffer back on drop.
+    store: Arc<Snapshots>,
 }
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        self.held.fetch_sub(self.data.len() as u64, Ordering::AcqRel);
+        self.store.held.fetch_sub(self.data.len() as u64, Ordering::AcqRel);
+        self.store.give_back(std::mem::take(&mut self.data));
+    }
+}
+
+/// What a mount's snapshots hold, and their buffers for reuse: a new vector per small
+/// file (128 KiB, a sample) is mmapped and faulted in by glibc's malloc each time,
+/// which cost a sample read more than its round trip.
+#[derive(Default)]
+struct Snapshots {
+    /// Bytes held in live snapshots.
+    held: AtomicU64,
+    spares: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Buffers of dropped snapshots a mount keeps for the next ones.
+const SNAPSHOT_SPARES: usize = 16;
+
+impl Snapshots {
+    fn take(&self) -> Vec<u8> {
+        self.spares.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default()
+    }
+
+    fn give_back(&self, buffer: Vec<u8>) {
+        let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+        if spares.len() < SNAPSHOT_SPARES && buffer.capacity() > 0 {
+            spares.push(buffer);
+        }
     }
 }
 
@@ -279,7 +306,7 @@ pub struct Mount {
     bytes_snapshot: AtomicU64,
     bytes_written: AtomicU64,
     snapshot_bytes: AtomicU64,
-    snapshot_held: std::sync::Arc<AtomicU64>,
+    snapshots: Arc<Snapshots>,
     listed: Arc<listed::Listed>,
 }
 
@@ -352,7 +379,7 @@ impl Mount {
             bytes_snapshot: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             snapshot_bytes: AtomicU64::new(SNAPSHOT_BYTES as u64),
-            snapshot_held: Default::default(),
+            snapshots: Default::default(),
             listed: Default::default(),
         })
     }
@@ -442,13 +469,15 @@ impl Mount {
         if max == 0 || flags.write || flags.create || flags.truncate || flags.append {
             return Ok(None);
         }
-        if self.snapshot_held.load(Ordering::Acquire) + max as u64 > SNAPSHOT_HELD_BYTES {
+        if self.snapshots.held.load(Ordering::Acquire) + max as u64 > SNAPSHOT_HELD_BYTES {
             return Ok(None);
         }
         let Ok(client) = self.session.data_client() else { return Ok(None) };
-        let (attr, data) = match client.read_head(path, max) {
-            Ok(head) => head,
+        let mut data = self.snapshots.take();
+        let attr = match client.read_head_into(path, max, &mut data) {
+            Ok(attr) => attr,
             Err(e) => {
+                self.snapshots.give_back(data);
                 let e = PosixError::from(e);
                 use rustix::io::Errno;
                 let definite = [Errno::NOENT, Errno::ACCESS, Errno::NOTDIR].map(Errno::raw_os_error);
@@ -456,11 +485,12 @@ impl Mount {
             }
         };
         if attr.kind != EntryKind::File || data.len() as u64 != attr.size {
+            self.snapshots.give_back(data);
             return Ok(None);
         }
-        self.snapshot_held.fetch_add(data.len() as u64, Ordering::AcqRel);
+        self.snapshots.held.fetch_add(data.len() as u64, Ordering::AcqRel);
         self.bytes_snapshot.fetch_add(data.len() as u64, Ordering::Relaxed);
-        Ok(Some(Snapshot { path: path.to_owned(), attr, data, held: self.snapshot_held.clone() }))
+        Ok(Some(Snapshot { path: path.to_owned(), attr, data, store: self.snapshots.clone() }))
     }
 
     /// The directory at `path`, as `opendir` needs it (`ENOTDIR` for a file).
@@ -686,6 +716,23 @@ impl Mount {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_buffers_are_reused_and_bounded() {
+        let store = Snapshots::default();
+        let mut first = store.take();
+        first.resize(128 << 10, 7);
+        let at = first.as_ptr();
+        store.give_back(first);
+        let again = store.take();
+        assert_eq!((again.as_ptr(), again.capacity() >= 128 << 10), (at, true), "the same buffer comes back");
+        for _ in 0..SNAPSHOT_SPARES + 4 {
+            store.give_back(vec![0u8; 16]);
+        }
+        assert_eq!(store.spares.lock().unwrap().len(), SNAPSHOT_SPARES);
+        store.give_back(Vec::new());
+        assert_eq!(store.spares.lock().unwrap().len(), SNAPSHOT_SPARES, "nothing kept past the bound");
+    }
 
     #[test]
     fn paths_under_the_prefix_map_into_the_container() {

@@ -300,6 +300,15 @@ impl Client {
     /// process's memory and closes it. The whole file when `attr.size` is the length
     /// returned. Blocking on the ring.
     pub fn read_head(&self, path: &str, max_bytes: usize) -> Result<(Attr, Vec<u8>)> {
+        let mut data = Vec::new();
+        let attr = self.read_head_into(path, max_bytes, &mut data)?;
+        Ok((attr, data))
+    }
+
+    /// [`Client::read_head`] into `out` (cleared first), for callers that reuse their
+    /// buffers: a fresh vector per small file is mmapped and faulted in by glibc's
+    /// malloc each time at these sizes.
+    pub fn read_head_into(&self, path: &str, max_bytes: usize, out: &mut Vec<u8>) -> Result<Attr> {
         let op = format!("read {path}");
         let dp = self.data()?;
         let paths = [path];
@@ -309,7 +318,11 @@ impl Client {
             let header = meta_header(&op, answer)?;
             let start = wire::META_ANSWER_HEADER_BYTES as usize;
             let count = header.count.min((answer.len() - start) as u64) as usize;
-            Ok((attr_of(&op, &header.attr)?, answer.slice(start..start + count).to_vec()))
+            let attr = attr_of(&op, &header.attr)?;
+            out.clear();
+            out.resize(count, 0);
+            answer.slice(start..start + count).copy_to_slice(out);
+            Ok(attr)
         })
     }
 
