@@ -53,7 +53,7 @@ use crate::resume::{Liveness, Registry};
 
 use batch::Ring;
 pub use batch::{Batch, Done, Request};
-pub(crate) use meta::AnswerTo;
+pub(crate) use meta::{AnswerTo, on_handle};
 pub(crate) use options::prepare;
 pub use options::{DataPlaneOptions, DataPlaneStats, TransportInfo};
 pub use region::RegisteredRegion;
@@ -107,6 +107,10 @@ pub(crate) struct DataPlane {
     ended: Mutex<Option<tonic::Status>>,
     live: Arc<Liveness>,
     registry: Arc<Registry>,
+    /// Handles closed by the caller with nothing written through them, whose close the
+    /// agent has not been sent yet: it goes with the next metadata call, in the same
+    /// submission ([`DataPlane::close_later`]).
+    owed_closes: Mutex<Vec<u64>>,
 }
 
 /// A session set up on a restarted agent, not yet serving ([`DataPlane::install`]).

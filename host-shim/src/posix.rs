@@ -188,6 +188,8 @@ pub struct OpenFile {
     /// Size as far as this handle knows (for `O_APPEND` and `SEEK_END` without a round
     /// trip): the size at open, grown by this handle's writes.
     size: AtomicU64,
+    /// Written or truncated through this handle (its close then waits for durability).
+    changed: std::sync::atomic::AtomicBool,
 }
 
 /// What an open file reads from.
@@ -419,7 +421,12 @@ impl Mount {
     pub fn open(&self, path: &str, flags: OpenFlags) -> Result<Opened> {
         if let Some(snapshot) = self.snapshot(path, flags)? {
             let size = AtomicU64::new(snapshot.attr.size);
-            return Ok(Opened::File(OpenFile { backing: Backing::Snapshot(snapshot), flags, size }));
+            return Ok(Opened::File(OpenFile {
+                backing: Backing::Snapshot(snapshot),
+                flags,
+                size,
+                changed: Default::default(),
+            }));
         }
         if flags.write || flags.create || flags.truncate {
             self.listed.changing(path);
@@ -456,7 +463,9 @@ impl Mount {
             self.call(file.truncate(0))?;
         }
         let size = if flags.truncate { 0 } else { file.attr().size };
-        Ok(Opened::File(OpenFile { backing: Backing::Handle(file), flags, size: AtomicU64::new(size) }))
+        // A truncation at open is a change its close makes durable, as a write's.
+        let changed = flags.truncate.into();
+        Ok(Opened::File(OpenFile { backing: Backing::Handle(file), flags, size: AtomicU64::new(size), changed }))
     }
 
     /// A read-only open of a small file as one open-read, when snapshots are on and the
@@ -571,6 +580,7 @@ impl Mount {
             return Ok((offset, 0));
         }
         self.listed.changing(f.path());
+        f.changed.store(true, Ordering::Release);
         let buffer = self.staging()?.take(data.len());
         let (region, at, room) = buffer.range();
         let mut done = 0;
@@ -618,6 +628,7 @@ impl Mount {
             return Err(PosixError::new(rustix::io::Errno::INVAL, format!("{}: not open for writing", f.path())));
         }
         self.listed.changing(f.path());
+        f.changed.store(true, Ordering::Release);
         self.call(f.handle()?.truncate(size))?;
         f.size.store(size, Ordering::Release);
         Ok(())
@@ -632,13 +643,18 @@ impl Mount {
     }
 
     /// Close the handle at the agent (a written file is durable once this returns); a
-    /// snapshot has none.
+    /// snapshot has none. A handle nothing was written through (nor truncated) is
+    /// closed with this process's next call to the agent, in its submission
+    /// ([`File::close_unwritten`]): a file created and closed, or opened to read and
+    /// closed, costs no round trip for its close.
     pub fn close(&self, f: OpenFile) -> Result<()> {
         if f.flags.write {
             self.listed.changing(f.path());
         }
+        let changed = f.changed.load(Ordering::Acquire);
         match f.backing {
-            Backing::Handle(file) => self.call(file.close()),
+            Backing::Handle(file) if changed => self.call(file.close()),
+            Backing::Handle(file) => self.call(file.close_unwritten()),
             Backing::Snapshot(_) => Ok(()),
         }
     }

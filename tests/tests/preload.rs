@@ -372,6 +372,50 @@ print("b gone", not os.path.exists(d + "/b.bin"))
     assert!(stderr.contains("DPUIO_LISTING_TTL_MS=\"soon\": not a number of milliseconds"), "{stderr}");
 }
 
+/// A file created or opened to read and closed with nothing written costs no round trip
+/// for its close: the close goes with the process's next call. The agent still gets
+/// every close before the next open: a program that creates, then reads, many files one
+/// at a time stays under a limit of four handles per session, and what it wrote reads
+/// back whole.
+#[test]
+fn closes_of_unwritten_files_ride_with_the_next_call_and_free_their_handles() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        "[limits]\nmax_handles_per_session = 4\n[[tenants]]\nname = \"default\"\ncontainer = \"default\"\n",
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let script = format!(
+        r#"
+import os
+d = "{MOUNT}/many"
+os.makedirs(d, exist_ok=True)
+for i in range(64):
+    open(f"{{d}}/e{{i}}", "x").close()
+for i in range(8):
+    with open(f"{{d}}/w{{i}}", "wb") as f:
+        f.write(bytes([i]) * 100000)
+n = 0
+for i in range(8):
+    for _ in range(8):
+        with open(f"{{d}}/w{{i}}", "rb") as f:
+            n += len(f.read()) if f.read(1) == bytes([i]) else -1
+print(len(os.listdir(d)), n)
+"#
+    );
+    let out = preloaded(&agent, python().to_str().unwrap())
+        .arg("-c")
+        .arg(&script)
+        .env("DPUIO_SNAPSHOT_BYTES", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("72 {}", 64 * 99_999), "{stderr}");
+}
+
 /// Write `data` at offset 0 of the file at `path` in place (through a handle, as another
 /// client's writer would), not as `dpuio put`'s replacing rename.
 fn write_in_place(agent: &AgentProcess, path: &str, data: &[u8]) {

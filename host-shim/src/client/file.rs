@@ -150,6 +150,17 @@ impl File {
         ring::close(dp, &format!("close {}", self.path), self.handle)
     }
 
+    /// Close a handle nothing was written through (nor truncated) with this process's
+    /// next metadata call over the ring, in its submission, instead of a round trip of
+    /// its own; without a data plane, now over gRPC. For callers that know the handle
+    /// unwritten (`dpuio_shim::posix`): closing a written one so would return before
+    /// its bytes are durable.
+    pub async fn close_unwritten(self) -> Result<()> {
+        let Some(dp) = self.inner.data().cloned() else { return self.close().await };
+        let handle = self.handle;
+        ring::off_runtime("close", move || dp.close_later(handle)).await
+    }
+
     /// Close the handle; a written file is durable once this returns (over the ring
     /// when the session has a data plane).
     pub async fn close(self) -> Result<()> {

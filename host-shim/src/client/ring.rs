@@ -18,7 +18,7 @@ use tokio::runtime::RuntimeFlavor;
 use super::control::Control;
 use super::namespace::{Call, Listing, Namespace, Opened};
 use super::{Access, Client};
-use crate::dataplane::{AnswerTo, DataPlane, RegisteredRegion};
+use crate::dataplane::{AnswerTo, DataPlane, RegisteredRegion, on_handle};
 use crate::error::{Error, Result};
 
 /// The ring implementation of [`Namespace`]: the session's data plane, and its control
@@ -194,11 +194,6 @@ impl Listing for RingListing<'_> {
 /// The metadata entry of `opcode` on one path.
 fn on_path<'a>(opcode: MetaOpcode, flags: u16, path: &'a [&'a str]) -> MetaCall<'a> {
     MetaCall { opcode, flags, handle: 0, strings: path, arg: 0 }
-}
-
-/// The metadata entry of `opcode` on an open handle.
-fn on_handle(opcode: MetaOpcode, handle: u64) -> MetaCall<'static> {
-    MetaCall { opcode, flags: 0, handle, strings: &[], arg: 0 }
 }
 
 /// Attributes from a metadata answer's record.

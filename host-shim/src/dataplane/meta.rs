@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use dpuio_proto::host_ring::meta::{self, Answer, MetaCall, Range};
-use dpuio_proto::wire::{self, Opcode};
+use dpuio_proto::wire::{self, MetaOpcode, Opcode};
 use host_bytes::HostBytes;
 
 use super::{DataPlane, RegisteredRegion, Request};
@@ -28,12 +28,42 @@ impl AnswerTo<'_> {
     pub(crate) const RING: AnswerTo<'static> = AnswerTo::Ring(meta::ANSWER_BYTES as u32);
 }
 
+/// Owed closes ([`DataPlane::close_later`]) sent along with one metadata call at most.
+const OWED_PER_CALL: usize = 16;
+/// Owed closes kept at most: past it they are sent at once.
+const OWED_MAX: usize = 32;
+/// An owed close's answer range, at the end of the ring's answer area (a header).
+const OWED_ANSWER: usize = wire::META_ANSWER_HEADER_BYTES as usize;
+/// The `user_data` of owed closes in a call's submission (the call's own is 0).
+const OWED_TAG: u64 = u64::MAX;
+
+/// Whether a call's answer leaves the tail of the ring's answer area to owed closes:
+/// answers of a header or a few records, and answers into a caller's region. Not
+/// listings, lookups and open-reads, which fill what room they are given.
+fn carries_owed(call: &MetaCall<'_>, to: AnswerTo<'_>) -> bool {
+    matches!(to, AnswerTo::Region(..))
+        || matches!(
+            call.opcode,
+            MetaOpcode::Stat
+                | MetaOpcode::StatHandle
+                | MetaOpcode::Open
+                | MetaOpcode::Create
+                | MetaOpcode::Close
+                | MetaOpcode::Remove
+        )
+}
+
 /// The request of `call`, or why it cannot go on a ring.
 fn request(op: &str, call: &MetaCall<'_>, whose: &str) -> Result<Vec<u8>> {
     call.request().ok_or_else(|| Error::DataPlane {
         op: op.to_owned(),
         reason: format!("{whose} paths exceed {} bytes (or one exceeds 65535)", meta::REQUEST_BYTES),
     })
+}
+
+/// The metadata entry of `opcode` on an open handle.
+pub(crate) fn on_handle(opcode: MetaOpcode, handle: u64) -> MetaCall<'static> {
+    MetaCall { opcode, flags: 0, handle, strings: &[], arg: 0 }
 }
 
 /// A metadata entry's outcome, read out of its answer range in `region` at `offset`
@@ -89,29 +119,46 @@ impl DataPlane {
             return Err(Error::from_status(op, status)); // before taking a ring it would lose
         }
         let mut batch = self.batch()?;
+        let mut owed = if carries_owed(call, to) { self.take_owed(batch.room().saturating_sub(1)) } else { Vec::new() };
         let mut attempts = 0;
         let (answer_to, result) = loop {
             let ring = batch.ring();
-            let entries = ring.core.entries();
+            let (entries, ring_region) = (ring.core.entries(), ring.region.id);
             let request_at = meta::request_offset(entries);
             ring.region.write_at(request_at, &request);
+            // Owed closes answer into the tail of the answer area, the call in the rest.
+            let tail = meta::answer_offset(entries) + meta::ANSWER_BYTES;
+            for (i, handle) in owed.iter().enumerate() {
+                let answer = Range {
+                    region: ring_region,
+                    offset: (tail - (i + 1) * OWED_ANSWER) as u64,
+                    length: OWED_ANSWER as u32,
+                };
+                let no_request = Range { region: 0, offset: 0, length: 0 };
+                let mut entry = on_handle(MetaOpcode::Close, *handle).entry(no_request, answer);
+                entry.user_data = OWED_TAG;
+                batch.push_entry(&entry.encode(), false)?;
+            }
             let answer_to = match to {
                 AnswerTo::Region(r, offset, length) => Range { region: r.id, offset, length },
                 AnswerTo::Ring(length) => Range {
-                    region: ring.region.id,
+                    region: ring_region,
                     offset: meta::answer_offset(entries) as u64,
-                    length: length.min(meta::ANSWER_BYTES as u32),
+                    length: length.min((meta::ANSWER_BYTES - owed.len() * OWED_ANSWER) as u32),
                 },
             };
-            let request_range =
-                Range { region: ring.region.id, offset: request_at as u64, length: request.len() as u32 };
+            let request_range = Range { region: ring_region, offset: request_at as u64, length: request.len() as u32 };
             batch.push_entry(&call.entry(request_range, answer_to).encode(), false)?;
             let submitted = std::time::Instant::now();
             batch.submit()?;
-            let done = batch.wait_spinning(1, self.options.timeout, self.meta_latency.spin(call))?;
+            let done = batch.wait_spinning(1 + owed.len(), self.options.timeout, self.meta_latency.spin(call))?;
             self.meta_latency.answered(submitted.elapsed());
+            // An owed close that failed (a handle an agent restart forgot) is nobody's
+            // to act on: nothing was written through it.
+            owed.clear();
             let result = done
-                .first()
+                .iter()
+                .find(|d| d.user_data != OWED_TAG)
                 .ok_or_else(|| Error::Protocol { op: op.to_owned(), reason: "no completion".into() })?
                 .result;
             // Lost with a restarted agent's ring: run it once more on the new one, if
@@ -126,6 +173,37 @@ impl DataPlane {
             AnswerTo::Ring(_) => &batch.ring().region,
         };
         answer(op, region, answer_to.offset, answer_to.length, result, parse)
+    }
+
+    /// Close `handle` (one nothing was written through: no durability to wait for) with
+    /// the next metadata call of this process, in its submission, rather than with a
+    /// round trip of its own: a file created or opened and closed again costs one
+    /// round trip, not two. Past [`OWED_MAX`] owed, they are sent now. Until then the
+    /// agent holds the handle (an unwritten one: nothing of it is lost if the session
+    /// ends first, which closes it).
+    pub(crate) fn close_later(self: &Arc<Self>, handle: u64) -> Result<()> {
+        let mut owed = self.owed_closes.lock().unwrap_or_else(|p| p.into_inner());
+        owed.push(handle);
+        if owed.len() < OWED_MAX {
+            return Ok(());
+        }
+        drop(owed);
+        while let Some(handle) = self.owed_closes.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            let close = on_handle(MetaOpcode::Close, handle);
+            match self.metadata("close", &close, AnswerTo::RING, |_| Ok(())) {
+                // A handle an agent restart forgot: closed already.
+                Err(Error::Agent { .. }) => {}
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Up to `room` owed closes (at most [`OWED_PER_CALL`]) to send with a call.
+    fn take_owed(&self, room: usize) -> Vec<u64> {
+        let mut owed = self.owed_closes.lock().unwrap_or_else(|p| p.into_inner());
+        let keep = owed.len() - owed.len().min(room).min(OWED_PER_CALL);
+        owed.split_off(keep)
     }
 
     /// Several metadata entries in one submission, each answering into its own range of

@@ -222,6 +222,7 @@ impl Prepared {
             abandoned: Default::default(),
             made: Default::default(),
             growth_refused: Default::default(),
+            owed_closes: Default::default(),
             growing: Default::default(),
             runtime: tokio::runtime::Handle::current(),
             options: self.options,
