@@ -675,6 +675,16 @@ impl Mount {
         self.call(client.remove(path, false))
     }
 
+    /// Remove the file or empty directory at `path` without asking first what it is, for
+    /// a caller that knows already: the kernel refuses `unlink` of a directory and `rmdir`
+    /// of a file before a FUSE daemon hears of either. One round trip where [`Mount::unlink`]
+    /// and [`Mount::rmdir`] make two.
+    pub fn remove_checked(&self, path: &str) -> Result<()> {
+        self.listed.forget_all();
+        let client = self.session.client()?;
+        self.call(client.remove(path, false))
+    }
+
     /// Remove an empty directory (`ENOTDIR` for a file, as `rmdir(2)`).
     pub fn rmdir(&self, path: &str) -> Result<()> {
         if self.stat(path)?.kind != EntryKind::Directory {

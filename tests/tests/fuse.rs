@@ -193,6 +193,19 @@ fn coreutils_read_and_write_through_the_mount() {
     let listed = ok_stdout(&agent.cli(&["ls", "/data/sub"]));
     assert_eq!(listed.trim(), "moved.bin");
     assert!(!ok_stdout(&agent.cli(&["ls", "/data"])).contains("copied.bin"));
+    // The daemon removes without asking what the entry is; the kernel refuses the wrong
+    // kind first, and DAOS or the local backend a directory that is not empty.
+    let refused = |c: &mut Command, why: &str| {
+        let out = run(c);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(why), "{c:?}: {stderr}");
+    };
+    refused(Command::new("unlink").arg(m.path("/data/sub")), "Is a directory");
+    refused(Command::new("rmdir").arg(m.path("/data/small.txt")), "Not a directory");
+    refused(Command::new("rmdir").arg(m.path("/data/sub")), "not empty");
+    ok(Command::new("mkdir").arg(m.path("/data/empty")));
+    ok(Command::new("rmdir").arg(m.path("/data/empty")));
+    assert!(!ok_stdout(&agent.cli(&["ls", "/data"])).contains("empty"));
 
     // Changed by another client to bytes of the same length: once the attributes are
     // stale (1 s) the next open sees a new modification time and drops the cached pages.

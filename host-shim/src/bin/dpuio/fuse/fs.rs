@@ -383,11 +383,13 @@ impl Filesystem for DpuioFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.remove(parent, name, reply, |path| self.mount.unlink(path));
+        // The kernel has refused unlink of a directory already (from the entry's
+        // attributes, at most TTL old): no stat first.
+        self.remove(parent, name, reply, |path| self.mount.remove_checked(path));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.remove(parent, name, reply, |path| self.mount.rmdir(path));
+        self.remove(parent, name, reply, |path| self.mount.remove_checked(path));
     }
 
     fn rename(
