@@ -46,10 +46,7 @@ fn preloaded(agent: &AgentProcess, program: &str) -> Command {
 
 #[test]
 fn coreutils_read_and_write_dpuio_files_unmodified() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
-    let scratch = dir.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (_dir, agent, scratch) = agent_with_scratch();
     // Larger than a staging region (4 MiB) and not a multiple of anything.
     let big = random_bytes(9 * 1024 * 1024 + 12345);
     put(&agent, &scratch, "/data/big.bin", &big);
@@ -101,10 +98,7 @@ fn coreutils_read_and_write_dpuio_files_unmodified() {
 
 #[test]
 fn python_opens_lists_and_writes_by_path() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
-    let scratch = dir.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (_dir, agent, scratch) = agent_with_scratch();
     let want_sha = python_by_path(preloaded(&agent, python().to_str().unwrap()), MOUNT, &agent, &scratch);
     let script = format!(
         r#"
@@ -184,10 +178,7 @@ os.close(fd)
 
 #[test]
 fn failures_are_the_errno_programs_expect() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
-    let scratch = dir.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (_dir, agent, scratch) = agent_with_scratch();
     put(&agent, &scratch, "/shared/ok.txt", b"ok\n");
     put(&agent, &scratch, "/secret/key.txt", b"secret\n");
     put(&agent, &scratch, "/full/f.txt", b"f\n");
@@ -269,11 +260,7 @@ print("EIO ok")
 /// new file (close-to-open consistency), and `DPUIO_SNAPSHOT_BYTES=0` turns it off.
 #[test]
 fn small_files_opened_read_only_read_as_of_open() {
-    use std::io::{BufRead, BufReader, Write};
-    let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
-    let scratch = dir.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (_dir, agent, scratch) = agent_with_scratch();
     let script = format!(
         r#"
 import os, sys
@@ -293,20 +280,8 @@ with open("{MOUNT}/snap/s.bin", "rb") as f:
         if let Some(v) = snapshot_bytes {
             command.env("DPUIO_SNAPSHOT_BYTES", v);
         }
-        let mut child = command
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert_eq!(lines.next().unwrap().unwrap(), "size at open 3");
-        write_in_place(&agent, "/snap/s.bin", b"new version");
-        writeln!(child.stdin.as_mut().unwrap()).unwrap();
-        let rest: Vec<String> = lines.map(Result::unwrap).collect();
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{snapshot_bytes:?}: {rest:?} {stderr}");
+        let (rest, stderr) =
+            changed_midway(&agent, command, "size at open 3", "/snap/s.bin", &format!("{snapshot_bytes:?}"));
         assert_eq!(rest, [format!("old descriptor {old_sees}"), "new open new version".to_owned()], "{stderr}");
         let whole =
             if snapshot_bytes.is_none() { "read 14 bytes of small files whole at open" } else { "read 0 bytes of" };
@@ -320,11 +295,7 @@ with open("{MOUNT}/snap/s.bin", "rb") as f:
 /// with the variable named.
 #[test]
 fn a_listing_answers_stat_of_its_entries_for_its_ttl() {
-    use std::io::{BufRead, BufReader, Write};
-    let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
-    let scratch = dir.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (_dir, agent, scratch) = agent_with_scratch();
     let script = format!(
         r#"
 import os, sys
@@ -342,23 +313,10 @@ print("b gone", not os.path.exists(d + "/b.bin"))
     for (ttl, a_size) in [("60000", 3), ("0", 11)] {
         put(&agent, &scratch, "/ls/a.bin", b"old");
         put(&agent, &scratch, "/ls/b.bin", b"old");
-        let mut child = preloaded(&agent, python().to_str().unwrap())
-            .arg("-c")
-            .arg(&script)
-            .env("DPUIO_LISTING_TTL_MS", ttl)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert_eq!(lines.next().unwrap().unwrap(), "listed ['a.bin', 'b.bin']");
-        write_in_place(&agent, "/ls/a.bin", b"new version");
-        writeln!(child.stdin.as_mut().unwrap()).unwrap();
-        let rest: Vec<String> = lines.map(Result::unwrap).collect();
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "TTL {ttl}: {rest:?} {stderr}");
+        let mut command = preloaded(&agent, python().to_str().unwrap());
+        command.arg("-c").arg(&script).env("DPUIO_LISTING_TTL_MS", ttl);
+        let (rest, stderr) =
+            changed_midway(&agent, command, "listed ['a.bin', 'b.bin']", "/ls/a.bin", &format!("TTL {ttl}"));
         assert_eq!(rest, [format!("a {a_size}"), "b 6".into(), "b gone True".into()], "TTL {ttl}: {stderr}");
     }
     let out = preloaded(&agent, python().to_str().unwrap())
@@ -416,6 +374,43 @@ print(len(os.listdir(d)), n)
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("72 {}", 64 * 99_999), "{stderr}");
 }
 
+/// An agent on a temporary directory, and a scratch directory for the CLI's files.
+fn agent_with_scratch() -> (tempfile::TempDir, AgentProcess, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    (dir, agent, scratch)
+}
+
+/// Run `command`, a preloaded program that prints `first`, then waits for a line on its
+/// stdin while another client writes "new version" over the start of the file at `path`
+/// in place; it must then succeed. The lines it printed after `first`, and its stderr.
+fn changed_midway(
+    agent: &AgentProcess,
+    mut command: Command,
+    first: &str,
+    path: &str,
+    case: &str,
+) -> (Vec<String>, String) {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), first, "{case}");
+    write_in_place(agent, path, b"new version");
+    writeln!(child.stdin.as_mut().unwrap()).unwrap();
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{case}: {rest:?} {stderr}");
+    (rest, stderr)
+}
+
 /// Write `data` at offset 0 of the file at `path` in place (through a handle, as another
 /// client's writer would), not as `dpuio put`'s replacing rename.
 fn write_in_place(agent: &AgentProcess, path: &str, data: &[u8]) {
@@ -439,10 +434,7 @@ fn mapped(maps: &str, name: &str) -> bool {
 
 #[test]
 fn a_program_that_never_touches_the_prefix_loads_no_transport() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = AgentProcess::start(&dir.path().join("agent"), &[]);
-    let scratch = dir.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (_dir, agent, scratch) = agent_with_scratch();
     put(&agent, &scratch, "/data/small.txt", b"hello\n");
 
     // cat's own maps: the library is loaded (so the check below means something), and
