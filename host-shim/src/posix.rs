@@ -10,7 +10,12 @@
 //!   anyway). Nothing is registered per call;
 //! - POSIX shapes of namespace calls: `unlink` of a directory is `EISDIR`, `rmdir` of a
 //!   file `ENOTDIR`, `rename` replaces a file that exists, `open` with `O_CREAT` but no
-//!   `O_EXCL` opens or creates.
+//!   `O_EXCL` opens or creates;
+//! - fewer round trips where POSIX callers make many: a listing's attributes answer the
+//!   stats that follow it for a TTL ([`Mount::set_listing_ttl`]), a handle
+//!   closed with nothing written through it is closed with the next call
+//!   ([`Mount::close`]), small files opened read-only are read whole at open
+//!   ([`Mount::set_snapshot_bytes`]).
 //!
 //! What it deliberately does not do: file descriptors, offsets shared between them,
 //! prefixes and path rewriting beyond [`mount_relative`], which belong to the caller.
@@ -364,7 +369,7 @@ impl Mount {
     /// of `unlink` and `rmdir`) is answered from that listing, as NFS's readdirplus
     /// does; zero (the default of [`Mount::attach`]) asks the agent each time. What this
     /// process changes through the mount is never answered stale; changes by other
-    /// processes show after the TTL ([`listed`]).
+    /// processes show after the TTL.
     pub fn set_listing_ttl(&self, ttl: std::time::Duration) {
         self.listed.set_ttl(ttl);
     }
