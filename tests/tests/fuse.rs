@@ -154,6 +154,19 @@ fn coreutils_read_and_write_through_the_mount() {
     assert_eq!(sha256(Command::new("sha256sum").arg(m.path("/data/big.bin"))), want);
     let catted = run(Command::new("cat").arg(m.path("/data/big.bin")));
     assert!(catted.status.success() && catted.stdout == big, "cat of a 9 MiB file differs");
+    // An open of a file the kernel still holds unchanged is not opened at the agent until
+    // a read reaches the daemon: with the pages dropped under the descriptor, that read
+    // opens it and reads the same bytes.
+    for name in ["big.bin", "small.txt"] {
+        let script = format!(
+            "import os\np = {:?}\na = open(p, 'rb').read()\nfd = os.open(p, os.O_RDONLY)\n\
+             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)\nb = os.pread(fd, len(a) + 1, 0)\n\
+             os.close(fd)\nprint(a == b, len(b))",
+            m.path(&format!("/data/{name}"))
+        );
+        let want = if name == "big.bin" { big.len() } else { 13 };
+        assert_eq!(ok(Command::new(python()).arg("-c").arg(&script)).trim(), format!("True {want}"), "{name}");
+    }
 
     // cp out of the mount and into it.
     let out = scratch.join("out.bin");

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dpuio_shim::posix::{Mount, OpenFile, OpenFlags, Opened, PosixError, join};
@@ -22,9 +22,42 @@ use crate::inodes::Inodes;
 
 /// An open file of the mount.
 struct OpenHandle {
-    file: OpenFile,
+    /// The agent's open file: from the open, or from the first call that needs it when
+    /// the open was answered from the kernel's cache ([`DpuioFs::open`]).
+    file: OnceLock<OpenFile>,
+    /// What opens it then.
+    path: String,
+    flags: OpenFlags,
     /// Written since the last flush or fsync: `close(2)` then makes it durable.
     dirty: AtomicBool,
+}
+
+impl OpenHandle {
+    fn opened(file: OpenFile) -> OpenHandle {
+        let (path, flags) = (file.path().to_owned(), file.flags());
+        OpenHandle { file: OnceLock::from(file), path, flags, dirty: AtomicBool::new(false) }
+    }
+
+    /// A read-only open the kernel's page cache is expected to answer: the agent's
+    /// open waits for a read that reaches the daemon.
+    fn lazy(path: String, flags: OpenFlags) -> OpenHandle {
+        OpenHandle { file: OnceLock::new(), path, flags, dirty: AtomicBool::new(false) }
+    }
+
+    /// The open file, opened at the agent now if it was not.
+    fn open_file(&self, mount: &Mount) -> Result<&OpenFile, PosixError> {
+        if let Some(file) = self.file.get() {
+            return Ok(file);
+        }
+        let Opened::File(file) = mount.open(&self.path, self.flags)? else {
+            return Err(PosixError::new(rustix::io::Errno::ISDIR, format!("{}: is a directory now", self.path)));
+        };
+        // Two reads racing to open: the second's file is closed again.
+        if let Err(extra) = self.file.set(file) {
+            let _ = mount.close(extra);
+        }
+        Ok(self.file.get().expect("set above"))
+    }
 }
 
 /// An open directory: what was listed so far (the kernel reads on by offset).
@@ -188,6 +221,17 @@ impl DpuioFs {
         }
     }
 
+    /// Whether a read-only open of `ino` at `path` can be answered from the kernel's
+    /// page cache: it holds pages of the file as it was when last opened, and a stat
+    /// (no data, where an open of a small file reads it whole) finds it unchanged.
+    fn kernel_keeps(&self, ino: u64, path: &str, flags: OpenFlags) -> bool {
+        if flags.write || flags.truncate || flags.create || flags.append {
+            return false;
+        }
+        let Some(then) = lock(&self.cached).get(&ino).copied() else { return false };
+        self.mount.stat(path).is_ok_and(|a| a.kind == EntryKind::File && (a.size, a.mtime_ns) == then)
+    }
+
     /// What the kernel's page cache holds of `ino` is stale now.
     fn changed(&self, ino: u64) {
         lock(&self.cached).remove(&ino);
@@ -311,7 +355,10 @@ impl Filesystem for DpuioFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let attr = match fh.map(|fh| self.file(fh)) {
-            Some(Ok(f)) => self.mount.fstat(&f.file),
+            Some(Ok(f)) => match f.file.get() {
+                Some(file) => self.mount.fstat(file),
+                None => self.mount.stat(&f.path),
+            },
             _ => match self.path(ino) {
                 Ok(path) => self.mount.stat(&path),
                 Err(e) => return reply.error(e),
@@ -355,9 +402,9 @@ impl Filesystem for DpuioFs {
         // Only the size is stored; modes, owners and times are accepted and kept as they
         // are (see the module docs).
         if let Some(size) = size {
-            let open = fh.and_then(|fh| self.file(fh).ok()).filter(|f| f.file.flags().write);
+            let open = fh.and_then(|fh| self.file(fh).ok()).filter(|f| f.flags.write);
             let truncated = match &open {
-                Some(f) => self.mount.ftruncate(&f.file, size),
+                Some(f) => f.open_file(&self.mount).and_then(|file| self.mount.ftruncate(file, size)),
                 None => self.mount.truncate(&path, size),
             };
             if let Err(e) = truncated {
@@ -431,9 +478,14 @@ impl Filesystem for DpuioFs {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
-        let opened = self.open_file(&path, open_flags(flags.0)).map_err(|e| self.fail("open", e));
-        let added = opened.and_then(|(file, keep)| {
-            let fh = self.add_handle(Handle::File(Arc::new(OpenHandle { file, dirty: AtomicBool::new(false) })))?;
+        let flags = open_flags(flags.0);
+        let opened = if self.kernel_keeps(ino.0, &path, flags) {
+            Ok((OpenHandle::lazy(path, flags), true))
+        } else {
+            self.open_file(&path, flags).map(|(file, keep)| (OpenHandle::opened(file), keep))
+        };
+        let added = opened.map_err(|e| self.fail("open", e)).and_then(|(handle, keep)| {
+            let fh = self.add_handle(Handle::File(Arc::new(handle)))?;
             Ok((fh, keep))
         });
         match added {
@@ -459,7 +511,7 @@ impl Filesystem for DpuioFs {
         };
         READ_BUFFER.with_borrow_mut(|buffer| {
             buffer.resize(size as usize, 0);
-            match self.mount.read_at(&f.file, buffer, offset) {
+            match f.open_file(&self.mount).and_then(|file| self.mount.read_at(file, buffer, offset)) {
                 Ok(n) => reply.data(&buffer[..n]),
                 Err(e) => reply.error(self.fail("read", e)),
             }
@@ -483,7 +535,7 @@ impl Filesystem for DpuioFs {
             Err(e) => return reply.error(e),
         };
         f.dirty.store(true, Ordering::Release);
-        match self.mount.write_at(&f.file, data, offset) {
+        match f.open_file(&self.mount).and_then(|file| self.mount.write_at(file, data, offset)) {
             Ok((_, n)) => {
                 self.changed(ino.0);
                 reply.written(n as u32)
@@ -500,7 +552,7 @@ impl Filesystem for DpuioFs {
             Err(e) => return reply.error(e),
         };
         if f.dirty.swap(false, Ordering::AcqRel)
-            && let Err(e) = self.mount.fsync(&f.file)
+            && let Err(e) = f.open_file(&self.mount).and_then(|file| self.mount.fsync(file))
         {
             return reply.error(self.fail("flush", e));
         }
@@ -522,11 +574,12 @@ impl Filesystem for DpuioFs {
         // reference; should a racing request still hold one, the agent closes the
         // handle when the session ends.
         let Some(Handle::File(f)) = handle else { return reply.ok() };
-        match Arc::into_inner(f) {
-            Some(f) => match self.mount.close(f.file) {
+        match Arc::into_inner(f).and_then(|f| f.file.into_inner()) {
+            Some(file) => match self.mount.close(file) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(self.fail("close", e)),
             },
+            // Never opened at the agent (its pages were the kernel's), or still in use.
             None => reply.ok(),
         }
     }
@@ -537,7 +590,9 @@ impl Filesystem for DpuioFs {
             Err(e) => return reply.error(e),
         };
         f.dirty.store(false, Ordering::Release);
-        match self.mount.fsync(&f.file) {
+        // Nothing to make durable of a file never opened at the agent.
+        let Some(file) = f.file.get() else { return reply.ok() };
+        match self.mount.fsync(file) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("fsync", e)),
         }
@@ -603,7 +658,7 @@ impl Filesystem for DpuioFs {
             Err(e) => return reply.error(self.fail("create", e)),
         };
         let attr = file.attr().clone();
-        let fh = match self.add_handle(Handle::File(Arc::new(OpenHandle { file, dirty: AtomicBool::new(false) }))) {
+        let fh = match self.add_handle(Handle::File(Arc::new(OpenHandle::opened(file)))) {
             Ok(fh) => fh,
             Err(e) => return reply.error(e),
         };
