@@ -20,7 +20,7 @@
 //! What it deliberately does not do: file descriptors, offsets shared between them,
 //! prefixes and path rewriting beyond [`mount_relative`], which belong to the caller.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod listed;
@@ -194,7 +194,7 @@ pub struct OpenFile {
     /// trip): the size at open, grown by this handle's writes.
     size: AtomicU64,
     /// Written or truncated through this handle (its close then waits for durability).
-    changed: std::sync::atomic::AtomicBool,
+    changed: AtomicBool,
 }
 
 /// What an open file reads from.
@@ -676,8 +676,7 @@ impl Mount {
             return Err(PosixError::new(rustix::io::Errno::ISDIR, format!("unlink {path}: is a directory")));
         }
         self.listed.changing(path);
-        let client = self.session.client()?;
-        self.call(client.remove(path, false))
+        self.remove_entry(path)
     }
 
     /// Remove the file or empty directory at `path` without asking first what it is, for
@@ -686,6 +685,11 @@ impl Mount {
     /// and [`Mount::rmdir`] make two.
     pub fn remove_checked(&self, path: &str) -> Result<()> {
         self.listed.forget_all();
+        self.remove_entry(path)
+    }
+
+    /// The agent's remove of `path` (a file, or a directory if empty).
+    fn remove_entry(&self, path: &str) -> Result<()> {
         let client = self.session.client()?;
         self.call(client.remove(path, false))
     }
@@ -696,8 +700,7 @@ impl Mount {
             return Err(PosixError::new(rustix::io::Errno::NOTDIR, format!("rmdir {path}: not a directory")));
         }
         self.listed.forget_all();
-        let client = self.session.client()?;
-        self.call(client.remove(path, false))
+        self.remove_entry(path)
     }
 
     /// Rename, replacing a file at `to` as `rename(2)` does: a file over a file in one

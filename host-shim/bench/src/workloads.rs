@@ -375,10 +375,11 @@ fn fs_metadata(
     }
     // Into one buffer kept across samples, as a loader filling its batch's buffers does,
     // with the calls of `std::fs::read` (open, fstat for the size, which may fail as it
-    // may there: libpil4dfs's `statx` of a descriptor does; reads to the end, close). A fresh 128 KiB vector per sample would make the rows depend on glibc's
-    // malloc history instead of the path: such vectors are mmapped and faulted in each
-    // time until the process happens to free a larger mmapped block, which raises
-    // malloc's threshold (the same build measured 0.8 and 2.2 GiB/s by that alone).
+    // may there: libpil4dfs's `statx` of a descriptor does; reads to the end, close). A
+    // fresh 128 KiB vector per sample would make the rows depend on glibc's malloc
+    // history instead of the path: such vectors are mmapped and faulted in each time
+    // until the process happens to free a larger mmapped block, which raises malloc's
+    // threshold (the same build measured 0.8 and 2.2 GiB/s by that alone).
     let buffer = std::cell::RefCell::new(Vec::with_capacity(SAMPLE_BYTES + 4096));
     let read = |n: &PathBuf| -> dpuio_shim::Result<()> {
         use std::io::Read;
