@@ -18,6 +18,9 @@
 #   target/debug, or $CARGO_TARGET_DIR/debug, with the workspace build) and runs pytest
 #   against the agent in $DPUIO_BIN_DIR, default that same directory (build it first:
 #   cargo build --workspace --bins).
+# - Stops pytest after DPUIO_PYTEST_DEADLINE seconds (default 1800; a run takes 1-3
+#   minutes) with SIGINT, so a stuck test ends the run with pytest's report of where it
+#   was (and every thread's stack, printed after 300 s of one test) instead of hanging it.
 # - Runs with a scratch HOME and none of the user's DPUIO_* settings (tests/hermetic.sh),
 #   unless its caller (./x test) already made one.
 set -euo pipefail
@@ -135,5 +138,6 @@ say "built in $(($(date +%s) - t0)) s"
 say "pytest"
 cd "$PKG"
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-DPUIO_BIN_DIR="${DPUIO_BIN_DIR:-$TARGET_DIR/debug}" "$VENV/bin/python" -m pytest -q -rs tests
+DPUIO_BIN_DIR="${DPUIO_BIN_DIR:-$TARGET_DIR/debug}" timeout -s INT -k 60 "${DPUIO_PYTEST_DEADLINE:-1800}" \
+    "$VENV/bin/python" -m pytest -q -rs tests
 say "done in $(($(date +%s) - start)) s"

@@ -4,6 +4,7 @@ only from reflected descriptors works."""
 
 import os
 import re
+import select
 import subprocess
 import tempfile
 
@@ -11,6 +12,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+#: Seconds any call or the agent's start may take: a stuck agent fails a test, it does not
+#: hang the suite.
+DEADLINE = 60
 
 BIN_DIR = os.environ.get("DPUIO_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/debug"))
 
@@ -29,6 +34,10 @@ def agent():
         text=True,
         env={**os.environ, "HOME": home, "DPUIO_CONFIG_DIR": bundle},
     )
+    ready, _, _ = select.select([proc.stdout], [], [], DEADLINE)
+    if not ready:
+        proc.kill()
+        pytest.fail(f"dpu-agent printed nothing within {DEADLINE} s of its start", pytrace=False)
     line = proc.stdout.readline()
     match = re.match(r"dpu-agent listening on (\S+)", line)
     assert match, f"unexpected first line: {line!r}"
@@ -64,7 +73,7 @@ def test_no_client_certificate_is_unauthenticated(agent):
 def list_services(channel):
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     request = reflection_pb2.ServerReflectionRequest(list_services="")
-    responses = list(stub.ServerReflectionInfo(iter([request])))
+    responses = list(stub.ServerReflectionInfo(iter([request]), timeout=DEADLINE))
     return sorted(s.name for s in responses[0].list_services_response.service)
 
 
@@ -80,7 +89,7 @@ def test_health_serving(agent):
     with secure_channel(agent) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for service in ["", "dpuio.v1.Session", "dpuio.v1.Namespace"]:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service))
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=DEADLINE)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
 
 
@@ -91,7 +100,7 @@ def test_call_built_from_reflected_descriptors(agent):
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
 
         def ask(**kwargs):
-            reply = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(**kwargs)])))[0]
+            reply = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(**kwargs)]), timeout=DEADLINE))[0]
             return [descriptor_pb2.FileDescriptorProto.FromString(b) for b in reply.file_descriptor_response.file_descriptor_proto]
 
         # Fetch the file with the service, then its imports by name, and load them in
@@ -116,11 +125,11 @@ def test_call_built_from_reflected_descriptors(agent):
             request_serializer=attach_req.SerializeToString,
             response_deserializer=attach_resp.FromString,
         )
-        reply = attach(attach_req(client_name="python grpcio"))
+        reply = attach(attach_req(client_name="python grpcio"), timeout=DEADLINE)
         assert reply.tenant == "default"
         assert reply.session_id != 0
 
         with pytest.raises(grpc.RpcError) as err:
-            attach(attach_req(tenant="nobody"))
+            attach(attach_req(tenant="nobody"), timeout=DEADLINE)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "nobody" in err.value.details()

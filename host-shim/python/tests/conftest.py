@@ -19,6 +19,7 @@ planted and checked with DAOS's own ``daos filesystem copy``.
 import io
 import os
 import re
+import select
 import subprocess
 import tempfile
 import time
@@ -28,6 +29,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN_DIR = Path(os.environ.get("DPUIO_BIN_DIR", ROOT / "target" / "debug"))
+#: Seconds an agent may take to say where it listens: one stuck at its start fails the
+#: test instead of hanging the suite.
+START_DEADLINE = 60
 
 
 class Agent:
@@ -63,6 +67,10 @@ class Agent:
             text=True,
             env=env,
         )
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_DEADLINE)
+        if not ready:
+            self.proc.kill()
+            pytest.fail(f"dpu-agent printed nothing within {START_DEADLINE} s of its start", pytrace=False)
         line = self.proc.stdout.readline()
         m = re.match(r"dpu-agent listening on (\S+)", line)
         if not m:

@@ -26,6 +26,10 @@ except ImportError as e:  # every test below is reported as skipped, with the re
 if torch is None:
     pytestmark = pytest.mark.skip(reason=_REASON)
 
+#: Seconds a DataLoader waits for a worker's batch before it raises: a worker stuck
+#: (a lock its parent held at fork time) fails the test instead of hanging the suite.
+WORKER_TIMEOUT = 120
+
 
 def test_frombuffer_tensor_sees_the_agents_bytes(agent, client):
     data = agent.put("/tt/raw.bin", np.arange(1 << 18, dtype=np.int32).tobytes())
@@ -59,7 +63,7 @@ def test_dataloader_map_style(client, tree, workers, context):
     ds = dt.Dataset(base, transform_fn=dt.tensor_npy, client=client)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=4, shuffle=True, num_workers=workers, collate_fn=list,
-        multiprocessing_context=context, persistent_workers=False,
+        multiprocessing_context=context, persistent_workers=False, timeout=WORKER_TIMEOUT if workers else 0,
     )
     _check_epoch(loader, samples)
 
@@ -67,7 +71,7 @@ def test_dataloader_map_style(client, tree, workers, context):
 def test_dataloader_iterable_two_workers_two_epochs(client, tree):
     base, samples = tree
     ds = dt.IterableDataset(base, transform_fn=dt.tensor_npy, client=client, batch_size=3, shuffle=True, seed=1)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, timeout=WORKER_TIMEOUT)
     orders = []
     for epoch in range(2):
         ds.set_epoch(epoch)
@@ -92,7 +96,7 @@ def test_transform_error_reaches_the_main_process(client, tree, monkeypatch):
     # them (5 s by default; the same with any dataset).
     monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.2)
     ds = dt.Dataset(tree[0], transform_fn=_broken, client=client)
-    it = iter(torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2))
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2, timeout=WORKER_TIMEOUT))
     with pytest.raises(dpuio.TransformError, match="transform_fn failed on"):
         next(it)
     # Stop the workers now: a forked worker still alive holds copies of this
