@@ -111,6 +111,11 @@ pub(crate) struct DataPlane {
     /// agent has not been sent yet: it goes with the next metadata call, in the same
     /// submission ([`DataPlane::close_later`]).
     owed_closes: Mutex<Vec<u64>>,
+    /// Held while a thread rings the agent's doorbell on the shared UCX or libfabric
+    /// worker: its own lock is a spinlock, and with more calling threads than cores
+    /// (a job's 32 readers through the preload on 2 cores) they spun on it, a holder
+    /// preempted, for a sixth of the machine; here they sleep instead.
+    doorbell: Mutex<()>,
 }
 
 /// A session set up on a restarted agent, not yet serving ([`DataPlane::install`]).
@@ -300,6 +305,7 @@ impl DataPlane {
         if conn.generation != ring.generation {
             return Ok(()); // the waiter moves the entries to a ring of the new session
         }
+        let _turn = self.doorbell.lock().unwrap_or_else(|p| p.into_inner());
         let rung =
             conn.endpoint.send_doorbell(&wire::Doorbell { session_id: conn.session_id, ring_id: ring.id }.encode());
         if let Err(e) = rung {

@@ -223,6 +223,7 @@ impl Prepared {
             made: Default::default(),
             growth_refused: Default::default(),
             owed_closes: Default::default(),
+            doorbell: Default::default(),
             growing: Default::default(),
             runtime: tokio::runtime::Handle::current(),
             options: self.options,
