@@ -81,6 +81,14 @@ fn coreutils_read_and_write_dpuio_files_unmodified() {
         .arg("bs=3M")
         .arg("status=none"));
     assert!(get(&agent, &scratch, "/data/dd.bin") == big, "dd within dpuio differs");
+    // Reads and writes of more than a staging region each (several regions' pieces in one
+    // submission), the file's end inside the second submission's piece.
+    ok(preloaded(&agent, "dd")
+        .arg(format!("if={MOUNT}/data/big.bin"))
+        .arg(format!("of={MOUNT}/data/dd10.bin"))
+        .arg("bs=10M")
+        .arg("status=none"));
+    assert!(get(&agent, &scratch, "/data/dd10.bin") == big, "dd of 10 MiB blocks within dpuio differs");
 
     // ls -l and find see the tree with sizes and kinds.
     ok(preloaded(&agent, "mkdir").arg(format!("{MOUNT}/data/sub")));
@@ -91,8 +99,10 @@ fn coreutils_read_and_write_dpuio_files_unmodified() {
     let found = ok(preloaded(&agent, "find").arg(MOUNT).arg("-type").arg("f"));
     let mut found: Vec<&str> = found.lines().collect();
     found.sort();
-    let want: Vec<String> =
-        ["big.bin", "copied.bin", "dd.bin", "small.txt"].iter().map(|n| format!("{MOUNT}/data/{n}")).collect();
+    let want: Vec<String> = ["big.bin", "copied.bin", "dd.bin", "dd10.bin", "small.txt"]
+        .iter()
+        .map(|n| format!("{MOUNT}/data/{n}"))
+        .collect();
     assert_eq!(found, want);
 }
 
