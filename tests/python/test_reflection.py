@@ -6,7 +6,9 @@ import os
 import re
 import select
 import subprocess
+import sys
 import tempfile
+import threading
 
 import grpc
 import pytest
@@ -41,6 +43,9 @@ def agent():
     line = proc.stdout.readline()
     match = re.match(r"dpu-agent listening on (\S+)", line)
     assert match, f"unexpected first line: {line!r}"
+    # Read the rest (UCX writes its warnings there): left in the pipe, 64 KiB of it would
+    # block the agent in a write.
+    threading.Thread(target=lambda: [sys.stderr.write(f"dpu-agent: {l}") for l in proc.stdout], daemon=True).start()
     yield match.group(1), bundle
     proc.terminate()
     assert proc.wait(timeout=20) == 0

@@ -21,7 +21,9 @@ import os
 import re
 import select
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +79,10 @@ class Agent:
             self.proc.kill()
             pytest.fail(f"unexpected first line from dpu-agent: {line!r}", pytrace=False)
         self.addr = m.group(1)
+        # The rest of the agent's standard output (UCX writes its warnings there) is
+        # read on, into the test's captured output: left in the pipe, 64 KiB of it would
+        # block the agent in a write, holding whatever lock it held then.
+        threading.Thread(target=_forward, args=(self.proc.stdout,), daemon=True).start()
         #: The tenant's container as a local directory (to plant and check files).
         self.container = self.data_dir / "containers" / "default"
 
@@ -139,6 +145,12 @@ class Agent:
             self.proc.kill()
         if self.daos is not None:
             subprocess.run(["daos", "container", "destroy", "--force", *self.daos], capture_output=True)
+
+
+def _forward(stream):
+    """Copy an agent's standard output to this process's standard error, line by line."""
+    for line in stream:
+        sys.stderr.write(f"dpu-agent: {line}")
 
 
 #: The variables through which a user's shell could steer a client: tests never inherit them.
