@@ -74,21 +74,17 @@ fn coreutils_read_and_write_dpuio_files_unmodified() {
     ok(preloaded(&agent, "cp").arg(&local_big).arg(format!("{MOUNT}/data/copied.bin")));
     assert!(get(&agent, &scratch, "/data/copied.bin") == big, "cp into dpuio differs");
 
-    // dd both ways, with a block size that does not divide the file.
-    ok(preloaded(&agent, "dd")
-        .arg(format!("if={MOUNT}/data/big.bin"))
-        .arg(format!("of={MOUNT}/data/dd.bin"))
-        .arg("bs=3M")
-        .arg("status=none"));
-    assert!(get(&agent, &scratch, "/data/dd.bin") == big, "dd within dpuio differs");
-    // Reads and writes of more than a staging region each (several regions' pieces in one
-    // submission), the file's end inside the second submission's piece.
-    ok(preloaded(&agent, "dd")
-        .arg(format!("if={MOUNT}/data/big.bin"))
-        .arg(format!("of={MOUNT}/data/dd10.bin"))
-        .arg("bs=10M")
-        .arg("status=none"));
-    assert!(get(&agent, &scratch, "/data/dd10.bin") == big, "dd of 10 MiB blocks within dpuio differs");
+    // dd both ways: with a block size that does not divide the file, and with blocks of
+    // more than a staging region each (several regions' pieces in one submission; the
+    // file's end inside the second submission's piece).
+    for (bs, name) in [("3M", "dd.bin"), ("10M", "dd10.bin")] {
+        ok(preloaded(&agent, "dd")
+            .arg(format!("if={MOUNT}/data/big.bin"))
+            .arg(format!("of={MOUNT}/data/{name}"))
+            .arg(format!("bs={bs}"))
+            .arg("status=none"));
+        assert!(get(&agent, &scratch, &format!("/data/{name}")) == big, "dd with bs={bs} within dpuio differs");
+    }
 
     // ls -l and find see the tree with sizes and kinds.
     ok(preloaded(&agent, "mkdir").arg(format!("{MOUNT}/data/sub")));
