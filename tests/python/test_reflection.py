@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 #: Seconds any call or the agent's start may take: a stuck agent fails a test, it does not
 #: hang the suite.
-DEADLINE = 60
+DEADLINE = 180
 
 BIN_DIR = os.environ.get("DPUIO_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/debug"))
 

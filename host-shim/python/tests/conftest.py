@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[3]
 BIN_DIR = Path(os.environ.get("DPUIO_BIN_DIR", ROOT / "target" / "debug"))
 #: Seconds an agent may take to say where it listens: one stuck at its start fails the
 #: test instead of hanging the suite.
-START_DEADLINE = 60
+START_DEADLINE = 180
 
 
 class Agent:

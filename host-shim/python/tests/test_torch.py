@@ -28,7 +28,7 @@ if torch is None:
 
 #: Seconds a DataLoader waits for a worker's batch before it raises: a worker stuck
 #: (a lock its parent held at fork time) fails the test instead of hanging the suite.
-WORKER_TIMEOUT = 120
+WORKER_TIMEOUT = 600
 
 
 def test_frombuffer_tensor_sees_the_agents_bytes(agent, client):
