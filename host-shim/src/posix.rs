@@ -86,6 +86,18 @@ impl Staging {
     }
 }
 
+/// The pieces of bytes `from..len` of a call, one per staging buffer in order until
+/// they are all placed, all sent in one submission: (buffer, where the piece starts in the
+/// call's bytes, its length).
+fn pieces(staged: &[Staged], from: usize, len: usize) -> impl Iterator<Item = (&Staged, usize, usize)> {
+    staged.iter().scan(from, move |at, buffer| {
+        let n = len.saturating_sub(*at).min(buffer.range().2);
+        let piece = (buffer, *at, n);
+        *at += n;
+        (n > 0).then_some(piece)
+    })
+}
+
 impl Staged {
     /// The region, where in it the staged bytes start, and how many it holds.
     fn range(&self) -> (&RegisteredRegion, usize, usize) {
@@ -580,19 +592,14 @@ impl Mount {
         let handle = f.handle()?;
         let mut done = 0;
         'call: while done < out.len() {
-            // One piece per staging buffer, all in one submission.
-            let (mut requests, mut wants, mut from) = (Vec::new(), Vec::new(), done);
-            for buffer in &staged {
-                let (region, at, room) = buffer.range();
-                let want = (out.len() - from).min(room);
-                requests.push(handle.read_request(region, at as u64, want as u64, offset + from as u64));
-                wants.push(want);
-                from += want;
-                if from == out.len() {
-                    break;
-                }
-            }
-            for ((buffer, want), moved) in staged.iter().zip(wants).zip(self.several(f, "read", &requests)?) {
+            let requests: Vec<_> = pieces(&staged, done, out.len())
+                .map(|(buffer, from, n)| {
+                    let (region, at, _) = buffer.range();
+                    handle.read_request(region, at as u64, n as u64, offset + from as u64)
+                })
+                .collect();
+            for ((buffer, request), moved) in staged.iter().zip(&requests).zip(self.several(f, "read", &requests)?) {
+                let want = request.length as usize;
                 let moved = (moved as usize).min(want);
                 // The one copy: from the region the agent wrote into the caller's buffer.
                 let (region, at, _) = buffer.range();
@@ -623,22 +630,16 @@ impl Mount {
         let handle = f.handle()?;
         let mut done = 0;
         'call: while done < data.len() {
-            // One piece per staging buffer, all in one submission.
-            let (mut requests, mut sizes, mut from) = (Vec::new(), Vec::new(), done);
-            for buffer in &staged {
-                let (region, at, room) = buffer.range();
-                let n = (data.len() - from).min(room);
-                region.write_shared(at, &data[from..from + n]);
-                requests.push(handle.write_request(region, at as u64, n as u64, offset + from as u64));
-                sizes.push(n);
-                from += n;
-                if from == data.len() {
-                    break;
-                }
-            }
-            for (n, moved) in sizes.into_iter().zip(self.several(f, "write", &requests)?) {
-                done += (moved as usize).min(n);
-                if (moved as usize) < n {
+            let requests: Vec<_> = pieces(&staged, done, data.len())
+                .map(|(buffer, from, n)| {
+                    let (region, at, _) = buffer.range();
+                    region.write_shared(at, &data[from..from + n]);
+                    handle.write_request(region, at as u64, n as u64, offset + from as u64)
+                })
+                .collect();
+            for (request, moved) in requests.iter().zip(self.several(f, "write", &requests)?) {
+                done += moved.min(request.length) as usize;
+                if moved < request.length {
                     break 'call;
                 }
             }
@@ -651,11 +652,8 @@ impl Mount {
     /// Run `requests` in one submission: the bytes each moved, in order, or the first
     /// failure.
     fn several(&self, f: &OpenFile, op: &str, requests: &[crate::Request]) -> Result<Vec<u64>> {
-        let results = self.session.submit(requests)?;
-        if results.len() != requests.len() {
-            return Err(PosixError::new(rustix::io::Errno::IO, format!("{op} {}: a completion is missing", f.path())));
-        }
-        results
+        self.session
+            .submit(requests)?
             .into_iter()
             .map(|r| {
                 r.map_err(|status| PosixError {

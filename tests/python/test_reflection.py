@@ -45,10 +45,16 @@ def agent():
     assert match, f"unexpected first line: {line!r}"
     # Read the rest (UCX writes its warnings there): left in the pipe, 64 KiB of it would
     # block the agent in a write.
-    threading.Thread(target=lambda: [sys.stderr.write(f"dpu-agent: {l}") for l in proc.stdout], daemon=True).start()
+    threading.Thread(target=_forward, args=(proc.stdout,), daemon=True).start()
     yield match.group(1), bundle
     proc.terminate()
     assert proc.wait(timeout=20) == 0
+
+
+def _forward(stream):
+    """Copy the agent's standard output to this process's standard error, line by line."""
+    for line in stream:
+        sys.stderr.write(f"dpu-agent: {line}")
 
 
 def secure_channel(agent):
