@@ -79,6 +79,7 @@ use host_memory::{LentRegions, StagingPairs};
 use io::{IO_QUEUE, Job};
 use registry::Worker;
 use sessions::Agent;
+use staged::StagedIo;
 
 mod driver;
 mod execute;
@@ -90,6 +91,7 @@ pub mod protocol;
 pub mod readiness;
 mod registry;
 pub mod sessions;
+mod staged;
 
 pub use host_memory::{HostRegion, HostRing, Peer};
 pub use registry::{DataPlaneError, library, library_mismatch};
@@ -212,12 +214,15 @@ impl DataPlane {
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot start an I/O thread: {e}")))?;
             self.io_threads.lock().unwrap_or_else(|p| p.into_inner()).push(thread);
         }
+        let workers: Vec<_> = lanes.iter().map(|l| l.worker.clone()).collect();
+        let staged = StagedIo::new(&workers, jobs.clone(), chunk_bytes, backend_times.clone());
         let mut engine = Engine {
             agent,
             lanes,
             chunk_bytes,
             stop: self.stop.clone(),
             jobs,
+            staged,
             io_overlaps,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u64).min(io_threads as u64 + 1),
             qos: self.qos.clone(),

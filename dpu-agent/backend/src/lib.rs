@@ -357,6 +357,13 @@ pub trait Object: Send + Sync {
     fn write_from(&self, buf: HostBytes<'_>, offset: u64) -> Result<()> {
         self.write_at(&buf.to_vec(), offset)
     }
+    /// Whether [`Object::read_staged`] and [`Object::staging_for_write`] lend memory of
+    /// the backend's own (a tenant DAOS worker's staging): a caller that moves bytes
+    /// with put/get then moves them from and into that memory, and gives no buffer of
+    /// its own. The default: no.
+    fn lends_staging(&self) -> bool {
+        false
+    }
     /// Read up to `len` bytes at `offset` into memory of the backend's own, lent to
     /// the caller until the returned [`Staged`] drops: for a caller that moves the bytes
     /// on from there (a put from memory its transport registered) instead of giving a

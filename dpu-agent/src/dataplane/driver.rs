@@ -19,13 +19,14 @@ use fabric::any;
 
 use super::execute::Exec;
 use super::host_memory::{self, HostAccess, HostRing, LentRegions, Peer, STAGING_PAIRS, StagingPairs};
-use super::io::{self, Job, Mapped, OpenRead};
+use super::io::{self, Job, Memory, Offloaded, OpenRead};
 use super::meta;
 use super::policy::{self, Placement};
 use super::protocol::{self, Action, Count, Ran, RingMemory};
 use super::readiness::{Idle, Readiness, RingKey};
 use super::registry::DataPlaneError;
 use super::sessions::{Agent, Session};
+use super::staged::{Pending, StagedIo};
 use crate::metrics::{BackendTimes, Metrics, Op};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
@@ -54,8 +55,11 @@ pub(super) struct Engine {
     pub(super) lanes: Vec<EngineLane>,
     pub(super) chunk_bytes: usize,
     pub(super) stop: Arc<AtomicBool>,
-    /// Chunks of mapped requests, for the I/O workers (bounded: in-flight work is).
+    /// Pieces of requests, for the I/O workers (bounded: in-flight work is).
     pub(super) jobs: crossbeam_channel::Sender<Job>,
+    /// Requests of put/get hosts on the I/O threads, through staged-I/O memory.
+    pub(super) staged: StagedIo,
+
     /// The workers' queues keep many pieces in flight (the backend has asynchronous
     /// I/O): hand them every piece, none inline.
     pub(super) io_overlaps: bool,
@@ -112,6 +116,9 @@ impl Engine {
                 if lane.worker.take_doorbells(&mut bells) > 0 {
                     ready.lost_doorbells();
                 }
+            }
+            if self.finish_staged() {
+                ready.worked(Instant::now());
             }
             for bell in &bells {
                 match wire::Doorbell::decode(bell.as_bytes()) {
@@ -178,7 +185,7 @@ impl Engine {
                         _ => ready.ready(key), // more waiting: come back after the others
                     },
                     Ok(false) => {}
-                    Err(e) => fail_peer(&self.metrics, &s, &e),
+                    Err(e) => fail_peer(&self.metrics, &s.peer, s.session.id, &e),
                 }
             }
             self.serve_queue(QUEUE_BATCH);
@@ -267,7 +274,7 @@ impl Engine {
             }
             match self.host(&s.peer).post_completion(&s.ring, cq_index, &completion) {
                 Ok(()) => host_memory::wake_waiters(&s.ring),
-                Err(e) => fail_peer(&self.metrics, s, &e.into()),
+                Err(e) => fail_peer(&self.metrics, &s.peer, s.session.id, &e.into()),
             }
         }
     }
@@ -292,7 +299,7 @@ impl Engine {
             }
             let Taken { sub, cq_index, at } = q.taken;
             s.session.metrics.throttled(at.elapsed());
-            let ran = self.run_entry(&s.session, &s.peer, &s.ring, tenant, &q.taken).and_then(|ran| {
+            let ran = self.run_entry(s, tenant, &q.taken).and_then(|ran| {
                 let Ran::Done { status, result } = ran else { return Ok(false) };
                 let completion = protocol::completion(sub.user_data, cq_index, status, result);
                 self.host(&s.peer).post_completion(&s.ring, cq_index, &completion)?;
@@ -305,7 +312,7 @@ impl Engine {
                         posted.push(s.ring.clone());
                     }
                 }
-                Err(e) => fail_peer(&self.metrics, s, &e),
+                Err(e) => fail_peer(&self.metrics, &s.peer, s.session.id, &e),
             }
         }
         for ring in posted {
@@ -316,18 +323,12 @@ impl Engine {
     /// Run one validated entry that counts in `tenant`'s in-flight requests: on the I/O
     /// workers (they post its completion), or here (its completion is the caller's to
     /// post).
-    fn run_entry(
-        &mut self,
-        session: &Session,
-        peer: &Peer,
-        ring: &Arc<HostRing>,
-        tenant: &Arc<TenantSlot>,
-        taken: &Taken,
-    ) -> Result<Ran, DataPlaneError> {
-        if self.hand_off(session, ring, taken, tenant) {
+    fn run_entry(&mut self, s: &Arc<Serving>, tenant: &Arc<TenantSlot>, taken: &Taken) -> Result<Ran, DataPlaneError> {
+        if self.hand_off(s, taken, tenant)? {
             return Ok(Ran::OnWorkers);
         }
-        let outcome = self.exec(peer).execute(session, &taken.sub);
+        let session = &*s.session;
+        let outcome = self.exec(&s.peer).execute(session, &taken.sub);
         // Parked rings are looked at by this thread on its next round: no wake needed.
         let _ = tenant.finish(1);
         let (status, result) = outcome?;
@@ -429,7 +430,7 @@ impl Engine {
                 (Action::Run { sub, cq_index }, Some(tenant)) => {
                     tenant.start(1);
                     let taken = Taken { sub, cq_index, at: taken_at };
-                    self.run_entry(session, peer, ring, tenant, &taken).map(|ran| batch.ran(ran))
+                    self.run_entry(s, tenant, &taken).map(|ran| batch.ran(ran))
                 }
                 (Action::Queue { sub, cq_index }, Some(_)) => {
                     queued.push(Queued { serving: s.clone(), taken: Taken { sub, cq_index, at: taken_at } });
@@ -542,20 +543,44 @@ impl Engine {
         Ok(more)
     }
 
-    /// Hand a request to the I/O threads where [`policy::place`] puts it (its region and
-    /// ring are mapped): they run its pieces and post its completion. False when it
-    /// runs here.
-    fn hand_off(&mut self, session: &Session, ring: &Arc<HostRing>, taken: &Taken, tenant: &Arc<TenantSlot>) -> bool {
+    /// Hand a request to the I/O threads where [`policy::place`] puts it: they run its
+    /// pieces and post its completion (mapped), or hand it back for its puts and
+    /// completion ([`super::staged`]). `Ok(false)` when it runs here; an `Err` is a
+    /// transfer failure (the request is finished).
+    fn hand_off(&mut self, s: &Arc<Serving>, taken: &Taken, tenant: &Arc<TenantSlot>) -> Result<bool, DataPlaneError> {
+        let (session, ring) = (&*s.session, &s.ring);
         let Taken { sub, cq_index, at: taken_at } = *taken;
-        let Some(region) = session.host_region(sub.region_id) else { return false };
+        let Some(region) = session.host_region(sub.region_id) else { return Ok(false) };
+        let Ok(handle) = session.handle(sub.handle) else { return Ok(false) };
         let mapped = region.is_mapped() && ring.region.is_mapped();
-        let placement = policy::place(&sub, mapped, self.io_overlaps, self.cores, self.chunk_bytes as u64);
-        let Placement::Workers { pieces, engine_first } = placement else { return false };
-        let Ok(handle) = session.handle(sub.handle) else { return false };
-        let request = Mapped {
+        // An object lending memory of its own for put/get (a tenant DAOS worker's) moves
+        // its bytes from there, on the engine.
+        let overlaps = self.io_overlaps && (mapped || !handle.object.lends_staging());
+        let (pieces, engine_first) = match policy::place(&sub, mapped, overlaps, self.cores, self.chunk_bytes as u64) {
+            Placement::Here => return Ok(false),
+            Placement::Staged { pieces } => {
+                let p = Pending {
+                    session_id: session.id,
+                    peer: s.peer.clone(),
+                    ring: ring.clone(),
+                    metrics: session.metrics.clone(),
+                    tenant: tenant.clone(),
+                    sub,
+                    cq_index,
+                    taken_at,
+                    region,
+                    handle,
+                    pieces,
+                };
+                return Ok(self.staged.take(p)?);
+            }
+            Placement::Workers { pieces, engine_first } => (pieces, engine_first),
+        };
+        let request = Offloaded {
             session_id: session.id,
             ring: ring.clone(),
             region,
+            memory: Memory::Mapped,
             handle,
             sub,
             cq_index,
@@ -565,7 +590,7 @@ impl Engine {
             taken_at,
         };
         io::hand_off(&self.jobs, request, &pieces, engine_first, &self.backend_times);
-        true
+        Ok(true)
     }
 
     /// Hand the open-read `m` to the I/O threads, as the ring protocol asked: its
@@ -617,10 +642,26 @@ fn park(ready: &mut Readiness<Arc<HostRing>, Arc<TenantSlot>>, s: &Serving, tena
     }
 }
 
-/// A transfer to this host failed: its rings are not served again.
-fn fail_peer(metrics: &Metrics, s: &Serving, e: &DataPlaneError) {
-    s.peer.failed.store(true, Ordering::Relaxed);
-    metrics.failed_peers.inc();
-    tracing::warn!(session = format!("{:#018x}", s.session.id), error = %e,
-        "data plane to this host failed; its rings are no longer served");
+/// A transfer to this host (of session `session_id`) failed: its rings are not served
+/// again.
+fn fail_peer(metrics: &Metrics, peer: &Peer, session_id: u64, e: &DataPlaneError) {
+    peer.fail(metrics, session_id, e);
+}
+
+impl Engine {
+    /// Finish the staged requests the I/O threads handed back ([`super::staged`]): the
+    /// completions of each ring posted together (one flush for their puts), their slots
+    /// freed, then the requests that waited for slots started. Whether any came back.
+    fn finish_staged(&mut self) -> bool {
+        let Some(finished) = self.staged.finished(&self.metrics) else { return false };
+        for c in &finished.rings {
+            match self.host(&c.peer).post_completions(&c.ring, &c.completions) {
+                Ok(()) => host_memory::wake_waiters(&c.ring),
+                Err(e) => fail_peer(&self.metrics, &c.peer, c.session_id, &e.into()),
+            }
+        }
+        drop(finished);
+        self.staged.start_waiting(&self.metrics);
+        true
+    }
 }

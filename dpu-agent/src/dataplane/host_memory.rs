@@ -26,6 +26,7 @@ use fabric::any;
 use fabric::transport::Endpoint as _;
 use fabric::{MappedRemote, Transport};
 
+use crate::metrics::Metrics;
 use crate::validate::{self, RegionAccess};
 
 /// Bytes of the staging region used for ring entries and counters (1024 submissions).
@@ -50,6 +51,17 @@ pub struct Peer {
     pub(super) lane_peers: Arc<AtomicU64>,
     /// Set when a transfer to this host failed: its rings are not served again.
     pub(super) failed: AtomicBool,
+}
+
+impl Peer {
+    /// A transfer to this host (of session `session_id`) failed with `e`: its rings are
+    /// not served again.
+    pub(super) fn fail(&self, metrics: &Metrics, session_id: u64, e: &dyn std::fmt::Display) {
+        self.failed.store(true, Ordering::Relaxed);
+        metrics.failed_peers.inc();
+        tracing::warn!(session = format!("{:#018x}", session_id), error = %e,
+            "data plane to this host failed; its rings are no longer served");
+    }
 }
 
 impl Drop for Peer {

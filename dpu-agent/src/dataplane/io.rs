@@ -1,27 +1,30 @@
-//! The I/O threads: backend I/O of requests whose ring and region are mapped, so that
-//! the engine thread moves on to the next entry while storage works.
+//! The I/O threads: backend I/O of requests, so that the engine thread moves on to the
+//! next entry while storage works.
 //!
-//! The engine hands them [`Job`]s over a bounded channel: the pieces of a mapped
-//! request ([`Piece`], sharing one [`InFlight`]: the last piece to finish posts the
-//! request's completion straight into the mapped ring), and open-reads of a batch of
-//! samples ([`OpenRead`]). Each thread runs its pieces on its backend's [`IoQueue`]:
-//! over DAOS an event queue keeping many pieces in flight, over the local backend one
-//! `pread` or `pwrite` at a time.
+//! The engine hands them [`Job`]s over a bounded channel: the pieces of a request
+//! ([`Piece`], sharing one [`InFlight`]), and open-reads of a batch of samples
+//! ([`OpenRead`]). A request's memory is the host's, mapped (the last piece to finish
+//! posts the completion straight into the mapped ring), or slots of the lane's
+//! staged-I/O memory ([`Memory::Staged`]: the host is reached with put/get, which only
+//! the engine does; the last piece hands the request back to it). Each thread runs its
+//! pieces on its backend's [`IoQueue`]: over DAOS an event queue keeping many pieces in
+//! flight, over the local backend one `pread` or `pwrite` at a time.
 //!
 //! Not here: which requests come here and in how many pieces (the engine's decisions,
-//! [`super::policy`]), and requests whose memory is not mapped (the engine moves
-//! their payload itself, through its staging region).
+//! [`super::policy`]), moving staged bytes to and from the host ([`super::staged`]),
+//! and requests the engine runs itself ([`super::execute`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use dpuio_backend::{IoOp, IoQueue, IoRequest, OneAtATime};
+use dpuio_backend::{HostBytes, HostBytesMut, IoOp, IoQueue, IoRequest, OneAtATime};
 use dpuio_proto::wire::{self, MetaSubmission, Opcode, Submission};
+use dpuio_worker::staging::Slot;
 use fabric::Transport;
 use fabric::any;
 
-use super::host_memory::{self, HostRegion, HostRing};
+use super::host_memory::{self, HostRegion, HostRing, Peer};
 use super::protocol::{self, BackendFailure};
 use super::sessions::{self, Agent, Handle};
 use super::{meta, policy};
@@ -32,11 +35,13 @@ use crate::validate;
 /// Jobs queued for the I/O threads at most; the engine waits when it is full.
 pub(super) const IO_QUEUE: usize = 1024;
 
-/// A validated request whose ring and region are mapped, as the engine hands it over.
-pub(super) struct Mapped {
+/// A validated request the engine hands to the I/O threads.
+pub(super) struct Offloaded {
     pub session_id: u64,
     pub ring: Arc<HostRing>,
     pub region: Arc<HostRegion>,
+    /// Where its pieces read into and write from.
+    pub memory: Memory,
     pub handle: Arc<Handle>,
     pub sub: Submission,
     pub cq_index: u64,
@@ -49,9 +54,43 @@ pub(super) struct Mapped {
     pub taken_at: Instant,
 }
 
-/// A mapped request in flight on the I/O threads: how its pieces went so far.
+/// Where an offloaded request's pieces read into and write from.
+pub(super) enum Memory {
+    /// The host's region and ring, both mapped: the last piece posts the completion.
+    Mapped,
+    /// A slot of the lane's staged-I/O memory per piece: the last piece hands the
+    /// request back to the engine, which puts a read's bytes to the host and posts
+    /// the completion (a write's bytes were got into the slots before).
+    Staged(Box<StagedMemory>),
+}
+
+/// A staged request's slots of the lane's staged-I/O memory (one per piece, in order),
+/// and where it goes back to ([`super::staged`]).
+pub(super) struct StagedMemory {
+    pub slots: Vec<Slot>,
+    pub pieces: Vec<validate::Chunk>,
+    pub peer: Arc<Peer>,
+    /// The engine's channel for finished staged requests.
+    pub done: crossbeam_channel::Sender<Arc<InFlight>>,
+}
+
+impl StagedMemory {
+    /// The first `len` bytes of piece `index`'s slot, to read into.
+    fn slot_mut(&self, index: usize, len: usize) -> HostBytesMut<'_> {
+        let slot = &self.slots[index];
+        slot.staging().mapping.bytes_mut(slot.offset, len as u64).expect("a piece is at most a chunk: its slot")
+    }
+
+    /// The first `len` bytes of piece `index`'s slot, to write from.
+    fn slot(&self, index: usize, len: usize) -> HostBytes<'_> {
+        let slot = &self.slots[index];
+        slot.staging().mapping.bytes(slot.offset, len as u64).expect("a piece is at most a chunk: its slot")
+    }
+}
+
+/// A request in flight on the I/O threads: how its pieces went so far.
 pub(super) struct InFlight {
-    request: Mapped,
+    pub(super) request: Offloaded,
     pieces_left: AtomicUsize,
     /// Lowest file offset where a read came up short (end of file); u64::MAX if none.
     short_end: AtomicU64,
@@ -72,6 +111,8 @@ pub(super) enum Job {
 pub(super) struct Piece {
     request: Arc<InFlight>,
     piece: validate::Chunk,
+    /// Its place among its request's pieces (its staged-I/O slot).
+    index: usize,
 }
 
 /// An open-read entry taken off a mapped ring, run on an I/O thread: the namespace call,
@@ -179,24 +220,28 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
     let overlapped = io.depth() > 1;
     let mut requests: Vec<IoRequest<'_>> = batch
         .iter()
-        .map(|Piece { request, piece }| {
+        .map(|Piece { request, piece, index }| {
             let r = &request.request;
-            let mapped = r.region.mapped.as_ref().expect("only mapped requests are queued");
-            let (at, len) = (piece.region_offset as usize, piece.length as usize);
-            IoRequest {
-                object: &*r.handle.object,
-                offset: piece.file_offset,
-                op: match r.sub.opcode {
-                    Opcode::Read => IoOp::Read(mapped.bytes_mut(at, len)),
-                    Opcode::Write => IoOp::Write(mapped.bytes(at, len)),
-                },
-            }
+            let len = piece.length as usize;
+            let op = match (&r.memory, r.sub.opcode) {
+                (Memory::Mapped, opcode) => {
+                    let mapped = r.region.mapped.as_ref().expect("only mapped requests are queued as such");
+                    let at = piece.region_offset as usize;
+                    match opcode {
+                        Opcode::Read => IoOp::Read(mapped.bytes_mut(at, len)),
+                        Opcode::Write => IoOp::Write(mapped.bytes(at, len)),
+                    }
+                }
+                (Memory::Staged(staged), Opcode::Read) => IoOp::Read(staged.slot_mut(*index, len)),
+                (Memory::Staged(staged), Opcode::Write) => IoOp::Write(staged.slot(*index, len)),
+            };
+            IoRequest { object: &*r.handle.object, offset: piece.file_offset, op }
         })
         .collect();
     let started = Instant::now();
     let mut last = started;
     io.run(&mut requests, &mut |i, outcome| {
-        let Piece { request: r, piece } = &batch[i];
+        let Piece { request: r, piece, .. } = &batch[i];
         let opcode = r.request.sub.opcode;
         let now = Instant::now();
         let h = if opcode == Opcode::Read { &times.read } else { &times.write };
@@ -218,7 +263,7 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
 
 impl InFlight {
     /// One of its pieces is done (its outcome noted): the last one finishes the request.
-    fn piece_done(&self, times: &BackendTimes) {
+    fn piece_done(self: &Arc<Self>, times: &BackendTimes) {
         if self.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish(times);
         }
@@ -229,18 +274,37 @@ impl InFlight {
         self.failure.fetch_max(failure as u8, Ordering::Relaxed);
     }
 
-    /// The last piece is done: sync if asked, post the completion.
-    fn finish(&self, times: &BackendTimes) {
+    /// What the request completes with (status, bytes), from how its pieces went.
+    pub(super) fn outcome(&self) -> (wire::Status, u64) {
+        let failure = BackendFailure::from_rank(self.failure.load(Ordering::Relaxed));
+        policy::pieces_outcome(&self.request.sub, failure, self.short_end.load(Ordering::Relaxed))
+    }
+
+    /// The bytes of piece `piece` a read got (short at the end of the file).
+    pub(super) fn bytes_read(&self, piece: &validate::Chunk) -> u64 {
+        let end = self.short_end.load(Ordering::Relaxed);
+        piece.length.min(end.saturating_sub(piece.file_offset))
+    }
+
+    /// The last piece is done: sync if asked; post the completion into the mapped
+    /// ring, or hand a staged request back to the engine.
+    fn finish(self: &Arc<Self>, times: &BackendTimes) {
         let r = &self.request;
-        let mut failure = BackendFailure::from_rank(self.failure.load(Ordering::Relaxed));
-        if failure.is_none()
+        if self.failure.load(Ordering::Relaxed) == 0
             && policy::syncs(&r.sub)
             && let Err(e) = timed(&times.sync, || r.handle.object.sync())
         {
             tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
-            failure = Some(policy::failure(&e));
+            self.failed(policy::failure(&e));
         }
-        let (status, result) = policy::pieces_outcome(&r.sub, failure, self.short_end.load(Ordering::Relaxed));
+        if let Memory::Staged(staged) = &r.memory {
+            // The engine is gone only at shutdown: the request is dropped, its slots freed.
+            if staged.done.send(self.clone()).is_ok() {
+                let _ = r.engine.wake();
+            }
+            return;
+        }
+        let (status, result) = self.outcome();
         let completion = protocol::completion(r.sub.user_data, r.cq_index, status, result);
         host_memory::post_mapped(&r.ring, r.cq_index, &completion);
         host_memory::wake_waiters(&r.ring);
@@ -251,12 +315,12 @@ impl InFlight {
     }
 }
 
-/// Hand a mapped request, split in `pieces`, to the I/O threads; with `engine_first`
-/// the caller (the engine) runs the first piece itself, one backend call at a time. A
-/// piece the threads cannot take (they are gone: shutdown) fails.
+/// Hand a request, split in `pieces`, to the I/O threads; with `engine_first` the
+/// caller (the engine) runs the first piece itself, one backend call at a time. A piece
+/// the threads cannot take (they are gone: shutdown) fails.
 pub(super) fn hand_off(
     jobs: &crossbeam_channel::Sender<Job>,
-    request: Mapped,
+    request: Offloaded,
     pieces: &[validate::Chunk],
     engine_first: bool,
     times: &BackendTimes,
@@ -271,14 +335,16 @@ pub(super) fn hand_off(
         true => pieces.split_first().map_or((None, pieces), |(first, rest)| (Some(*first), rest)),
         false => (None, pieces),
     };
-    for &piece in rest {
-        if jobs.send(Job::Piece(Piece { request: request.clone(), piece })).is_err() {
+    let skipped = usize::from(first.is_some());
+    for (index, &piece) in rest.iter().enumerate() {
+        let index = index + skipped;
+        if jobs.send(Job::Piece(Piece { request: request.clone(), piece, index })).is_err() {
             request.failed(BackendFailure::Io);
             request.piece_done(times);
         }
     }
     if let Some(piece) = first {
-        run_pieces(&mut OneAtATime, &[Piece { request, piece }], times);
+        run_pieces(&mut OneAtATime, &[Piece { request, piece, index: 0 }], times);
     }
 }
 

@@ -48,15 +48,29 @@ pub enum Placement {
     /// `engine_first`, the engine runs the first piece itself rather than idle while the
     /// threads wake (blocking backend calls).
     Workers { pieces: Vec<Chunk>, engine_first: bool },
+    /// Its memory is reached with put/get and the backend has asynchronous I/O: on the
+    /// I/O threads too, in `pieces` of at most a chunk, each read into (or written
+    /// from) a slot of the lane's staged-I/O memory; the engine moves the bytes between
+    /// the slots and the host, and posts the completion. So the engine never waits on
+    /// storage for such a ring either, and many of its requests are in flight at once.
+    Staged { pieces: Vec<Chunk> },
 }
 
 /// Where `sub` runs: `mapped` whether its region and its ring are both mapped (the I/O
 /// threads write host memory directly), `overlaps` whether the I/O threads' queues keep
-/// many pieces in flight (the backend has asynchronous I/O), `cores` the cores to run
-/// one request's pieces on, `chunk_bytes` the backend's chunk.
+/// many pieces in flight (the backend has asynchronous I/O, and the object does not
+/// lend memory of its own for put/get), `cores` the cores to run one request's pieces
+/// on, `chunk_bytes` the backend's chunk.
 pub fn place(sub: &Submission, mapped: bool, overlaps: bool, cores: u64, chunk_bytes: u64) -> Placement {
     if !mapped {
-        return Placement::Here;
+        let pieces: Vec<Chunk> = match overlaps {
+            true => validate::chunks(sub.file_offset, sub.region_offset, sub.length, chunk_bytes).collect(),
+            false => Vec::new(),
+        };
+        return match pieces.is_empty() {
+            true => Placement::Here,
+            false => Placement::Staged { pieces },
+        };
     }
     let split = if overlaps { chunk_bytes } else { split_bytes(sub.length, cores, chunk_bytes) };
     let pieces: Vec<Chunk> = validate::chunks(sub.file_offset, sub.region_offset, sub.length, split).collect();
@@ -188,7 +202,15 @@ mod tests {
     fn put_get_and_single_pieces_run_here_and_the_rest_on_the_workers() {
         let read = sub(Opcode::Read, 0, MIB);
         assert_eq!(place(&read, false, false, 2, MIB), Placement::Here, "not mapped: put/get through staging");
-        assert_eq!(place(&read, false, true, 2, MIB), Placement::Here);
+        // Not mapped, asynchronous I/O: staged pieces of a chunk at most on the workers.
+        let Placement::Staged { pieces } = place(&sub(Opcode::Write, MIB / 2, 2 * MIB), false, true, 2, MIB) else {
+            panic!()
+        };
+        assert_eq!(
+            pieces.iter().map(|p| (p.region_offset, p.length)).collect::<Vec<_>>(),
+            [(0, MIB / 2), (MIB / 2, MIB), (3 * MIB / 2, MIB / 2)]
+        );
+        assert_eq!(place(&sub(Opcode::Read, 0, 0), false, true, 2, MIB), Placement::Here, "nothing to move");
         assert_eq!(place(&sub(Opcode::Read, 0, 0), true, true, 2, MIB), Placement::Here, "nothing to move");
         // Blocking calls: a small request is one piece, cheaper here than a hand-off.
         assert_eq!(place(&sub(Opcode::Read, 0, 4 * KIB), true, false, 2, MIB), Placement::Here);

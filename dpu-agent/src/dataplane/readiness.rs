@@ -151,6 +151,12 @@ impl<R, T> Readiness<R, T> {
         pending.retain(|key| !parked.contains_key(key));
     }
 
+    /// The engine did work outside the rings (finished requests the I/O threads handed
+    /// back): polling goes on from `now`.
+    pub fn worked(&mut self, now: Instant) {
+        self.last_work = now;
+    }
+
     /// What to do now, `queued_wait` being how long until a queued request is due
     /// (`None`: nothing queued) and `spin` how long to keep polling after the last work.
     /// `now` is read only at work and every 64th idle round: a spinning

@@ -814,6 +814,10 @@ impl Object for WorkerObject {
         Ok(done)
     }
 
+    fn lends_staging(&self) -> bool {
+        true
+    }
+
     fn read_staged(&self, offset: u64, len: usize) -> Option<Result<Staged>> {
         if len as u64 > self.shared().slot_bytes {
             return None;

@@ -1,0 +1,292 @@
+//! Staged requests on the I/O threads: payload requests of hosts reached with put/get
+//! (TCP, RDMA: a DPU's hosts) over a backend with asynchronous I/O (DAOS).
+//!
+//! Each lane has staged-I/O memory of its own (`dpuio-staged-io`, slots of a chunk,
+//! registered with the lane's worker once, when first needed). The engine takes a slot
+//! per piece of a request (a write's bytes got from the host into them first) and hands
+//! the pieces to the I/O threads, which read into (write from) the slots on their event
+//! queues, many in flight. The last piece hands the request back ([`Memory::Staged`]);
+//! the engine puts a read's bytes from the slots to the host, posts the completions of
+//! what came back together (one flush for all), and the slots are free again. A request
+//! that finds too few slots free waits in its lane's queue, in order. So the engine does
+//! no storage I/O for such rings' payload: their requests overlap in storage as a mapped
+//! ring's do, and a read DAOS keeps does not hold up the engine, which serves every
+//! host of every transport.
+//!
+//! Not here: where a request runs ([`super::policy::place`]: objects that lend memory
+//! of their own, a tenant DAOS worker's, requests of more pieces than a lane's slots,
+//! and backends without asynchronous I/O stay on the engine, [`super::execute`], as do
+//! such rings' open-reads), and the I/O threads ([`super::io`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use dpuio_backend::LentMemory;
+use dpuio_proto::wire::{self, Opcode, Submission};
+use dpuio_worker::staging::{Slot, Staging};
+use fabric::any;
+use fabric::transport::Endpoint as _;
+
+use super::host_memory::{FLUSH_TIMEOUT, HostRegion, HostRing, Peer};
+use super::io::{self, InFlight, Job, Memory, Offloaded, StagedMemory};
+use super::protocol;
+use super::sessions::Handle;
+use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics};
+use crate::qos::TenantSlot;
+use crate::validate::Chunk;
+
+/// Bytes of a lane's staged-I/O memory, in slots of a chunk (at least
+/// [`MIN_SLOTS`], at most [`MAX_SLOTS`]): 32 requests of a chunk or less in flight
+/// with 1 MiB chunks, as many as one DAOS event queue keeps.
+const STAGED_IO_BYTES: usize = 32 << 20;
+const MIN_SLOTS: usize = 8;
+const MAX_SLOTS: usize = 64;
+
+/// A staged request the engine took: what it needs, from its ring to its pieces.
+pub(super) struct Pending {
+    pub session_id: u64,
+    pub peer: Arc<Peer>,
+    pub ring: Arc<HostRing>,
+    pub metrics: Arc<TenantMetrics>,
+    /// Counts it in flight until its completion is posted.
+    pub tenant: Arc<TenantSlot>,
+    pub sub: Submission,
+    pub cq_index: u64,
+    pub taken_at: Instant,
+    pub region: Arc<HostRegion>,
+    pub handle: Arc<Handle>,
+    pub pieces: Vec<Chunk>,
+}
+
+/// One lane's staged-I/O memory, made when first needed, and the requests waiting for
+/// its slots.
+struct LaneStaged {
+    worker: Arc<any::Worker>,
+    memory: Option<(Arc<Staging>, any::Region)>,
+    slots: usize,
+    /// The memory could not be made or registered: this lane's requests run on the
+    /// engine, through its staging pairs (said once in the log).
+    refused: bool,
+    pending: VecDeque<Pending>,
+}
+
+impl LaneStaged {
+    /// The memory, made and registered with the lane's worker on first use; `None`
+    /// where that failed.
+    fn memory(&mut self, chunk_bytes: usize) -> Option<Arc<Staging>> {
+        if self.memory.is_none() && !self.refused {
+            let slots = (STAGED_IO_BYTES / chunk_bytes.max(1)).clamp(MIN_SLOTS, MAX_SLOTS);
+            let made = Staging::new("dpuio-staged-io", slots, chunk_bytes as u64)
+                .map_err(|e| e.to_string())
+                .map(Arc::new)
+                .and_then(|s| {
+                    let lent: Arc<dyn LentMemory> = s.clone();
+                    self.worker.register_lent(lent).map(|r| (s, r)).map_err(|e| e.to_string())
+                });
+            match made {
+                Ok(m) => {
+                    self.memory = Some(m);
+                    self.slots = slots;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, transport = self.worker.provider(),
+                        "the data plane cannot make staged-I/O memory for this transport; \
+                         its payload requests run on the engine thread, one at a time");
+                    self.refused = true;
+                }
+            }
+        }
+        self.memory.as_ref().map(|(s, _)| s.clone())
+    }
+
+    /// The registered region of the memory (made before any request took a slot).
+    fn region(&self) -> &any::Region {
+        &self.memory.as_ref().expect("staged-I/O memory is made before a slot is taken").1
+    }
+}
+
+/// `n` free slots of `staging`, or none (those taken go back).
+fn take_slots(staging: &Arc<Staging>, n: usize) -> Option<Vec<Slot>> {
+    (0..n).map(|_| staging.try_take()).collect()
+}
+
+/// The engine's staged requests: each lane's staged-I/O memory and waiting requests,
+/// and the channel the I/O threads hand finished ones back on.
+pub(super) struct StagedIo {
+    lanes: Vec<LaneStaged>,
+    done: (crossbeam_channel::Sender<Arc<InFlight>>, crossbeam_channel::Receiver<Arc<InFlight>>),
+    jobs: crossbeam_channel::Sender<Job>,
+    chunk_bytes: usize,
+    times: BackendTimes,
+    /// Woken by the I/O threads when they hand a request back.
+    engine: Arc<any::Worker>,
+}
+
+/// Staged requests the I/O threads finished, their reads' bytes put to the hosts: the
+/// completions to post, per ring. Their slots are free once this drops, after the
+/// completions' flush.
+pub(super) struct Finished {
+    pub rings: Vec<RingCompletions>,
+    _slots: Vec<Arc<InFlight>>,
+}
+
+/// Completions (index, entry) to post on one ring, with its host and session.
+pub(super) struct RingCompletions {
+    pub ring: Arc<HostRing>,
+    pub peer: Arc<Peer>,
+    pub session_id: u64,
+    pub completions: Vec<(u64, wire::Completion)>,
+}
+
+impl StagedIo {
+    /// For the lanes of `workers` (the first one is the engine's to wake).
+    pub fn new(
+        workers: &[Arc<any::Worker>],
+        jobs: crossbeam_channel::Sender<Job>,
+        chunk_bytes: usize,
+        times: BackendTimes,
+    ) -> StagedIo {
+        let lane = |w: &Arc<any::Worker>| LaneStaged {
+            worker: w.clone(),
+            memory: None,
+            slots: 0,
+            refused: false,
+            pending: VecDeque::new(),
+        };
+        StagedIo {
+            lanes: workers.iter().map(lane).collect(),
+            done: crossbeam_channel::unbounded(),
+            jobs,
+            chunk_bytes,
+            times,
+            engine: workers[0].clone(),
+        }
+    }
+
+    /// Take the staged request `p` ([`super::policy::Placement::Staged`]): started on
+    /// the I/O threads where its lane has slots free, else queued behind the lane's
+    /// waiting ones. `Ok(false)` where it cannot go there (the lane has no staged-I/O
+    /// memory, or fewer slots than it has pieces): it runs on the engine. An `Err` is a
+    /// transfer failure (the host is gone); the request is finished then.
+    pub fn take(&mut self, p: Pending) -> Result<bool, fabric::Error> {
+        let lane = &mut self.lanes[p.peer.lane];
+        let Some(staging) = lane.memory(self.chunk_bytes) else { return Ok(false) };
+        if p.pieces.len() > lane.slots {
+            return Ok(false);
+        }
+        let slots = match lane.pending.is_empty() {
+            true => take_slots(&staging, p.pieces.len()),
+            false => None, // the lane's waiting requests go first
+        };
+        match slots {
+            Some(slots) => self.start(p, slots)?,
+            None => lane.pending.push_back(p),
+        }
+        Ok(true)
+    }
+
+    /// Start `p` with `slots`: a write's bytes got from the host into them, then its
+    /// pieces to the I/O threads.
+    fn start(&self, p: Pending, slots: Vec<Slot>) -> Result<(), fabric::Error> {
+        let peer = &p.peer;
+        if p.sub.opcode == Opcode::Write {
+            let local = self.lanes[peer.lane].region();
+            let got = p
+                .pieces
+                .iter()
+                .zip(&slots)
+                .try_for_each(|(piece, slot)| {
+                    let from = p.region.addr + piece.region_offset;
+                    peer.endpoint.get(local, slot.offset as usize, piece.length as usize, from, &p.region.key)
+                })
+                .and_then(|()| peer.endpoint.flush(FLUSH_TIMEOUT));
+            if let Err(e) = got {
+                let _ = p.tenant.finish(1);
+                return Err(e);
+            }
+        }
+        let memory = StagedMemory { slots, pieces: p.pieces.clone(), peer: peer.clone(), done: self.done.0.clone() };
+        let request = Offloaded {
+            session_id: p.session_id,
+            ring: p.ring,
+            region: p.region,
+            memory: Memory::Staged(Box::new(memory)),
+            handle: p.handle,
+            sub: p.sub,
+            cq_index: p.cq_index,
+            tenant: p.tenant,
+            engine: self.engine.clone(),
+            metrics: p.metrics,
+            taken_at: p.taken_at,
+        };
+        io::hand_off(&self.jobs, request, &p.pieces, false, &self.times);
+        Ok(())
+    }
+
+    /// The staged requests the I/O threads handed back, their reads' bytes put to the
+    /// hosts (a host whose put fails is failed); `None` when none came back.
+    pub fn finished(&mut self, metrics: &Metrics) -> Option<Finished> {
+        let done: Vec<Arc<InFlight>> = self.done.1.try_iter().collect();
+        if done.is_empty() {
+            return None;
+        }
+        let mut rings: Vec<RingCompletions> = Vec::new();
+        for f in &done {
+            let r = &f.request;
+            let Memory::Staged(staged) = &r.memory else { continue };
+            let (status, result) = f.outcome();
+            let _ = r.tenant.finish(1); // parked rings are looked at on the engine's next round
+            r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
+            let peer = &staged.peer;
+            if peer.failed.load(Ordering::Relaxed) || r.ring.broken.load(Ordering::Relaxed) {
+                continue;
+            }
+            if r.sub.opcode == Opcode::Read && status == wire::Status::Ok {
+                let local = self.lanes[peer.lane].region();
+                let to = |piece: &Chunk| r.region.addr + piece.region_offset;
+                let put =
+                    staged.pieces.iter().zip(&staged.slots).try_for_each(|(piece, slot)| match f.bytes_read(piece) {
+                        0 => Ok(()),
+                        n => peer.endpoint.put(local, slot.offset as usize, n as usize, to(piece), &r.region.key),
+                    });
+                if let Err(e) = put {
+                    peer.fail(metrics, r.session_id, &e);
+                    continue;
+                }
+            }
+            let completion = (r.cq_index, protocol::completion(r.sub.user_data, r.cq_index, status, result));
+            match rings.iter_mut().find(|c| Arc::ptr_eq(&c.ring, &r.ring)) {
+                Some(c) => c.completions.push(completion),
+                None => rings.push(RingCompletions {
+                    ring: r.ring.clone(),
+                    peer: peer.clone(),
+                    session_id: r.session_id,
+                    completions: vec![completion],
+                }),
+            }
+        }
+        Some(Finished { rings, _slots: done })
+    }
+
+    /// Start the requests waiting for slots, in each lane's order, as far as its slots go.
+    pub fn start_waiting(&mut self, metrics: &Metrics) {
+        for lane in 0..self.lanes.len() {
+            loop {
+                let staged = &mut self.lanes[lane];
+                let (Some(p), Some((staging, _))) = (staged.pending.front(), staged.memory.as_ref()) else { break };
+                let Some(slots) = take_slots(staging, p.pieces.len()) else { break };
+                let p = staged.pending.pop_front().expect("looked at");
+                if p.peer.failed.load(Ordering::Relaxed) || p.ring.broken.load(Ordering::Relaxed) {
+                    let _ = p.tenant.finish(1); // its host is gone
+                    continue;
+                }
+                let (peer, session_id) = (p.peer.clone(), p.session_id);
+                if let Err(e) = self.start(p, slots) {
+                    peer.fail(metrics, session_id, &e);
+                }
+            }
+        }
+    }
+}
