@@ -65,6 +65,15 @@ fn put_get_256_mib_over_daos_and_daos_sees_the_same_bytes() {
     let outside = dir.path().join("outside.bin");
     daos_copy_out(&d, &container, "/copy.bin", &outside);
     assert!(std::fs::read(&outside).unwrap() == data, "daos filesystem copy differs from what was put");
+
+    // A host reached with put/get (UCX's tcp): its requests' DAOS I/O runs on the I/O
+    // threads through the agent's staged-I/O slots, many in flight, not on the engine.
+    let tcp_data = random_file(&local, (40 << 20) + 12345, 13);
+    ok_stdout(&agent.cli(&["--transport", "tcp", "put", local.to_str().unwrap(), "/tcp.bin"]));
+    ok_stdout(&agent.cli(&["--transport", "tcp", "get", "/tcp.bin", back.to_str().unwrap()]));
+    assert!(std::fs::read(&back).unwrap() == tcp_data, "tcp: get differs from put");
+    daos_copy_out(&d, &container, "/tcp.bin", &outside);
+    assert!(std::fs::read(&outside).unwrap() == tcp_data, "tcp: daos filesystem copy differs from what was put");
 }
 
 #[test]

@@ -5,7 +5,10 @@
 //! checkpoint each step through the shim while its loader reads samples back to back.
 //! Every engine is SIGKILLed:
 //! - a read DAOS holds at the loss waits for DAOS on an I/O thread, never on the engine
-//!   that answers the other calls (a CI run's stat waited 600 s, most likely behind one);
+//!   that answers the other calls (a CI run's stat waited 600 s, most likely behind one),
+//!   also a read of a host the agent reaches with put/get (a second client over UCX's
+//!   tcp reading 1 MiB at a time: its staged I/O ran on the engine before, and one such
+//!   read held by DAOS held up every host's data plane);
 //! - calls are answered `UNAVAILABLE`, naming the DAOS call and what to check, within
 //!   the deadline and some slack, and at once while DAOS stays silent;
 //! - a second agent, SIGTERMed while DAOS is gone, exits within its drain bound
@@ -40,9 +43,10 @@ const CALL_TIMEOUT_SECONDS: u64 = 10;
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 /// Room for a loaded 2-core machine on top of each bound.
 const SLACK: Duration = Duration::from_secs(10);
-/// A read DAOS holds at the loss keeps its I/O thread until DAOS answers: the job's
-/// and the loader's may hold two; the test's own data-plane read needs another.
-const IO_THREADS: usize = 4;
+/// A read DAOS holds at the loss keeps its I/O thread until DAOS answers: the job's,
+/// the loader's and the tcp reader's may hold three; the test's own data-plane reads
+/// need another.
+const IO_THREADS: usize = 5;
 
 fn dataset(i: usize) -> Vec<u8> {
     seeded_bytes(FILE_BYTES, 700 + i as u64)
@@ -139,6 +143,30 @@ fn loader(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<See
     }
 }
 
+/// A host the agent reaches with put/get (UCX's tcp): reads `/data/f1` 1 MiB at a time
+/// through a handle (each byte checked) until `stop`, so that at the loss one such read
+/// is most likely in DAOS's hands. Not with open-reads: those of such a host still run
+/// on the engine (see docs/daos.md).
+fn tcp_reader(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let file = runtime.block_on(client.open("/data/f1", dpuio_shim::Access::ReadOnly)).expect("tcp: open /data/f1");
+    let region = runtime
+        .block_on(client.register_region(FILE_BYTES, dpuio_shim::RegionAccess::WriteByAgent))
+        .expect("tcp: register a region");
+    let want = dataset(1);
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let result = file.read_at(&region, 0).map(|n| {
+            if n != want.len() as u64 || region.bytes(0, want.len()).to_vec() != want {
+                seen.lock().unwrap().wrong.push(format!("tcp read {i}: {n} bytes, not /data/f1's"));
+            }
+        });
+        note(&seen, format!("tcp read {i} of /data/f1"), started, result);
+        i += 1;
+    }
+}
+
 /// CPU seconds a process has used (user + system), from /proc.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -217,6 +245,11 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
         runtime.block_on(dpuio_shim::Client::connect(options)).unwrap()
     };
     let client = connect(&agent);
+    let tcp = {
+        let over_tcp = dpuio_shim::DataPlaneOptions { transports: "tcp".into(), ..rings.clone() };
+        let options = dpuio_shim::ConnectOptions { data_plane: Some(over_tcp), ..agent.connect_options() };
+        runtime.block_on(dpuio_shim::Client::connect(options)).unwrap()
+    };
     runtime.block_on(async {
         client.mkdir("/data", true).await.unwrap();
         client.mkdir("/ckpt", true).await.unwrap();
@@ -240,9 +273,18 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
         let (client, stop, seen) = (client.clone(), stop.clone(), seen.clone());
         std::thread::spawn(move || loader(client, stop, seen))
     };
+    let tcp_reading = {
+        let (tcp, stop, seen) = (tcp.clone(), stop.clone(), seen.clone());
+        std::thread::spawn(move || tcp_reader(tcp, stop, seen))
+    };
     let since = Instant::now();
-    while seen.lock().unwrap().acknowledged.len() < 2 {
-        assert!(since.elapsed() < Duration::from_secs(120), "two steps before the loss: not within 120 s");
+    let tcp_reads =
+        |seen: &Seen| seen.calls.iter().filter(|c| c.what.starts_with("tcp read") && c.error.is_none()).count();
+    while seen.lock().unwrap().acknowledged.len() < 2 || tcp_reads(&seen.lock().unwrap()) < 2 {
+        assert!(
+            since.elapsed() < Duration::from_secs(120),
+            "two steps and tcp reads before the loss: not within 120 s"
+        );
         assert!(!running.is_finished(), "the job ended early");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -252,6 +294,10 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     let held_region = runtime
         .block_on(client.register_region(1 << 20, dpuio_shim::RegionAccess::WriteByAgent))
         .expect("register a region");
+    let tcp_file = runtime.block_on(tcp.open("/data/f2", dpuio_shim::Access::ReadOnly)).expect("tcp: open /data/f2");
+    let tcp_region = runtime
+        .block_on(tcp.register_region(1 << 20, dpuio_shim::RegionAccess::WriteByAgent))
+        .expect("tcp: register a region");
 
     let rundir = d.rundir.to_str().unwrap();
     let cpu_before = cpu_seconds(agent.process.id());
@@ -285,6 +331,15 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     eprintln!("a data-plane read with every engine gone, {:.2?} after it was asked: {refused}", asked.elapsed());
     assert_eq!(refused.code(), Some(tonic::Code::Unavailable), "{refused}");
     assert!(refused.to_string().contains("does not answer"), "{refused}");
+    // The same over tcp, on a ring of its own beside the tcp reader's held one.
+    let asked = Instant::now();
+    let tcp_refused = tcp_file.read_at(&tcp_region, 0).expect_err("a data-plane read over tcp with every engine gone");
+    let tcp_refused_after = asked.elapsed();
+    eprintln!(
+        "a data-plane read over tcp with every engine gone, {tcp_refused_after:.2?} after it was asked: {tcp_refused}"
+    );
+    assert_eq!(tcp_refused.code(), Some(tonic::Code::Unavailable), "{tcp_refused}");
+    assert!(tcp_refused_after < Duration::from_secs(5), "the tcp read took {tcp_refused_after:.1?}: {tcp_refused}");
 
     // The second agent, with a call of its own waiting on DAOS, is told to stop.
     let waiting = {
@@ -372,6 +427,7 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     stop.store(true, Ordering::Relaxed);
     running.join().expect("the job panicked");
     loading.join().expect("the loader panicked");
+    tcp_reading.join().expect("the tcp reader panicked");
 
     let seen = seen.lock().unwrap();
     assert!(seen.wrong.is_empty(), "reads returned wrong bytes: {:#?}", seen.wrong);
