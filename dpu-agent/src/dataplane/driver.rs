@@ -19,7 +19,7 @@ use fabric::any;
 
 use super::execute::Exec;
 use super::host_memory::{self, HostAccess, HostRing, LentRegions, Peer, STAGING_PAIRS, StagingPairs};
-use super::io::{self, Job, Memory, Offloaded, OpenRead};
+use super::io::{self, AnswerInto, Job, Memory, Offloaded, OpenRead};
 use super::meta;
 use super::policy::{self, Placement};
 use super::protocol::{self, Action, Count, Ran, RingMemory};
@@ -365,7 +365,8 @@ impl Engine {
         let memory = match (ring.region.is_mapped(), self.io_overlaps) {
             (true, false) => RingMemory::Mapped,
             (true, true) => RingMemory::MappedStalling,
-            (false, _) => RingMemory::Remote,
+            (false, false) => RingMemory::Remote,
+            (false, true) => RingMemory::RemoteStalling,
         };
         let mut batch = match cursor.serve(ring.entries, memory, protocol::HostIndices { sq_tail, cq_head }, tenant) {
             protocol::Serve::Batch(batch) => batch,
@@ -449,8 +450,7 @@ impl Engine {
                     self.host(peer).post_completion(ring, cq_index, &completion).map_err(DataPlaneError::from)
                 }
                 (Action::OpenRead { meta, cq_index }, _) => {
-                    batch.offloaded(self.hand_off_open_read(s, &meta, cq_index, &mut group));
-                    Ok(())
+                    self.hand_off_open_read(s, &meta, cq_index, &mut group).map(|taken| batch.offloaded(taken))
                 }
                 // Counted as it runs (run_meta).
                 (Action::Meta { meta, .. }, _) => self
@@ -594,29 +594,27 @@ impl Engine {
     }
 
     /// Hand the open-read `m` to the I/O threads, as the ring protocol asked: its
-    /// request is copied out of host memory and decoded here. False when they cannot
-    /// take it (a range deregistered since, a request that does not decode): it then
-    /// runs here, and is refused with its reason.
+    /// request is copied out of host memory and decoded here. `Ok(false)` when they
+    /// cannot take it (a range deregistered since, a request that does not decode, no
+    /// staged-I/O slots free for a put/get host's answer): it then runs here, and is
+    /// refused with its reason. An `Err` is a transfer failure (the host is gone).
     fn hand_off_open_read(
         &mut self,
         s: &Serving,
         m: &MetaSubmission,
         cq_index: u64,
         group: &mut Option<Arc<AtomicUsize>>,
-    ) -> bool {
+    ) -> Result<bool, DataPlaneError> {
         let (Some(answer), Some(request)) =
             (s.session.host_region(m.answer_region), s.session.host_region(m.request_region))
         else {
-            return false;
+            return Ok(false);
         };
-        let Some(mapped) = request.mapped.as_ref().filter(|_| answer.is_mapped() && s.ring.region.is_mapped()) else {
-            return false;
-        };
-        let bytes = mapped.bytes(m.request_offset as usize, m.request_length as usize).to_vec();
-        let Ok(asked) = meta::request(m, &bytes) else { return false };
-        let group = group.get_or_insert_with(Default::default).clone();
-        group.fetch_add(1, Ordering::AcqRel);
-        let job = OpenRead {
+        let mapped = answer.is_mapped() && request.is_mapped() && s.ring.region.is_mapped();
+        let mut bytes = vec![0u8; m.request_length as usize];
+        self.host(&s.peer).read_range(&request, m.request_offset, &mut bytes)?;
+        let Ok(asked) = meta::request(m, &bytes) else { return Ok(false) };
+        let mut job = OpenRead {
             agent: self.agent.clone(),
             session_id: s.session.id,
             metrics: s.session.metrics.clone(),
@@ -626,10 +624,16 @@ impl Engine {
             asked,
             cq_index,
             chunk_bytes: self.chunk_bytes,
-            group,
+            into: AnswerInto::Mapped { group: Arc::default() },
         };
+        if !mapped {
+            return Ok(self.staged.take_open_read(job, &s.peer));
+        }
+        let group = group.get_or_insert_with(Default::default).clone();
+        group.fetch_add(1, Ordering::AcqRel);
+        job.into = AnswerInto::Mapped { group };
         io::hand_off_open_read(&self.jobs, job);
-        true
+        Ok(true)
     }
 }
 

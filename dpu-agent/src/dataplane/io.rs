@@ -71,7 +71,7 @@ pub(super) struct StagedMemory {
     pub pieces: Vec<validate::Chunk>,
     pub peer: Arc<Peer>,
     /// The engine's channel for finished staged requests.
-    pub done: crossbeam_channel::Sender<Arc<InFlight>>,
+    pub done: crossbeam_channel::Sender<Back>,
 }
 
 impl StagedMemory {
@@ -102,10 +102,16 @@ pub(super) struct InFlight {
 pub(super) enum Job {
     /// A piece of a mapped request.
     Piece(Piece),
-    /// An open-read whose rings and regions are mapped: a batch of them (a loader's
-    /// samples) runs on all the threads at once rather than one after another on the
-    /// engine's.
+    /// An open-read: a batch of them (a loader's samples) runs on all the threads at
+    /// once rather than one after another on the engine's.
     OpenRead(Box<OpenRead>),
+}
+
+/// What the I/O threads hand back to the engine: requests and open-reads of hosts it
+/// reaches with put/get, their bytes in staged-I/O slots ([`super::staged`]).
+pub(super) enum Back {
+    Request(Arc<InFlight>),
+    OpenRead(Box<AnsweredOpenRead>),
 }
 
 pub(super) struct Piece {
@@ -115,9 +121,9 @@ pub(super) struct Piece {
     index: usize,
 }
 
-/// An open-read entry taken off a mapped ring, run on an I/O thread: the namespace call,
-/// the file's bytes and header written into the mapped answer range, its completion
-/// posted as the last piece of a request posts its.
+/// An open-read entry run on an I/O thread: the namespace call, then the file's bytes
+/// and header written into the answer range (mapped), or into staged-I/O slots the
+/// engine puts from; an error record likewise where it is refused.
 pub(super) struct OpenRead {
     pub agent: Arc<Agent>,
     pub session_id: u64,
@@ -128,41 +134,142 @@ pub(super) struct OpenRead {
     pub asked: meta::Request,
     pub cq_index: u64,
     pub chunk_bytes: usize,
-    /// The open-reads of one ring batch still running: the last to finish wakes the
+    pub into: AnswerInto,
+}
+
+/// Where an open-read on the I/O threads writes its answer.
+pub(super) enum AnswerInto {
+    /// The mapped answer range; the completion is posted into the mapped ring. `group`:
+    /// the open-reads of one ring batch still running, the last to finish wakes the
     /// host (one wake-up for a loader's batch, not one per sample).
-    pub group: Arc<AtomicUsize>,
+    Mapped { group: Arc<AtomicUsize> },
+    /// Staged-I/O slots laid end to end as an image of the answer range; handed back to
+    /// the engine, which puts it to the host and posts the completion.
+    Staged(StagedAnswer),
+}
+
+/// The staged-I/O slots of an open-read's answer, and where it goes back to.
+pub(super) struct StagedAnswer {
+    pub slots: Vec<Slot>,
+    pub slot_bytes: usize,
+    pub peer: Arc<Peer>,
+    pub done: crossbeam_channel::Sender<Back>,
+    /// Woken when the answer is handed back.
+    pub engine: Arc<any::Worker>,
+}
+
+/// An open-read answered into staged-I/O slots: the engine puts the first `result`
+/// bytes of the image to the answer range and posts the completion.
+pub(super) struct AnsweredOpenRead {
+    pub session_id: u64,
+    pub ring: Arc<HostRing>,
+    pub answer: Arc<HostRegion>,
+    pub meta: MetaSubmission,
+    pub cq_index: u64,
+    pub status: wire::Status,
+    pub result: u64,
+    pub staged: StagedAnswer,
+}
+
+impl StagedAnswer {
+    /// The image's bytes `[at, at + len)`, slot by slot: (slot, offset in it, length).
+    fn spans(&self, at: usize, len: usize) -> impl Iterator<Item = (&Slot, usize, usize)> {
+        let size = self.slot_bytes;
+        let last = (at + len).div_ceil(size).min(self.slots.len());
+        (at / size..last)
+            .map(move |i| {
+                let (from, to) = (at.max(i * size), (at + len).min((i + 1) * size));
+                (&self.slots[i], from - i * size, to - from)
+            })
+            .filter(|&(_, _, len)| len > 0)
+    }
+
+    /// Copy `bytes` into the image at `at`.
+    fn write(&self, at: usize, bytes: &[u8]) {
+        let mut done = 0;
+        for (slot, offset, len) in self.spans(at, bytes.len()) {
+            let mut into =
+                slot.staging().mapping.bytes_mut(slot.offset + offset as u64, len as u64).expect("in its slot");
+            into.copy_from_slice(&bytes[done..done + len]);
+            done += len;
+        }
+    }
+
+    /// Read up to `length` bytes of `object` from offset 0 into the image at `at`;
+    /// the bytes read (short at the end of the file).
+    fn read_object(&self, object: &dyn dpuio_backend::Object, at: usize, length: usize) -> dpuio_backend::Result<u64> {
+        let mut done = 0usize;
+        for (slot, offset, len) in self.spans(at, length) {
+            let into = slot.staging().mapping.bytes_mut(slot.offset + offset as u64, len as u64).expect("in its slot");
+            let n = object.read_into(into, done as u64)?;
+            done += n;
+            if n < len {
+                break; // end of file
+            }
+        }
+        Ok(done as u64)
+    }
 }
 
 impl OpenRead {
     pub fn run(self) {
         let started = Instant::now();
-        let m = &self.meta;
-        let mapped = self.answer.mapped.as_ref().expect("only mapped open-reads are queued");
-        let answered = sessions::namespace_call(&*self.agent, self.session_id, self.asked).and_then(|reply| {
+        let OpenRead { agent, session_id, metrics, ring, answer, meta: m, asked, cq_index, chunk_bytes, into } = self;
+        let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
+        let answered = sessions::namespace_call(&*agent, session_id, asked).and_then(|reply| {
             let meta::Reply::Object { object, attr } = reply else {
                 return Err(crate::error::Error::invalid("opcode", "an open-read answered without a file"));
             };
-            let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
             let want = attr.size.min(u64::from(m.answer_length).saturating_sub(header));
-            let done =
-                host_memory::read_object_mapped(&*object, mapped, m.answer_offset + header, want, self.chunk_bytes)?;
-            let head = meta::open_read_header(&attr, done);
-            mapped.bytes_mut(m.answer_offset as usize, head.len()).copy_from_slice(&head);
+            let done = match &into {
+                AnswerInto::Mapped { .. } => {
+                    let mapped = answer.mapped.as_ref().expect("a mapped answer range");
+                    host_memory::read_object_mapped(&*object, mapped, m.answer_offset + header, want, chunk_bytes)?
+                }
+                AnswerInto::Staged(staged) => staged.read_object(&*object, header as usize, want as usize)?,
+            };
+            into.write(&answer, m.answer_offset, &meta::open_read_header(&attr, done));
             Ok(header + done)
         });
-        meta::count(&self.metrics, m.opcode, &answered, started);
+        meta::count(&metrics, m.opcode, &answered, started);
         let (status, result) = match answered {
             Ok(written) => (wire::Status::Ok, written),
             Err(refused) => {
                 let record = meta::error_answer(&refused, m.answer_length as usize);
-                mapped.bytes_mut(m.answer_offset as usize, record.len()).copy_from_slice(&record);
+                into.write(&answer, m.answer_offset, &record);
                 (wire::Status::Refused, record.len() as u64)
             }
         };
-        let completion = protocol::completion(m.user_data, self.cq_index, status, result);
-        host_memory::post_mapped(&self.ring, self.cq_index, &completion);
-        if self.group.fetch_sub(1, Ordering::SeqCst) == 1 {
-            host_memory::wake_waiters(&self.ring);
+        match into {
+            AnswerInto::Mapped { group } => {
+                let completion = protocol::completion(m.user_data, cq_index, status, result);
+                host_memory::post_mapped(&ring, cq_index, &completion);
+                if group.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    host_memory::wake_waiters(&ring);
+                }
+            }
+            AnswerInto::Staged(staged) => {
+                let (done, engine) = (staged.done.clone(), staged.engine.clone());
+                let back = AnsweredOpenRead { session_id, ring, answer, meta: m, cq_index, status, result, staged };
+                // The engine is gone only at shutdown: the answer is dropped, its slots freed.
+                if done.send(Back::OpenRead(Box::new(back))).is_ok() {
+                    let _ = engine.wake();
+                }
+            }
+        }
+    }
+}
+
+impl AnswerInto {
+    /// Write `bytes` at the start of the answer range (at `answer_offset` of `answer`,
+    /// mapped), or of its staged image.
+    fn write(&self, answer: &HostRegion, answer_offset: u64, bytes: &[u8]) {
+        match self {
+            AnswerInto::Mapped { .. } => {
+                let mapped = answer.mapped.as_ref().expect("a mapped answer range");
+                mapped.bytes_mut(answer_offset as usize, bytes.len()).copy_from_slice(bytes);
+            }
+            AnswerInto::Staged(staged) => staged.write(0, bytes),
         }
     }
 }
@@ -299,7 +406,7 @@ impl InFlight {
         }
         if let Memory::Staged(staged) = &r.memory {
             // The engine is gone only at shutdown: the request is dropped, its slots freed.
-            if staged.done.send(self.clone()).is_ok() {
+            if staged.done.send(Back::Request(self.clone())).is_ok() {
                 let _ = r.engine.wake();
             }
             return;

@@ -68,11 +68,16 @@ struct TestAgent {
     metrics: Arc<Metrics>,
     /// The I/O threads' queues: `None`, the local backend's (one piece at a time).
     io_queue: Option<fn() -> Box<dyn IoQueue>>,
+    /// What metadata entries run through: `None`, none (they are refused).
+    namespace: Option<Box<dyn super::meta::Namespace>>,
 }
 
 impl AgentView for TestAgent {
     fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+    fn namespace(&self) -> Option<&dyn super::meta::Namespace> {
+        self.namespace.as_deref()
     }
     fn io_queue(&self) -> dpuio_backend::Result<Box<dyn IoQueue>> {
         match self.io_queue {
@@ -111,11 +116,16 @@ struct Rig {
 
 impl Rig {
     fn new(tenants: &[(&str, QosConfig)]) -> Rig {
-        Rig::with_io_queue(tenants, None)
+        Rig::with(tenants, None, |_| None)
     }
 
-    /// A rig whose I/O threads use queues `io_queue` makes.
-    fn with_io_queue(tenants: &[(&str, QosConfig)], io_queue: Option<fn() -> Box<dyn IoQueue>>) -> Rig {
+    /// A rig whose I/O threads use queues `io_queue` makes, and whose metadata entries
+    /// run through what `namespace` makes of its container.
+    fn with(
+        tenants: &[(&str, QosConfig)],
+        io_queue: Option<fn() -> Box<dyn IoQueue>>,
+        namespace: impl FnOnce(Arc<dyn Container>) -> Option<Box<dyn super::meta::Namespace>>,
+    ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let backend: Arc<dyn Backend> = Arc::new(LocalBackend::open(dir.path()).unwrap());
         let container = backend.mount("c", true).unwrap();
@@ -130,6 +140,7 @@ impl Rig {
             sessions: Mutex::default(),
             metrics: Arc::new(Metrics::new()),
             io_queue,
+            namespace: namespace(container.clone()),
         });
         let worker = LoopbackWorker::new(PeerAccess::PutGet).unwrap();
         let dp = Arc::new(DataPlane::with_workers(vec![any::Worker::LoopbackForTests(worker)]).unwrap());

@@ -107,6 +107,12 @@ pub enum RingMemory {
     MappedStalling,
     /// Through put/get (TCP, RDMA): only the engine posts its completions.
     Remote,
+    /// Through put/get, over a backend whose reads may wait on storage without bound:
+    /// every open-read goes to the I/O threads, which write its answer into staged-I/O
+    /// slots the engine then puts to the host and completes, so that the engine never
+    /// waits on storage for such a ring either, and a batch of samples is read in
+    /// parallel.
+    RemoteStalling,
 }
 
 /// What serving a ring now comes to.
@@ -299,18 +305,19 @@ impl Batch {
     /// both its memory ranges are mapped (the threads write the answer and post the
     /// completion themselves), and the host had published more entries behind it (the
     /// last of a batch runs on the engine, which would otherwise wait) or the backend
-    /// may stall ([`RingMemory::MappedStalling`]).
+    /// may stall ([`RingMemory::MappedStalling`]); or the ring is reached with put/get
+    /// over a backend that may stall ([`RingMemory::RemoteStalling`]).
     fn offloads(&self, meta: &MetaSubmission, session: &impl SessionView) -> bool {
         let mapped = |id| session.region(id).is_some_and(|r| r.mapped);
         let behind = self.sq_tail != self.cursor.sq_head;
+        let ranges_mapped = || mapped(meta.answer_region) && mapped(meta.request_region);
         meta.opcode == MetaOpcode::OpenRead
             && match self.memory {
-                RingMemory::Mapped => behind,
-                RingMemory::MappedStalling => true,
+                RingMemory::Mapped => behind && ranges_mapped(),
+                RingMemory::MappedStalling => ranges_mapped(),
+                RingMemory::RemoteStalling => true,
                 RingMemory::Remote => false,
             }
-            && mapped(meta.answer_region)
-            && mapped(meta.request_region)
     }
 
     /// How the run asked for by [`Action::Run`] or [`Action::Meta`] ended. Ignored

@@ -1,22 +1,25 @@
-//! Staged requests on the I/O threads: payload requests of hosts reached with put/get
-//! (TCP, RDMA: a DPU's hosts) over a backend with asynchronous I/O (DAOS).
+//! Staged requests on the I/O threads: payload requests and open-reads of hosts reached
+//! with put/get (TCP, RDMA: a DPU's hosts) over a backend with asynchronous I/O (DAOS).
 //!
 //! Each lane has staged-I/O memory of its own (`dpuio-staged-io`, slots of a chunk,
 //! registered with the lane's worker once, when first needed). The engine takes a slot
 //! per piece of a request (a write's bytes got from the host into them first) and hands
 //! the pieces to the I/O threads, which read into (write from) the slots on their event
-//! queues, many in flight. The last piece hands the request back ([`Memory::Staged`]);
-//! the engine puts a read's bytes from the slots to the host, posts the completions of
-//! what came back together (one flush for all), and the slots are free again. A request
-//! that finds too few slots free waits in its lane's queue, in order. So the engine does
-//! no storage I/O for such rings' payload: their requests overlap in storage as a mapped
-//! ring's do, and a read DAOS keeps does not hold up the engine, which serves every
-//! host of every transport.
+//! queues, many in flight. The last piece hands the request back ([`Back`]); the engine
+//! puts a read's bytes from the slots to the host, posts the completions of what came
+//! back together (one flush for all), and the slots are free again. A request that
+//! finds too few slots free waits in its lane's queue, in order. An open-read takes
+//! slots for its answer range, laid end to end: an I/O thread runs its namespace call
+//! and writes the header and the file's bytes (or the error record) there, and the
+//! engine puts them to the host; one that finds too few slots free runs on the engine.
+//! So the engine does no storage I/O for such rings' payload and samples: their reads
+//! overlap in storage as a mapped ring's do, and a read DAOS keeps does not hold up the
+//! engine, which serves every host of every transport.
 //!
 //! Not here: where a request runs ([`super::policy::place`]: objects that lend memory
 //! of their own, a tenant DAOS worker's, requests of more pieces than a lane's slots,
-//! and backends without asynchronous I/O stay on the engine, [`super::execute`], as do
-//! such rings' open-reads), and the I/O threads ([`super::io`]).
+//! and backends without asynchronous I/O stay on the engine, [`super::execute`]), and
+//! the I/O threads ([`super::io`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,7 +33,7 @@ use fabric::any;
 use fabric::transport::Endpoint as _;
 
 use super::host_memory::{FLUSH_TIMEOUT, HostRegion, HostRing, Peer};
-use super::io::{self, InFlight, Job, Memory, Offloaded, StagedMemory};
+use super::io::{self, AnswerInto, Back, Job, Memory, Offloaded, OpenRead, StagedAnswer, StagedMemory};
 use super::protocol;
 use super::sessions::Handle;
 use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics};
@@ -107,6 +110,25 @@ impl LaneStaged {
     }
 }
 
+/// Add `completion` to `ring`'s in `rings`.
+fn add(
+    rings: &mut Vec<RingCompletions>,
+    ring: &Arc<HostRing>,
+    peer: &Arc<Peer>,
+    session_id: u64,
+    completion: (u64, wire::Completion),
+) {
+    match rings.iter_mut().find(|c| Arc::ptr_eq(&c.ring, ring)) {
+        Some(c) => c.completions.push(completion),
+        None => rings.push(RingCompletions {
+            ring: ring.clone(),
+            peer: peer.clone(),
+            session_id,
+            completions: vec![completion],
+        }),
+    }
+}
+
 /// `n` free slots of `staging`, or none (those taken go back).
 fn take_slots(staging: &Arc<Staging>, n: usize) -> Option<Vec<Slot>> {
     (0..n).map(|_| staging.try_take()).collect()
@@ -116,7 +138,7 @@ fn take_slots(staging: &Arc<Staging>, n: usize) -> Option<Vec<Slot>> {
 /// and the channel the I/O threads hand finished ones back on.
 pub(super) struct StagedIo {
     lanes: Vec<LaneStaged>,
-    done: (crossbeam_channel::Sender<Arc<InFlight>>, crossbeam_channel::Receiver<Arc<InFlight>>),
+    done: (crossbeam_channel::Sender<Back>, crossbeam_channel::Receiver<Back>),
     jobs: crossbeam_channel::Sender<Job>,
     chunk_bytes: usize,
     times: BackendTimes,
@@ -129,7 +151,7 @@ pub(super) struct StagedIo {
 /// completions' flush.
 pub(super) struct Finished {
     pub rings: Vec<RingCompletions>,
-    _slots: Vec<Arc<InFlight>>,
+    _slots: Vec<Back>,
 }
 
 /// Completions (index, entry) to post on one ring, with its host and session.
@@ -187,6 +209,30 @@ impl StagedIo {
         Ok(true)
     }
 
+    /// Hand the open-read `job` of `peer` (a host reached with put/get) to the I/O
+    /// threads with staged-I/O slots for its answer range: they run the namespace call and
+    /// write the answer into the slots; the engine puts it to the host. False where it
+    /// cannot go there now (no staged-I/O memory, too few slots free, or requests waiting
+    /// for them): it runs on the engine.
+    pub fn take_open_read(&mut self, mut job: OpenRead, peer: &Arc<Peer>) -> bool {
+        let lane = &mut self.lanes[peer.lane];
+        let Some(staging) = lane.memory(self.chunk_bytes) else { return false };
+        let n = (job.meta.answer_length as usize).div_ceil(self.chunk_bytes);
+        if n > lane.slots || !lane.pending.is_empty() {
+            return false;
+        }
+        let Some(slots) = take_slots(&staging, n) else { return false };
+        job.into = AnswerInto::Staged(StagedAnswer {
+            slots,
+            slot_bytes: self.chunk_bytes,
+            peer: peer.clone(),
+            done: self.done.0.clone(),
+            engine: self.engine.clone(),
+        });
+        io::hand_off_open_read(&self.jobs, job);
+        true
+    }
+
     /// Start `p` with `slots`: a write's bytes got from the host into them, then its
     /// pieces to the I/O threads.
     fn start(&self, p: Pending, slots: Vec<Slot>) -> Result<(), fabric::Error> {
@@ -225,15 +271,25 @@ impl StagedIo {
         Ok(())
     }
 
-    /// The staged requests the I/O threads handed back, their reads' bytes put to the
-    /// hosts (a host whose put fails is failed); `None` when none came back.
+    /// The staged requests and open-reads the I/O threads handed back, their reads' bytes
+    /// put to the hosts (a host whose put fails is failed); `None` when none came back.
     pub fn finished(&mut self, metrics: &Metrics) -> Option<Finished> {
-        let done: Vec<Arc<InFlight>> = self.done.1.try_iter().collect();
+        let done: Vec<Back> = self.done.1.try_iter().collect();
         if done.is_empty() {
             return None;
         }
         let mut rings: Vec<RingCompletions> = Vec::new();
-        for f in &done {
+        for back in &done {
+            let f = match back {
+                Back::Request(f) => f,
+                Back::OpenRead(answered) => {
+                    if let Some(completion) = self.put_answer(answered, metrics) {
+                        let a = &**answered;
+                        add(&mut rings, &a.ring, &a.staged.peer, a.session_id, completion);
+                    }
+                    continue;
+                }
+            };
             let r = &f.request;
             let Memory::Staged(staged) = &r.memory else { continue };
             let (status, result) = f.outcome();
@@ -257,17 +313,34 @@ impl StagedIo {
                 }
             }
             let completion = (r.cq_index, protocol::completion(r.sub.user_data, r.cq_index, status, result));
-            match rings.iter_mut().find(|c| Arc::ptr_eq(&c.ring, &r.ring)) {
-                Some(c) => c.completions.push(completion),
-                None => rings.push(RingCompletions {
-                    ring: r.ring.clone(),
-                    peer: peer.clone(),
-                    session_id: r.session_id,
-                    completions: vec![completion],
-                }),
-            }
+            add(&mut rings, &r.ring, peer, r.session_id, completion);
         }
         Some(Finished { rings, _slots: done })
+    }
+
+    /// Put an open-read's answer (the first `result` bytes of its image) to its host; its
+    /// completion, or `None` where the host is gone (or its put failed: failed now).
+    fn put_answer(&self, a: &io::AnsweredOpenRead, metrics: &Metrics) -> Option<(u64, wire::Completion)> {
+        let peer = &a.staged.peer;
+        if peer.failed.load(Ordering::Relaxed) || a.ring.broken.load(Ordering::Relaxed) {
+            return None;
+        }
+        let local = self.lanes[peer.lane].region();
+        let (size, to) = (a.staged.slot_bytes as u64, a.answer.addr + a.meta.answer_offset);
+        let put = a.staged.slots.iter().enumerate().try_for_each(|(i, slot)| {
+            let len = a.result.saturating_sub(i as u64 * size).min(size);
+            match len {
+                0 => Ok(()),
+                len => {
+                    peer.endpoint.put(local, slot.offset as usize, len as usize, to + i as u64 * size, &a.answer.key)
+                }
+            }
+        });
+        if let Err(e) = put {
+            peer.fail(metrics, a.session_id, &e);
+            return None;
+        }
+        Some((a.cq_index, protocol::completion(a.meta.user_data, a.cq_index, a.status, a.result)))
     }
 
     /// Start the requests waiting for slots, in each lane's order, as far as its slots go.

@@ -4,7 +4,9 @@
 //! do the storage I/O, many requests in flight.
 
 use dpuio_backend::IoRequest;
+use dpuio_proto::wire::{MetaHeader, MetaOpcode, MetaSubmission};
 
+use super::super::meta::{self, Namespace};
 use super::*;
 
 /// A test double of an event queue (DAOS's): it overlaps every object's pieces, as an
@@ -36,9 +38,45 @@ const SLOTS: usize = 8;
 const SMALL: u64 = 4096;
 
 fn rig() -> Rig {
-    let rig = Rig::with_io_queue(&[(TENANT, QosConfig::default())], Some(reversing_queue));
+    rig_holding().0
+}
+
+/// Objects the namespace double opens for a path instead of the container's file.
+type Objects = Arc<Mutex<HashMap<String, Arc<dyn Object>>>>;
+
+/// A rig whose namespace double opens the objects of the map it returns where they are.
+fn rig_holding() -> (Rig, Objects) {
+    let objects = Objects::default();
+    let given = objects.clone();
+    let rig = Rig::with(&[(TENANT, QosConfig::default())], Some(reversing_queue), move |container| {
+        Some(Box::new(OpenReadsForTests { container, objects: given }))
+    });
     rig.start(CHUNK, 2);
-    rig
+    (rig, objects)
+}
+
+/// A test double of the agent's namespace policy: open-reads open the file in the rig's
+/// container (or the object the test gave for that path); nothing else runs.
+struct OpenReadsForTests {
+    container: Arc<dyn Container>,
+    objects: Objects,
+}
+
+impl Namespace for OpenReadsForTests {
+    fn metadata(&self, _: u64, request: meta::Request) -> crate::error::Result<meta::Reply> {
+        let meta::Request::OpenRead { path } = request else {
+            return Err(crate::error::Error::invalid("opcode", "the test double runs open-reads only"));
+        };
+        let object = match lock(&self.objects).get(&path) {
+            Some(object) => object.clone(),
+            None => {
+                let at = NsPath::parse(&path).map_err(|e| crate::error::Error::invalid("path", e.to_string()))?;
+                self.container.open(&at, OpenOptions::default(), 0).map_err(crate::error::Error::from)?
+            }
+        };
+        let attr = object.stat().map_err(crate::error::Error::from)?;
+        Ok(meta::Reply::Object { object, attr })
+    }
 }
 
 /// A file whose reads of every second piece of `SPLIT_BYTES` wait for a permit.
@@ -158,4 +196,124 @@ fn staged_requests_wait_in_order_for_free_slots() {
         let want = &input[file_offset(i) as usize..][..SMALL as usize];
         assert!(bytes[(i * SMALL) as usize..][..SMALL as usize] == *want, "read {i}");
     }
+}
+
+/// An open-read entry of `path`, its request at `request_at` of `mem` (written there),
+/// its answer the `answer_length` bytes at `answer_at`.
+fn open_read(
+    mem: &mut HostMemory,
+    request_at: u64,
+    path: &str,
+    answer_at: u64,
+    answer_length: u32,
+    user_data: u64,
+) -> MetaSubmission {
+    let request = wire::encode_strings(&[path]).unwrap();
+    mem.region.write_at(request_at as usize, &request);
+    MetaSubmission {
+        opcode: MetaOpcode::OpenRead,
+        flags: 0,
+        user_data,
+        handle: 0,
+        request_region: mem.id,
+        answer_region: mem.id,
+        request_offset: request_at,
+        answer_offset: answer_at,
+        request_length: request.len() as u32,
+        answer_length,
+        arg: 0,
+    }
+}
+
+/// A put/get host's open-reads: on the I/O threads, their answers (header and file
+/// bytes, or the error record) through staged-I/O slots, one across two of them.
+#[test]
+fn a_put_get_hosts_open_reads_answer_through_staged_slots() {
+    let rig = rig();
+    let host = rig.host(TENANT, PeerAccess::PutGet);
+    let (small, large) = (pattern(21, 100_000), pattern(22, CHUNK + CHUNK / 2));
+    rig.file("small", &small);
+    rig.file("large", &large);
+    let mut mem = host.region(&rig, 3 * CHUNK);
+    let mut ring = host.ring(&rig, 8);
+    let header = wire::META_ANSWER_HEADER_BYTES as usize;
+    // The large one's answer range holds more than a slot: its image spans two.
+    let asked = [
+        open_read(&mut mem, 0, "/small", 4096, 200_000, 1),
+        open_read(&mut mem, 256, "/large", CHUNK as u64, (CHUNK + CHUNK / 4) as u32, 2),
+        open_read(&mut mem, 512, "/missing", 300_000, 4096, 3),
+    ];
+    for m in &asked {
+        ring.push_bytes(&m.encode());
+    }
+    ring.submit(&host);
+    let answers: Vec<Completion> = (0..asked.len()).map(|_| ring.reap()).collect();
+    let bytes = copy(&mem.region);
+    for (m, want) in asked[..2].iter().zip([&small[..], &large[..CHUNK + CHUNK / 4 - header]]) {
+        let c = &answers[(m.user_data - 1) as usize];
+        assert_ok(c, m.user_data, (header + want.len()) as u64);
+        let at = m.answer_offset as usize;
+        let head = MetaHeader::decode(&bytes[at..at + header]).expect("a header");
+        assert_eq!(head.count, want.len() as u64, "open-read {}: bytes after the header", m.user_data);
+        assert!(bytes[at + header..][..want.len()] == *want, "open-read {}: the file's bytes", m.user_data);
+    }
+    let refused = &answers[2];
+    assert_eq!(wire::Status::from_i32(refused.status), Some(wire::Status::Refused), "{refused:?}");
+    assert!(refused.result > 0, "an error record was put to the host: {refused:?}");
+}
+
+/// A test double of a file whose reads all wait for the gate: it reads the gated file
+/// one piece of `SPLIT_BYTES` further on, where every read waits for a permit.
+struct HeldForTests(Arc<GatedObject>);
+
+impl Object for HeldForTests {
+    fn path(&self) -> &NsPath {
+        self.0.path()
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> dpuio_backend::Result<usize> {
+        self.0.read_at(buf, offset + SPLIT_BYTES)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> dpuio_backend::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn stat(&self) -> dpuio_backend::Result<Attr> {
+        self.0.stat()
+    }
+    fn truncate(&self, size: u64) -> dpuio_backend::Result<()> {
+        self.0.truncate(size)
+    }
+    fn sync(&self) -> dpuio_backend::Result<()> {
+        self.0.sync()
+    }
+}
+
+/// Before open-reads of a put/get host went to the I/O threads, the engine ran them, and
+/// one whose file storage held held up every ring.
+#[test]
+fn a_put_get_hosts_open_read_storage_holds_does_not_hold_up_the_engine() {
+    let (rig, held_paths) = rig_holding();
+    let host = rig.host(TENANT, PeerAccess::PutGet);
+    let input = pattern(23, 2 * SPLIT_BYTES as usize);
+    let gate = gated(&rig, &input);
+    let _open_gate = OpenOnDrop(gate.clone());
+    lock(&held_paths).insert("/held".into(), Arc::new(HeldForTests(gate.clone())));
+    let mut mem = host.region(&rig, 1 << 20);
+    let (mut held, mut other) = (host.ring(&rig, 8), host.ring(&rig, 8));
+    let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
+    held.push_bytes(&open_read(&mut mem, 0, "/held", 4096, (header + SPLIT_BYTES) as u32, 1).encode());
+    held.submit(&host);
+    wait_for(|| (gate.waiting.load(Ordering::SeqCst) == 1).then_some(()), "the open-read to wait in storage");
+    other.push(&read(host.handle(gate.clone()), &mem, 0, 600_000, SMALL, 2));
+    other.submit(&host);
+    assert_ok(&other.reap(), 2, SMALL);
+    assert_eq!(held.posted_count(), 0, "the held open-read is still in storage");
+    gate.release(1);
+    assert_ok(&held.reap(), 1, header + SPLIT_BYTES);
+    let bytes = copy(&mem.region);
+    let at = (4096 + header) as usize;
+    assert!(bytes[at..][..SPLIT_BYTES as usize] == input[SPLIT_BYTES as usize..], "the held open-read's bytes");
+    assert!(bytes[600_000..][..SMALL as usize] == input[..SMALL as usize], "the other ring's read's bytes");
 }

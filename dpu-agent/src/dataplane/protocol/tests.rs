@@ -720,6 +720,23 @@ fn open_reads_stay_here_on_a_remote_ring_or_with_a_remote_range() {
 }
 
 #[test]
+fn over_storage_that_may_stall_a_remote_rings_open_reads_go_to_the_workers() {
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    agent.memory = RingMemory::RemoteStalling;
+    host.submit(open_read(0).encode());
+    host.submit(stat(1).encode());
+    host.submit(wire::MetaSubmission { answer_region: REMOTE_REGION, ..open_read(2) }.encode());
+    assert_eq!(agent.serve(&mut host, UNLIMITED), Served::Finished { taken: 3, more: false, wake: true });
+    // Through staged-I/O slots: the ranges need not be mapped; the engine runs the stat only.
+    assert_eq!(runs(&agent.log), [("workers", 0), ("here", 1), ("workers", 2)]);
+    assert_eq!(
+        host.reap().iter().map(|c| c.user_data).collect::<Vec<_>>(),
+        [] as [u64; 0],
+        "slot 0 waits for the workers"
+    );
+}
+
+#[test]
 fn an_open_read_the_workers_do_not_take_runs_here_in_its_slot() {
     let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
     agent.memory = RingMemory::Mapped;
