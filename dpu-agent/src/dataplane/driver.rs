@@ -59,7 +59,6 @@ pub(super) struct Engine {
     pub(super) jobs: crossbeam_channel::Sender<Job>,
     /// Requests of put/get hosts on the I/O threads, through staged-I/O memory.
     pub(super) staged: StagedIo,
-
     /// The workers' queues keep many pieces in flight (the backend has asynchronous
     /// I/O): hand them every piece, none inline.
     pub(super) io_overlaps: bool,
