@@ -22,7 +22,8 @@
 //! request, and the session's other calls, a stat the agent can refuse at once among
 //! them, must not wait for it; and a process's many threads each doing one small read at
 //! a time (a loader's, through the preload library) each need a ring to have that many
-//! reads in flight.
+//! reads in flight. Rings made beyond the first count are given back to the agent once
+//! free for [`RING_IDLE`], one each time a call gives its ring back.
 //!
 //! Rooms: [`options`](self::options) (the transport, the candidates offered at Attach, the
 //! worker opened before it), [`region`](self::region) (registered memory, reached through
@@ -60,6 +61,11 @@ pub use region::RegisteredRegion;
 
 /// How long a call waits for a free ring before it registers one more.
 pub(crate) const RING_GROW_AFTER: Duration = Duration::from_millis(20);
+/// How long a ring the session grew beyond [`DataPlaneOptions::rings`] stays free before
+/// it is given back to the agent (deregistered, its memory freed): the rings of a burst of
+/// calls serve the next burst within this, and after it no longer hold the agent's tables
+/// (`max_regions_per_session` counts rings) and the host's memory.
+pub(crate) const RING_IDLE: Duration = Duration::from_secs(10);
 /// How many rings a session may grow to, as a multiple of [`DataPlaneOptions::rings`] (the
 /// agent may allow fewer: `max_regions_per_session` counts rings).
 pub(crate) const RINGS_PER_RING: usize = 4;
@@ -163,7 +169,8 @@ impl DataPlane {
             .register_ring(pb::RegisterRingRequest { session_id, region_id: region.id, offset: 0, entries })
             .await
             .map_err(|s| Error::from_status("register ring", s))?;
-        Ok(Ring { id: r.into_inner().ring_id, region, core: HostRing::new(entries), generation })
+        let (id, freed) = (r.into_inner().ring_id, Instant::now());
+        Ok(Ring { id, region, core: HostRing::new(entries), generation, freed })
     }
 
     /// Set up `session_id` on a restarted agent (whose worker is at `agent_address`):
@@ -281,14 +288,51 @@ impl DataPlane {
         self.ring_freed.notify_all();
     }
 
-    fn give_ring(&self, ring: Ring) {
+    fn give_ring(&self, mut ring: Ring) {
         let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
         if ring.generation != self.conn().generation {
             return; // of a session the agent no longer has: freed
         }
+        ring.freed = Instant::now();
         rings.push(ring);
+        let idle = self.idle_ring(&mut rings);
         drop(rings);
         self.ring_freed.notify_one();
+        if let Some(ring) = idle {
+            self.retire(ring);
+        }
+    }
+
+    /// A ring the session grew beyond its first count that has been free for
+    /// [`RING_IDLE`], taken out of the free rings (the one free longest: they are a stack).
+    fn idle_ring(&self, rings: &mut Vec<Ring>) -> Option<Ring> {
+        let grown = self.made.load(Ordering::Acquire) > self.options.rings;
+        if !grown || rings.first().is_none_or(|r| r.freed.elapsed() < RING_IDLE) {
+            return None;
+        }
+        self.made.fetch_sub(1, Ordering::AcqRel);
+        Some(rings.remove(0))
+    }
+
+    /// Give `ring` back to the agent (its ring, then its memory's registration), on the
+    /// session's runtime; its memory goes once the agent forgot it. A failure (the
+    /// session gone) only leaves the agent's entry to the session's end.
+    fn retire(&self, ring: Ring) {
+        let (memory, session_id) = (self.memory.clone(), self.conn().session_id);
+        self.runtime.spawn(async move {
+            let ring_id = ring.id;
+            let gone = memory.clone().deregister_ring(pb::DeregisterRingRequest { session_id, ring_id }).await;
+            let region_id = ring.region.id;
+            let freed = match gone {
+                Ok(_) => memory.clone().deregister_region(pb::DeregisterRegionRequest { session_id, region_id }).await,
+                Err(e) => Err(e),
+            };
+            match freed {
+                Ok(_) => tracing::debug!(ring = ring_id, "an idle ring given back to the agent"),
+                Err(e) => tracing::debug!(ring = ring_id, error = %e, "an idle ring could not be given back"),
+            }
+            drop(ring); // unmapped only after the agent forgot it
+        });
     }
 
     /// Publish `sq_tail` on `ring` and ring the agent's doorbell unless it polls the

@@ -3,7 +3,8 @@
 //! loader's threads each need one), so a request the agent
 //! holds (a read DAOS keeps while its engines are gone) does not hold up the session's
 //! other calls; at the bound, or when the agent refuses a further ring (the tenant's
-//! `max_regions_per_session`), calls wait for a ring given back.
+//! `max_regions_per_session`), calls wait for a ring given back. Rings a burst made are
+//! given back to the agent once idle.
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -79,4 +80,45 @@ async fn when_the_agent_refuses_a_further_ring_calls_wait_for_one_given_back() {
     drop(held);
     let got = waiting.recv_timeout(Duration::from_secs(30)).expect("the read once the ring was given back");
     assert_eq!(got.unwrap(), b"the answer");
+}
+
+/// The regions the agent holds for the one session attached (a ring is one, its memory).
+fn session_regions(agent: &AgentProcess) -> usize {
+    let out = ok_stdout(&agent.dpuctl(&["sessions"]));
+    let row = out.lines().nth(1).unwrap_or_else(|| panic!("no session listed:\n{out}"));
+    row.split_whitespace().nth(3).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no regions in {row:?}"))
+}
+
+/// Rings a burst made are given back to the agent once they have been free for a while
+/// (`RING_IDLE`, 10 s): one each time a call gives its ring back, down to the first count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rings_a_burst_made_are_given_back_once_idle() {
+    let (_dir, agent, client) = agent_and_one_ring_client().await;
+    let before = session_regions(&agent);
+    drop(hold_rings(&client, 3)); // two more rings made, all three free again
+    let grown = session_regions(&agent);
+    assert_eq!(grown, before + 2, "two rings made for the burst");
+    // Freed just now: a call takes one and gives it back, nothing is retired.
+    let read = |client: &Arc<Client>| read_on_a_thread(client, "/data/a").recv_timeout(Duration::from_secs(30));
+    assert_eq!(read(&client).expect("a read").unwrap(), b"the answer");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(session_regions(&agent), grown, "no ring given back before it was idle");
+    std::thread::sleep(Duration::from_secs(11));
+    for _ in 0..4 {
+        assert_eq!(read(&client).expect("a read").unwrap(), b"the answer");
+    }
+    let mut regions = session_regions(&agent);
+    for _ in 0..50 {
+        if regions == before {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        regions = session_regions(&agent);
+    }
+    assert_eq!(regions, before, "the burst's two idle rings were given back, the first one kept");
+    // The session goes on, and grows again when it needs to.
+    let held = hold_rings(&client, 2);
+    assert_eq!(session_regions(&agent), before + 1);
+    drop(held);
+    assert_eq!(read(&client).expect("a read after the shrink").unwrap(), b"the answer");
 }

@@ -24,6 +24,8 @@ pub(super) struct Ring {
     pub(super) region: RegisteredRegion,
     pub(super) core: HostRing,
     pub(super) generation: u64,
+    /// When it was last given back (or made).
+    pub(super) freed: std::time::Instant,
 }
 
 impl Ring {
