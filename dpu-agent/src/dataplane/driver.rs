@@ -184,7 +184,7 @@ impl Engine {
                         _ => ready.ready(key), // more waiting: come back after the others
                     },
                     Ok(false) => {}
-                    Err(e) => fail_peer(&self.metrics, &s.peer, s.session.id, &e),
+                    Err(e) => s.peer.fail(&self.metrics, s.session.id, &e),
                 }
             }
             self.serve_queue(QUEUE_BATCH);
@@ -232,8 +232,7 @@ impl Engine {
         let rings: Vec<_> = keys
             .filter_map(|key| {
                 let (session, peer, ring) = self.agent.ring(key.0, key.1)?;
-                let served = !peer.failed.load(Ordering::Relaxed) && !ring.broken.load(Ordering::Relaxed);
-                served.then_some((key, session, peer, ring))
+                peer.serves(&ring).then_some((key, session, peer, ring))
             })
             .collect();
         if rings.is_empty() {
@@ -273,7 +272,7 @@ impl Engine {
             }
             match self.host(&s.peer).post_completion(&s.ring, cq_index, &completion) {
                 Ok(()) => host_memory::wake_waiters(&s.ring),
-                Err(e) => fail_peer(&self.metrics, &s.peer, s.session.id, &e.into()),
+                Err(e) => s.peer.fail(&self.metrics, s.session.id, &DataPlaneError::from(e)),
             }
         }
     }
@@ -292,7 +291,7 @@ impl Engine {
             let Some(q) = next else { break }; // every queued tenant is over its rate
             let s = &q.serving;
             let Some(tenant) = &s.tenant else { continue }; // only known tenants are queued
-            if s.peer.failed.load(Ordering::Relaxed) || s.ring.broken.load(Ordering::Relaxed) {
+            if !s.peer.serves(&s.ring) {
                 let _ = tenant.finish(1); // its host is gone; the engine is running anyway
                 continue;
             }
@@ -311,7 +310,7 @@ impl Engine {
                         posted.push(s.ring.clone());
                     }
                 }
-                Err(e) => fail_peer(&self.metrics, &s.peer, s.session.id, &e),
+                Err(e) => s.peer.fail(&self.metrics, s.session.id, &e),
             }
         }
         for ring in posted {
@@ -613,8 +612,9 @@ impl Engine {
         let mut bytes = vec![0u8; m.request_length as usize];
         self.host(&s.peer).read_range(&request, m.request_offset, &mut bytes)?;
         let Ok(asked) = meta::request(m, &bytes) else { return Ok(false) };
-        let mut job = OpenRead {
-            agent: self.agent.clone(),
+        let (agent, chunk_bytes) = (self.agent.clone(), self.chunk_bytes);
+        let job = |into| OpenRead {
+            agent,
             session_id: s.session.id,
             metrics: s.session.metrics.clone(),
             ring: s.ring.clone(),
@@ -622,16 +622,15 @@ impl Engine {
             meta: *m,
             asked,
             cq_index,
-            chunk_bytes: self.chunk_bytes,
-            into: AnswerInto::Mapped { group: Arc::default() },
+            chunk_bytes,
+            into,
         };
         if !mapped {
-            return Ok(self.staged.take_open_read(job, &s.peer));
+            return Ok(self.staged.take_open_read(&s.peer, m.answer_length, |staged| job(AnswerInto::Staged(staged))));
         }
         let group = group.get_or_insert_with(Default::default).clone();
         group.fetch_add(1, Ordering::AcqRel);
-        job.into = AnswerInto::Mapped { group };
-        io::hand_off_open_read(&self.jobs, job);
+        io::hand_off_open_read(&self.jobs, job(AnswerInto::Mapped { group }));
         Ok(true)
     }
 }
@@ -645,12 +644,6 @@ fn park(ready: &mut Readiness<Arc<HostRing>, Arc<TenantSlot>>, s: &Serving, tena
     }
 }
 
-/// A transfer to this host (of session `session_id`) failed: its rings are not served
-/// again.
-fn fail_peer(metrics: &Metrics, peer: &Peer, session_id: u64, e: &DataPlaneError) {
-    peer.fail(metrics, session_id, e);
-}
-
 impl Engine {
     /// Finish the staged requests the I/O threads handed back ([`super::staged`]): the
     /// completions of each ring posted together (one flush for their puts), their slots
@@ -660,7 +653,7 @@ impl Engine {
         for c in &finished.rings {
             match self.host(&c.peer).post_completions(&c.ring, &c.completions) {
                 Ok(()) => host_memory::wake_waiters(&c.ring),
-                Err(e) => fail_peer(&self.metrics, &c.peer, c.session_id, &e.into()),
+                Err(e) => c.peer.fail(&self.metrics, c.session_id, &DataPlaneError::from(e)),
             }
         }
         drop(finished);

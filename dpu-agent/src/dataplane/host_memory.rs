@@ -54,6 +54,12 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// Whether the engine still serves `ring` of this host: no transfer to the host
+    /// failed, and the host did not break the ring's protocol.
+    pub(super) fn serves(&self, ring: &HostRing) -> bool {
+        !self.failed.load(Ordering::Relaxed) && !ring.broken.load(Ordering::Relaxed)
+    }
+
     /// A transfer to this host (of session `session_id`) failed with `e`: its rings are
     /// not served again.
     pub(super) fn fail(&self, metrics: &Metrics, session_id: u64, e: &dyn std::fmt::Display) {

@@ -172,26 +172,28 @@ pub(super) struct AnsweredOpenRead {
 }
 
 impl StagedAnswer {
-    /// The image's bytes `[at, at + len)`, slot by slot: (slot, offset in it, length).
-    fn spans(&self, at: usize, len: usize) -> impl Iterator<Item = (&Slot, usize, usize)> {
+    /// The image's bytes `[at, at + len)`, slot by slot: (slot, offset in it, offset in
+    /// the image, length).
+    pub(super) fn spans(&self, at: usize, len: usize) -> impl Iterator<Item = (&Slot, usize, usize, usize)> {
         let size = self.slot_bytes;
         let last = (at + len).div_ceil(size).min(self.slots.len());
         (at / size..last)
             .map(move |i| {
                 let (from, to) = (at.max(i * size), (at + len).min((i + 1) * size));
-                (&self.slots[i], from - i * size, to - from)
+                (&self.slots[i], from - i * size, from, to - from)
             })
-            .filter(|&(_, _, len)| len > 0)
+            .filter(|&(.., len)| len > 0)
+    }
+
+    /// The `len` bytes at `offset` of `slot`, to write into.
+    fn bytes_mut(slot: &Slot, offset: usize, len: usize) -> HostBytesMut<'_> {
+        slot.staging().mapping.bytes_mut(slot.offset + offset as u64, len as u64).expect("in its slot")
     }
 
     /// Copy `bytes` into the image at `at`.
     fn write(&self, at: usize, bytes: &[u8]) {
-        let mut done = 0;
-        for (slot, offset, len) in self.spans(at, bytes.len()) {
-            let mut into =
-                slot.staging().mapping.bytes_mut(slot.offset + offset as u64, len as u64).expect("in its slot");
-            into.copy_from_slice(&bytes[done..done + len]);
-            done += len;
+        for (slot, offset, from, len) in self.spans(at, bytes.len()) {
+            StagedAnswer::bytes_mut(slot, offset, len).copy_from_slice(&bytes[from - at..][..len]);
         }
     }
 
@@ -199,9 +201,8 @@ impl StagedAnswer {
     /// the bytes read (short at the end of the file).
     fn read_object(&self, object: &dyn dpuio_backend::Object, at: usize, length: usize) -> dpuio_backend::Result<u64> {
         let mut done = 0usize;
-        for (slot, offset, len) in self.spans(at, length) {
-            let into = slot.staging().mapping.bytes_mut(slot.offset + offset as u64, len as u64).expect("in its slot");
-            let n = object.read_into(into, done as u64)?;
+        for (slot, offset, from, len) in self.spans(at, length) {
+            let n = object.read_into(StagedAnswer::bytes_mut(slot, offset, len), (from - at) as u64)?;
             done += n;
             if n < len {
                 break; // end of file

@@ -23,7 +23,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use dpuio_backend::LentMemory;
@@ -33,7 +32,7 @@ use fabric::any;
 use fabric::transport::Endpoint as _;
 
 use super::host_memory::{FLUSH_TIMEOUT, HostRegion, HostRing, Peer};
-use super::io::{self, AnswerInto, Back, Job, Memory, Offloaded, OpenRead, StagedAnswer, StagedMemory};
+use super::io::{self, Back, Job, Memory, Offloaded, OpenRead, StagedAnswer, StagedMemory};
 use super::protocol;
 use super::sessions::Handle;
 use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics};
@@ -209,27 +208,32 @@ impl StagedIo {
         Ok(true)
     }
 
-    /// Hand the open-read `job` of `peer` (a host reached with put/get) to the I/O
-    /// threads with staged-I/O slots for its answer range: they run the namespace call and
-    /// write the answer into the slots; the engine puts it to the host. False where it
-    /// cannot go there now (no staged-I/O memory, too few slots free, or requests waiting
-    /// for them): it runs on the engine.
-    pub fn take_open_read(&mut self, mut job: OpenRead, peer: &Arc<Peer>) -> bool {
+    /// Hand an open-read of `peer` (a host reached with put/get), `job` given staged-I/O
+    /// slots for its answer range of `answer_length` bytes, to the I/O threads: they run
+    /// the namespace call and write the answer into the slots; the engine puts it to the
+    /// host. False where it cannot go there now (no staged-I/O memory, too few slots free,
+    /// or requests waiting for them): it runs on the engine.
+    pub fn take_open_read(
+        &mut self,
+        peer: &Arc<Peer>,
+        answer_length: u32,
+        job: impl FnOnce(StagedAnswer) -> OpenRead,
+    ) -> bool {
         let lane = &mut self.lanes[peer.lane];
         let Some(staging) = lane.memory(self.chunk_bytes) else { return false };
-        let n = (job.meta.answer_length as usize).div_ceil(self.chunk_bytes);
+        let n = (answer_length as usize).div_ceil(self.chunk_bytes);
         if n > lane.slots || !lane.pending.is_empty() {
             return false;
         }
         let Some(slots) = take_slots(&staging, n) else { return false };
-        job.into = AnswerInto::Staged(StagedAnswer {
+        let answer = StagedAnswer {
             slots,
             slot_bytes: self.chunk_bytes,
             peer: peer.clone(),
             done: self.done.0.clone(),
             engine: self.engine.clone(),
-        });
-        io::hand_off_open_read(&self.jobs, job);
+        };
+        io::hand_off_open_read(&self.jobs, job(answer));
         true
     }
 
@@ -296,7 +300,7 @@ impl StagedIo {
             let _ = r.tenant.finish(1); // parked rings are looked at on the engine's next round
             r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
             let peer = &staged.peer;
-            if peer.failed.load(Ordering::Relaxed) || r.ring.broken.load(Ordering::Relaxed) {
+            if !peer.serves(&r.ring) {
                 continue;
             }
             if r.sub.opcode == Opcode::Read && status == wire::Status::Ok {
@@ -322,19 +326,14 @@ impl StagedIo {
     /// completion, or `None` where the host is gone (or its put failed: failed now).
     fn put_answer(&self, a: &io::AnsweredOpenRead, metrics: &Metrics) -> Option<(u64, wire::Completion)> {
         let peer = &a.staged.peer;
-        if peer.failed.load(Ordering::Relaxed) || a.ring.broken.load(Ordering::Relaxed) {
+        if !peer.serves(&a.ring) {
             return None;
         }
         let local = self.lanes[peer.lane].region();
-        let (size, to) = (a.staged.slot_bytes as u64, a.answer.addr + a.meta.answer_offset);
-        let put = a.staged.slots.iter().enumerate().try_for_each(|(i, slot)| {
-            let len = a.result.saturating_sub(i as u64 * size).min(size);
-            match len {
-                0 => Ok(()),
-                len => {
-                    peer.endpoint.put(local, slot.offset as usize, len as usize, to + i as u64 * size, &a.answer.key)
-                }
-            }
+        let to = a.answer.addr + a.meta.answer_offset;
+        let put = a.staged.spans(0, a.result as usize).try_for_each(|(slot, offset, from, len)| {
+            let at = slot.offset as usize + offset;
+            peer.endpoint.put(local, at, len, to + from as u64, &a.answer.key)
         });
         if let Err(e) = put {
             peer.fail(metrics, a.session_id, &e);
@@ -351,7 +350,7 @@ impl StagedIo {
                 let (Some(p), Some((staging, _))) = (staged.pending.front(), staged.memory.as_ref()) else { break };
                 let Some(slots) = take_slots(staging, p.pieces.len()) else { break };
                 let p = staged.pending.pop_front().expect("looked at");
-                if p.peer.failed.load(Ordering::Relaxed) || p.ring.broken.load(Ordering::Relaxed) {
+                if !p.peer.serves(&p.ring) {
                     let _ = p.tenant.finish(1); // its host is gone
                     continue;
                 }
