@@ -569,6 +569,7 @@ impl Engine {
                     region,
                     handle,
                     pieces,
+                    before: io::Outcome::CLEAN,
                 };
                 return Ok(self.staged.take(p)?);
             }
@@ -593,9 +594,10 @@ impl Engine {
 
     /// Hand the open-read `m` to the I/O threads, as the ring protocol asked: its
     /// request is copied out of host memory and decoded here. `Ok(false)` when they
-    /// cannot take it (a range deregistered since, a request that does not decode, no
-    /// staged-I/O slots free for a put/get host's answer): it then runs here, and is
-    /// refused with its reason. An `Err` is a transfer failure (the host is gone).
+    /// cannot take it (a range deregistered since, a request that does not decode, a
+    /// put/get host's answer range longer than its lane's staged-I/O slots): it then runs
+    /// here (refused with its reason where it cannot run). An `Err` is a transfer failure
+    /// (the host is gone).
     fn hand_off_open_read(
         &mut self,
         s: &Serving,
@@ -613,20 +615,22 @@ impl Engine {
         self.host(&s.peer).read_range(&request, m.request_offset, &mut bytes)?;
         let Ok(asked) = meta::request(m, &bytes) else { return Ok(false) };
         let (agent, chunk_bytes) = (self.agent.clone(), self.chunk_bytes);
-        let job = |into| OpenRead {
+        let (session_id, metrics, ring, m) = (s.session.id, s.session.metrics.clone(), s.ring.clone(), *m);
+        let job = move |into| OpenRead {
             agent,
-            session_id: s.session.id,
-            metrics: s.session.metrics.clone(),
-            ring: s.ring.clone(),
+            session_id,
+            metrics,
+            ring,
             answer,
-            meta: *m,
+            meta: m,
             asked,
             cq_index,
             chunk_bytes,
             into,
         };
         if !mapped {
-            return Ok(self.staged.take_open_read(&s.peer, m.answer_length, |staged| job(AnswerInto::Staged(staged))));
+            let job = Box::new(move |staged| job(AnswerInto::Staged(staged)));
+            return Ok(self.staged.take_open_read(&s.peer, &s.ring, m.answer_length, job));
         }
         let group = group.get_or_insert_with(Default::default).clone();
         group.fetch_add(1, Ordering::AcqRel);

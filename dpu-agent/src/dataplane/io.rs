@@ -64,14 +64,32 @@ pub(super) enum Memory {
     Staged(Box<StagedMemory>),
 }
 
-/// A staged request's slots of the lane's staged-I/O memory (one per piece, in order),
-/// and where it goes back to ([`super::staged`]).
+/// A staged request's slots of the lane's staged-I/O memory (one per piece of this
+/// round, in order), and where it goes back to ([`super::staged`]).
 pub(super) struct StagedMemory {
     pub slots: Vec<Slot>,
+    /// This round's pieces: a request of more pieces than its lane has slots runs in
+    /// rounds, one after another.
     pub pieces: Vec<validate::Chunk>,
+    /// The pieces of the rounds after this one.
+    pub rest: Vec<validate::Chunk>,
+    /// How the rounds before went (nothing failed, no read came up short: they ran on).
+    pub before: Outcome,
     pub peer: Arc<Peer>,
     /// The engine's channel for finished staged requests.
     pub done: crossbeam_channel::Sender<Back>,
+}
+
+/// How a request's pieces went: the highest [`BackendFailure`] rank (0: none failed),
+/// and the lowest file offset where a read came up short (u64::MAX: none did).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Outcome {
+    pub failure: u8,
+    pub short_end: u64,
+}
+
+impl Outcome {
+    pub const CLEAN: Outcome = Outcome { failure: 0, short_end: u64::MAX };
 }
 
 impl StagedMemory {
@@ -382,6 +400,11 @@ impl InFlight {
         self.failure.fetch_max(failure as u8, Ordering::Relaxed);
     }
 
+    /// How its pieces went so far.
+    pub(super) fn so_far(&self) -> Outcome {
+        Outcome { failure: self.failure.load(Ordering::Relaxed), short_end: self.short_end.load(Ordering::Relaxed) }
+    }
+
     /// What the request completes with (status, bytes), from how its pieces went.
     pub(super) fn outcome(&self) -> (wire::Status, u64) {
         let failure = BackendFailure::from_rank(self.failure.load(Ordering::Relaxed));
@@ -398,7 +421,13 @@ impl InFlight {
     /// ring, or hand a staged request back to the engine.
     fn finish(self: &Arc<Self>, times: &BackendTimes) {
         let r = &self.request;
+        // A request in rounds is made durable after its last round.
+        let last_round = match &r.memory {
+            Memory::Staged(staged) => staged.rest.is_empty(),
+            Memory::Mapped => true,
+        };
         if self.failure.load(Ordering::Relaxed) == 0
+            && last_round
             && policy::syncs(&r.sub)
             && let Err(e) = timed(&times.sync, || r.handle.object.sync())
         {
@@ -433,11 +462,15 @@ pub(super) fn hand_off(
     engine_first: bool,
     times: &BackendTimes,
 ) {
+    let before = match &request.memory {
+        Memory::Staged(staged) => staged.before,
+        Memory::Mapped => Outcome::CLEAN,
+    };
     let request = Arc::new(InFlight {
         request,
         pieces_left: AtomicUsize::new(pieces.len()),
-        short_end: AtomicU64::new(u64::MAX),
-        failure: AtomicU8::new(0),
+        short_end: AtomicU64::new(before.short_end),
+        failure: AtomicU8::new(before.failure),
     });
     let (first, rest) = match engine_first {
         true => pieces.split_first().map_or((None, pieces), |(first, rest)| (Some(*first), rest)),

@@ -7,18 +7,22 @@
 //! the pieces to the I/O threads, which read into (write from) the slots on their event
 //! queues, many in flight. The last piece hands the request back ([`Back`]); the engine
 //! puts a read's bytes from the slots to the host, posts the completions of what came
-//! back together (one flush for all), and the slots are free again. A request that
-//! finds too few slots free waits in its lane's queue, in order. An open-read takes
-//! slots for its answer range, laid end to end: an I/O thread runs its namespace call
-//! and writes the header and the file's bytes (or the error record) there, and the
-//! engine puts them to the host; one that finds too few slots free runs on the engine.
-//! So the engine does no storage I/O for such rings' payload and samples: their reads
-//! overlap in storage as a mapped ring's do, and a read DAOS keeps does not hold up the
-//! engine, which serves every host of every transport.
+//! back together (one flush for all), and the slots are free again. A request of more
+//! pieces than its lane has slots runs in rounds, each of half the slots, its bytes put
+//! to (got from) the host before the next starts (the rest of the slots keep other
+//! requests going beside it). An open-read
+//! takes slots for its answer range, laid end to end: an I/O thread runs its namespace
+//! call and writes the header and the file's bytes (or the error record) there, and the
+//! engine puts them to the host. Requests and open-reads that find too few slots free
+//! wait in their lane's queue, in order. So the engine does no storage I/O for such
+//! rings' payload and samples: their reads overlap in storage as a mapped ring's do,
+//! and a read DAOS keeps does not hold up the engine, which serves every host of every
+//! transport.
 //!
 //! Not here: where a request runs ([`super::policy::place`]: objects that lend memory
-//! of their own, a tenant DAOS worker's, requests of more pieces than a lane's slots,
-//! and backends without asynchronous I/O stay on the engine, [`super::execute`]), and
+//! of their own, a tenant DAOS worker's, and backends without asynchronous I/O stay on
+//! the engine, [`super::execute`], as do open-reads whose answer range is longer than
+//! a lane's slots and every request of a lane whose transport refused the memory), and
 //! the I/O threads ([`super::io`]).
 
 use std::collections::VecDeque;
@@ -32,7 +36,7 @@ use fabric::any;
 use fabric::transport::Endpoint as _;
 
 use super::host_memory::{FLUSH_TIMEOUT, HostRegion, HostRing, Peer};
-use super::io::{self, Back, Job, Memory, Offloaded, OpenRead, StagedAnswer, StagedMemory};
+use super::io::{self, Back, Job, Memory, Offloaded, OpenRead, Outcome, StagedAnswer, StagedMemory};
 use super::protocol;
 use super::sessions::Handle;
 use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics};
@@ -59,7 +63,34 @@ pub(super) struct Pending {
     pub taken_at: Instant,
     pub region: Arc<HostRegion>,
     pub handle: Arc<Handle>,
+    /// The pieces still to run (all of them, or the rounds after those that ran).
     pub pieces: Vec<Chunk>,
+    /// How the rounds that ran went.
+    pub before: Outcome,
+}
+
+/// An open-read waiting for slots for its answer range: the job, once given them.
+pub(super) struct WaitingOpenRead {
+    pub peer: Arc<Peer>,
+    pub ring: Arc<HostRing>,
+    pub slots: usize,
+    pub job: Box<dyn FnOnce(StagedAnswer) -> OpenRead + Send>,
+}
+
+/// What waits in a lane's queue for free slots, in the order the engine took them.
+enum Waiting {
+    Request(Pending),
+    OpenRead(WaitingOpenRead),
+}
+
+impl Waiting {
+    /// The slots it needs to start (a request: its next round's).
+    fn slots(&self, lane_slots: usize) -> usize {
+        match self {
+            Waiting::Request(p) => round(p.pieces.len(), lane_slots),
+            Waiting::OpenRead(o) => o.slots,
+        }
+    }
 }
 
 /// One lane's staged-I/O memory, made when first needed, and the requests waiting for
@@ -71,7 +102,7 @@ struct LaneStaged {
     /// The memory could not be made or registered: this lane's requests run on the
     /// engine, through its staging pairs (said once in the log).
     refused: bool,
-    pending: VecDeque<Pending>,
+    pending: VecDeque<Waiting>,
 }
 
 impl LaneStaged {
@@ -125,6 +156,16 @@ fn add(
             session_id,
             completions: vec![completion],
         }),
+    }
+}
+
+/// The pieces of the next round of a request with `pieces` still to run, in a lane of
+/// `lane_slots` slots: all of them where they fit, else half the lane's slots, so that
+/// other requests keep going beside a long one.
+fn round(pieces: usize, lane_slots: usize) -> usize {
+    match pieces <= lane_slots {
+        true => pieces,
+        false => (lane_slots / 2).max(1),
     }
 }
 
@@ -187,59 +228,68 @@ impl StagedIo {
     }
 
     /// Take the staged request `p` ([`super::policy::Placement::Staged`]): started on
-    /// the I/O threads where its lane has slots free, else queued behind the lane's
-    /// waiting ones. `Ok(false)` where it cannot go there (the lane has no staged-I/O
-    /// memory, or fewer slots than it has pieces): it runs on the engine. An `Err` is a
-    /// transfer failure (the host is gone); the request is finished then.
+    /// the I/O threads where its lane has slots free (for its first round, if it has
+    /// more pieces than the lane has slots), else queued behind the lane's waiting ones.
+    /// `Ok(false)` where it cannot go there (the lane has no staged-I/O memory): it runs
+    /// on the engine. An `Err` is a transfer failure (the host is gone); the request is
+    /// finished then.
     pub fn take(&mut self, p: Pending) -> Result<bool, fabric::Error> {
         let lane = &mut self.lanes[p.peer.lane];
         let Some(staging) = lane.memory(self.chunk_bytes) else { return Ok(false) };
-        if p.pieces.len() > lane.slots {
-            return Ok(false);
-        }
         let slots = match lane.pending.is_empty() {
-            true => take_slots(&staging, p.pieces.len()),
-            false => None, // the lane's waiting requests go first
+            true => take_slots(&staging, round(p.pieces.len(), lane.slots)),
+            false => None, // the lane's waiting ones go first
         };
         match slots {
             Some(slots) => self.start(p, slots)?,
-            None => lane.pending.push_back(p),
+            None => lane.pending.push_back(Waiting::Request(p)),
         }
         Ok(true)
     }
 
-    /// Hand an open-read of `peer` (a host reached with put/get), `job` given staged-I/O
-    /// slots for its answer range of `answer_length` bytes, to the I/O threads: they run
-    /// the namespace call and write the answer into the slots; the engine puts it to the
-    /// host. False where it cannot go there now (no staged-I/O memory, too few slots free,
-    /// or requests waiting for them): it runs on the engine.
+    /// Hand an open-read of `peer` (a host reached with put/get) on `ring`, `job` given
+    /// staged-I/O slots for its answer range of `answer_length` bytes, to the I/O
+    /// threads: they run the namespace call and write the answer into the slots; the
+    /// engine puts it to the host. Where too few slots are free (or others wait for
+    /// them) it waits in the lane's queue. False where it cannot go there (no staged-I/O
+    /// memory, or an answer range longer than the lane's slots): it runs on the engine.
     pub fn take_open_read(
         &mut self,
         peer: &Arc<Peer>,
+        ring: &Arc<HostRing>,
         answer_length: u32,
-        job: impl FnOnce(StagedAnswer) -> OpenRead,
+        job: Box<dyn FnOnce(StagedAnswer) -> OpenRead + Send>,
     ) -> bool {
         let lane = &mut self.lanes[peer.lane];
         let Some(staging) = lane.memory(self.chunk_bytes) else { return false };
         let n = (answer_length as usize).div_ceil(self.chunk_bytes);
-        if n > lane.slots || !lane.pending.is_empty() {
+        if n > lane.slots {
             return false;
         }
-        let Some(slots) = take_slots(&staging, n) else { return false };
-        let answer = StagedAnswer {
-            slots,
-            slot_bytes: self.chunk_bytes,
-            peer: peer.clone(),
-            done: self.done.0.clone(),
-            engine: self.engine.clone(),
-        };
-        io::hand_off_open_read(&self.jobs, job(answer));
+        let waiting = WaitingOpenRead { peer: peer.clone(), ring: ring.clone(), slots: n, job };
+        match lane.pending.is_empty().then(|| take_slots(&staging, n)).flatten() {
+            Some(slots) => self.start_open_read(waiting, slots),
+            None => lane.pending.push_back(Waiting::OpenRead(waiting)),
+        }
         true
     }
 
-    /// Start `p` with `slots`: a write's bytes got from the host into them, then its
-    /// pieces to the I/O threads.
-    fn start(&self, p: Pending, slots: Vec<Slot>) -> Result<(), fabric::Error> {
+    /// Hand the open-read `o` to the I/O threads with `slots` for its answer.
+    fn start_open_read(&self, o: WaitingOpenRead, slots: Vec<Slot>) {
+        let answer = StagedAnswer {
+            slots,
+            slot_bytes: self.chunk_bytes,
+            peer: o.peer,
+            done: self.done.0.clone(),
+            engine: self.engine.clone(),
+        };
+        io::hand_off_open_read(&self.jobs, (o.job)(answer));
+    }
+
+    /// Start the next round of `p` with `slots` (one per piece of it): a write's bytes
+    /// got from the host into them, then its pieces to the I/O threads.
+    fn start(&self, mut p: Pending, slots: Vec<Slot>) -> Result<(), fabric::Error> {
+        let rest = p.pieces.split_off(slots.len());
         let peer = &p.peer;
         if p.sub.opcode == Opcode::Write {
             let local = self.lanes[peer.lane].region();
@@ -257,7 +307,14 @@ impl StagedIo {
                 return Err(e);
             }
         }
-        let memory = StagedMemory { slots, pieces: p.pieces.clone(), peer: peer.clone(), done: self.done.0.clone() };
+        let memory = StagedMemory {
+            slots,
+            pieces: p.pieces.clone(),
+            rest,
+            before: p.before,
+            peer: peer.clone(),
+            done: self.done.0.clone(),
+        };
         let request = Offloaded {
             session_id: p.session_id,
             ring: p.ring,
@@ -277,12 +334,14 @@ impl StagedIo {
 
     /// The staged requests and open-reads the I/O threads handed back, their reads' bytes
     /// put to the hosts (a host whose put fails is failed); `None` when none came back.
+    /// A request with rounds still to run goes back to the front of its lane's queue.
     pub fn finished(&mut self, metrics: &Metrics) -> Option<Finished> {
         let done: Vec<Back> = self.done.1.try_iter().collect();
         if done.is_empty() {
             return None;
         }
         let mut rings: Vec<RingCompletions> = Vec::new();
+        let mut next_rounds: Vec<Pending> = Vec::new();
         for back in &done {
             let f = match back {
                 Back::Request(f) => f,
@@ -296,11 +355,19 @@ impl StagedIo {
             };
             let r = &f.request;
             let Memory::Staged(staged) = &r.memory else { continue };
+            // Rounds run on while nothing failed and no read came up short (past the end
+            // of the file the rest would read nothing).
+            let more = !staged.rest.is_empty() && f.so_far() == Outcome::CLEAN;
             let (status, result) = f.outcome();
-            let _ = r.tenant.finish(1); // parked rings are looked at on the engine's next round
-            r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
             let peer = &staged.peer;
+            if !more {
+                let _ = r.tenant.finish(1); // parked rings are looked at on the engine's next round
+                r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
+            }
             if !peer.serves(&r.ring) {
+                if more {
+                    let _ = r.tenant.finish(1); // its host is gone
+                }
                 continue;
             }
             if r.sub.opcode == Opcode::Read && status == wire::Status::Ok {
@@ -311,13 +378,43 @@ impl StagedIo {
                         0 => Ok(()),
                         n => peer.endpoint.put(local, slot.offset as usize, n as usize, to(piece), &r.region.key),
                     });
+                // The next round may take these slots once this returns: its puts done first
+                // (the last round's are flushed with its completion).
+                let put = put.and_then(|()| match more {
+                    true => peer.endpoint.flush(FLUSH_TIMEOUT),
+                    false => Ok(()),
+                });
                 if let Err(e) = put {
+                    if more {
+                        let _ = r.tenant.finish(1);
+                    }
                     peer.fail(metrics, r.session_id, &e);
                     continue;
                 }
             }
+            if more {
+                next_rounds.push(Pending {
+                    session_id: r.session_id,
+                    peer: peer.clone(),
+                    ring: r.ring.clone(),
+                    metrics: r.metrics.clone(),
+                    tenant: r.tenant.clone(),
+                    sub: r.sub,
+                    cq_index: r.cq_index,
+                    taken_at: r.taken_at,
+                    region: r.region.clone(),
+                    handle: r.handle.clone(),
+                    pieces: staged.rest.clone(),
+                    before: f.so_far(),
+                });
+                continue;
+            }
             let completion = (r.cq_index, protocol::completion(r.sub.user_data, r.cq_index, status, result));
             add(&mut rings, &r.ring, peer, r.session_id, completion);
+        }
+        // Ahead of the lane's waiting ones (they were taken after), in the order they came.
+        for p in next_rounds.into_iter().rev() {
+            self.lanes[p.peer.lane].pending.push_front(Waiting::Request(p));
         }
         Some(Finished { rings, _slots: done })
     }
@@ -342,21 +439,26 @@ impl StagedIo {
         Some((a.cq_index, protocol::completion(a.meta.user_data, a.cq_index, a.status, a.result)))
     }
 
-    /// Start the requests waiting for slots, in each lane's order, as far as its slots go.
+    /// Start the requests and open-reads waiting for slots, in each lane's order, as far
+    /// as its slots go.
     pub fn start_waiting(&mut self, metrics: &Metrics) {
         for lane in 0..self.lanes.len() {
             loop {
                 let staged = &mut self.lanes[lane];
-                let (Some(p), Some((staging, _))) = (staged.pending.front(), staged.memory.as_ref()) else { break };
-                let Some(slots) = take_slots(staging, p.pieces.len()) else { break };
-                let p = staged.pending.pop_front().expect("looked at");
-                if !p.peer.serves(&p.ring) {
-                    let _ = p.tenant.finish(1); // its host is gone
-                    continue;
-                }
-                let (peer, session_id) = (p.peer.clone(), p.session_id);
-                if let Err(e) = self.start(p, slots) {
-                    peer.fail(metrics, session_id, &e);
+                let (Some(w), Some((staging, _))) = (staged.pending.front(), staged.memory.as_ref()) else { break };
+                let Some(slots) = take_slots(staging, w.slots(staged.slots)) else { break };
+                match staged.pending.pop_front().expect("looked at") {
+                    Waiting::Request(p) if !p.peer.serves(&p.ring) => {
+                        let _ = p.tenant.finish(1); // its host is gone
+                    }
+                    Waiting::Request(p) => {
+                        let (peer, session_id) = (p.peer.clone(), p.session_id);
+                        if let Err(e) = self.start(p, slots) {
+                            peer.fail(metrics, session_id, &e);
+                        }
+                    }
+                    Waiting::OpenRead(o) if !o.peer.serves(&o.ring) => {} // its host is gone
+                    Waiting::OpenRead(o) => self.start_open_read(o, slots),
                 }
             }
         }

@@ -317,3 +317,91 @@ fn a_put_get_hosts_open_read_storage_holds_does_not_hold_up_the_engine() {
     assert!(bytes[at..][..SPLIT_BYTES as usize] == input[SPLIT_BYTES as usize..], "the held open-read's bytes");
     assert!(bytes[600_000..][..SMALL as usize] == input[..SMALL as usize], "the other ring's read's bytes");
 }
+
+/// Before requests ran in rounds, one of more pieces than its lane has slots ran on the
+/// engine, and a read storage kept held up every ring.
+#[test]
+fn a_request_longer_than_the_lanes_slots_runs_in_rounds_on_the_io_threads() {
+    let rig = rig();
+    let host = rig.host(TENANT, PeerAccess::PutGet);
+    let chunk = CHUNK as u64;
+    let input = pattern(31, 10 * CHUNK + 5000);
+    let gate = gated(&rig, &input);
+    let _open_gate = OpenOnDrop(gate.clone());
+    let handle = host.handle(gate.clone());
+    let mut data = host.region(&rig, 11 * CHUNK);
+    let (mut long, mut other) = (host.ring(&rig, 8), host.ring(&rig, 8));
+    // Ten pieces over eight slots: the first (from SPLIT_BYTES to the first chunk
+    // boundary) waits in storage; another ring's read completes meanwhile.
+    long.push(&read(handle, &data, SPLIT_BYTES, 0, 9 * chunk, 1));
+    long.submit(&host);
+    wait_for(|| (gate.waiting.load(Ordering::SeqCst) == 1).then_some(()), "the first round to wait in storage");
+    other.push(&read(handle, &data, 0, 10 * chunk, SMALL, 2));
+    other.submit(&host);
+    assert_ok(&other.reap(), 2, SMALL);
+    assert_eq!(long.posted_count(), 0, "the long read is still in storage");
+    gate.release(1);
+    assert_ok(&long.reap(), 1, 9 * chunk);
+    let bytes = copy(&data.region);
+    assert!(bytes[..9 * CHUNK] == input[SPLIT_BYTES as usize..][..9 * CHUNK], "the long read's bytes, every round");
+    assert!(bytes[10 * CHUNK..][..SMALL as usize] == input[..SMALL as usize], "the other ring's read's bytes");
+
+    // The end of the file in the second round (the read is short there), and in the
+    // first (no second round reads past it).
+    long.push(&read(handle, &data, 0, 0, 11 * chunk, 3));
+    long.submit(&host);
+    assert_ok(&long.reap(), 3, input.len() as u64);
+    assert!(copy(&data.region)[..input.len()] == input[..], "the read up to the end of the file");
+    let short = rig.file("short", &input[..3 * CHUNK]);
+    long.push(&read(host.handle(short), &data, 0, 0, 10 * chunk, 4));
+    long.submit(&host);
+    assert_ok(&long.reap(), 4, 3 * chunk);
+
+    // A synced write of ten pieces, got from the host round by round.
+    let output = pattern(32, 9 * CHUNK + 300);
+    data.region.write_at(0, &output);
+    let object = rig.file("out", &[]);
+    let write = sub(Opcode::Write, host.handle(object.clone()), &data, chunk / 2, 0, output.len() as u64);
+    long.push(&Submission { user_data: 5, flags: wire::FLAG_SYNC, ..write });
+    long.submit(&host);
+    assert_ok(&long.reap(), 5, output.len() as u64);
+    let mut written = vec![0u8; output.len()];
+    assert_eq!(object.read_at(&mut written, chunk / 2).unwrap(), output.len());
+    assert!(written == output, "the host's bytes reached the file, every round");
+}
+
+/// Before open-reads waited for slots, one that found too few free ran on the engine.
+#[test]
+fn open_reads_wait_in_order_for_free_slots() {
+    let rig = rig();
+    let host = rig.host(TENANT, PeerAccess::PutGet);
+    let input = pattern(33, 2 * SLOTS * SPLIT_BYTES as usize);
+    let gate = gated(&rig, &input);
+    let _open_gate = OpenOnDrop(gate.clone());
+    let handle = host.handle(gate.clone());
+    let sample = pattern(34, 50_000);
+    rig.file("sample", &sample);
+    let mut mem = host.region(&rig, 1 << 20);
+    let (mut reads, mut samples) = (host.ring(&rig, 16), host.ring(&rig, 8));
+    // Every slot held by a read storage keeps, then an open-read of a file storage
+    // would answer at once.
+    for i in 0..SLOTS as u64 {
+        reads.push(&read(handle, &mem, (2 * i + 1) * SPLIT_BYTES, i * SMALL, SMALL, i));
+    }
+    reads.submit(&host);
+    wait_for(|| (reads.agent_sq_head() == SLOTS as u64).then_some(()), "the engine to take every read");
+    wait_for(|| (gate.waiting.load(Ordering::SeqCst) > 0).then_some(()), "the reads to wait in storage");
+    let header = wire::META_ANSWER_HEADER_BYTES as usize;
+    samples.push_bytes(&open_read(&mut mem, 500_000, "/sample", 600_000, 100_000, 100).encode());
+    samples.submit(&host);
+    wait_for(|| (samples.agent_sq_head() == 1).then_some(()), "the engine to take the open-read");
+    std::thread::sleep(SETTLE);
+    assert_eq!(samples.posted_count(), 0, "the open-read waits for a slot, it did not run on the engine");
+    gate.release(SLOTS);
+    for i in 0..SLOTS as u64 {
+        assert_ok(&reads.reap(), i, SMALL);
+    }
+    assert_ok(&samples.reap(), 100, (header + sample.len()) as u64);
+    let bytes = copy(&mem.region);
+    assert!(bytes[600_000 + header..][..sample.len()] == sample[..], "the open-read's bytes");
+}
