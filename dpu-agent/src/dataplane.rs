@@ -200,7 +200,7 @@ impl DataPlane {
         let (jobs, queue) = crossbeam_channel::bounded::<Job>(IO_QUEUE);
         let metrics = agent.metrics().clone();
         let backend_times = metrics.backend_times();
-        let mut io_overlaps = false;
+        let (mut io_overlaps, mut io_deadline) = (false, None);
         for i in 0..io_threads.max(1) {
             let queue = queue.clone();
             let times = backend_times.clone();
@@ -208,6 +208,7 @@ impl DataPlane {
                 .io_queue()
                 .map_err(|e| DataPlaneError::Invalid(format!("cannot make the I/O queue of an I/O thread: {e}")))?;
             io_overlaps = io.depth() > 1;
+            io_deadline = io.deadline();
             let thread = std::thread::Builder::new()
                 .name(format!("dpuio-io-{i}"))
                 .spawn(move || io::io_worker(queue, io, &times))
@@ -215,7 +216,7 @@ impl DataPlane {
             self.io_threads.lock().unwrap_or_else(|p| p.into_inner()).push(thread);
         }
         let workers: Vec<_> = lanes.iter().map(|l| l.worker.clone()).collect();
-        let staged = StagedIo::new(&workers, jobs.clone(), chunk_bytes, backend_times.clone());
+        let staged = StagedIo::new(&workers, jobs.clone(), chunk_bytes, backend_times.clone(), io_deadline);
         let mut engine = Engine {
             agent,
             lanes,

@@ -237,6 +237,14 @@ pub trait IoQueue: Send {
     /// on the calling thread with `read_at`/`write_at`, e.g. an object of the inline
     /// encryption wrapper, which reads, checks and decrypts in one call).
     fn overlaps(&self, object: &dyn Object) -> bool;
+    /// How long a piece may go unanswered before the storage is taken not to answer now
+    /// (DAOS: `[backend] call_timeout_seconds`); `None` where no bound is kept. The I/O
+    /// still runs to its end ([`IoQueue::run`]); what is answered meanwhile is the
+    /// caller's: memory of its own that the storage may still write can answer its
+    /// request as unavailable, and keeps the memory until the piece completes.
+    fn deadline(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Run every piece of `batch`, calling `done(index, result)` once for each as it
     /// completes, in completion order. Returns when all have completed; no I/O on the
     /// batch's memory continues after it returns, whatever `done` does.

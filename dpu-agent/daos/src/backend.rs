@@ -708,6 +708,10 @@ impl IoQueue for DaosIoQueue {
         daos_object(object).is_some()
     }
 
+    fn deadline(&self) -> Option<Duration> {
+        Some(self.call_timeout)
+    }
+
     fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, Result<usize>)) {
         // Split the batch: DFS objects go to the event queue (remembering their batch
         // index), the rest run here once the queue is drained.

@@ -26,7 +26,7 @@ use super::protocol::{self, Action, Count, Ran, RingMemory};
 use super::readiness::{Idle, Readiness, RingKey};
 use super::registry::DataPlaneError;
 use super::sessions::{Agent, Session};
-use super::staged::{Pending, StagedIo};
+use super::staged::{OpenReadEntry, Pending, RingCompletions, StagedIo, WaitingOpenRead};
 use crate::metrics::{BackendTimes, Metrics, Op};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
@@ -119,6 +119,7 @@ impl Engine {
             if self.finish_staged() {
                 ready.worked(Instant::now());
             }
+            self.expire_staged();
             for bell in &bells {
                 match wire::Doorbell::decode(bell.as_bytes()) {
                     Some(d) => ready.ready((d.session_id, d.ring_id)),
@@ -629,8 +630,16 @@ impl Engine {
             into,
         };
         if !mapped {
+            let entry = OpenReadEntry {
+                peer: s.peer.clone(),
+                ring: s.ring.clone(),
+                session_id,
+                user_data: m.user_data,
+                cq_index,
+            };
             let job = Box::new(move |staged| job(AnswerInto::Staged(staged)));
-            return Ok(self.staged.take_open_read(&s.peer, &s.ring, m.answer_length, job));
+            let o = WaitingOpenRead { entry, answer_length: m.answer_length, job };
+            return Ok(self.staged.take_open_read(o).is_ok());
         }
         let group = group.get_or_insert_with(Default::default).clone();
         group.fetch_add(1, Ordering::AcqRel);
@@ -654,14 +663,28 @@ impl Engine {
     /// freed, then the requests that waited for slots started. Whether any came back.
     fn finish_staged(&mut self) -> bool {
         let Some(finished) = self.staged.finished(&self.metrics) else { return false };
-        for c in &finished.rings {
+        self.post_staged(&finished.rings);
+        drop(finished);
+        self.staged.start_waiting(&self.metrics);
+        true
+    }
+
+    /// Answer the staged requests and open-reads the backend's deadline passed for
+    /// (`UNAVAILABLE`, [`StagedIo::expire`]).
+    fn expire_staged(&mut self) {
+        let rings = self.staged.expire();
+        if !rings.is_empty() {
+            self.post_staged(&rings);
+        }
+    }
+
+    /// Post staged completions, each ring's together.
+    fn post_staged(&mut self, rings: &[RingCompletions]) {
+        for c in rings {
             match self.host(&c.peer).post_completions(&c.ring, &c.completions) {
                 Ok(()) => host_memory::wake_waiters(&c.ring),
                 Err(e) => c.peer.fail(&self.metrics, c.session_id, &DataPlaneError::from(e)),
             }
         }
-        drop(finished);
-        self.staged.start_waiting(&self.metrics);
-        true
     }
 }

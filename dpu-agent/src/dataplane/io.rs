@@ -171,6 +171,8 @@ pub(super) struct StagedAnswer {
     pub slots: Vec<Slot>,
     pub slot_bytes: usize,
     pub peer: Arc<Peer>,
+    /// Names it to the engine when it comes back.
+    pub ticket: u64,
     pub done: crossbeam_channel::Sender<Back>,
     /// Woken when the answer is handed back.
     pub engine: Arc<any::Worker>,
@@ -454,14 +456,14 @@ impl InFlight {
 
 /// Hand a request, split in `pieces`, to the I/O threads; with `engine_first` the
 /// caller (the engine) runs the first piece itself, one backend call at a time. A piece
-/// the threads cannot take (they are gone: shutdown) fails.
+/// the threads cannot take (they are gone: shutdown) fails. The request in flight.
 pub(super) fn hand_off(
     jobs: &crossbeam_channel::Sender<Job>,
     request: Offloaded,
     pieces: &[validate::Chunk],
     engine_first: bool,
     times: &BackendTimes,
-) {
+) -> Arc<InFlight> {
     let before = match &request.memory {
         Memory::Staged(staged) => staged.before,
         Memory::Mapped => Outcome::CLEAN,
@@ -485,8 +487,9 @@ pub(super) fn hand_off(
         }
     }
     if let Some(piece) = first {
-        run_pieces(&mut OneAtATime, &[Piece { request, piece, index: 0 }], times);
+        run_pieces(&mut OneAtATime, &[Piece { request: request.clone(), piece, index: 0 }], times);
     }
+    request
 }
 
 /// Hand an open-read to the I/O threads; where they are gone (shutdown), run it here.

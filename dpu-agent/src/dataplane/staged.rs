@@ -19,6 +19,13 @@
 //! and a read DAOS keeps does not hold up the engine, which serves every host of every
 //! transport.
 //!
+//! Where the backend keeps a deadline ([`dpuio_backend::IoQueue::deadline`]: DAOS's
+//! `call_timeout_seconds`), a request whose round storage has not answered by then, and
+//! a request or open-read that waited that long for slots, is answered `UNAVAILABLE`
+//! (every engine lost): the host's call ends rather than waits for DAOS. A round's
+//! slots stay with storage, which may still write them, until it answers; its
+//! completion is then dropped.
+//!
 //! Not here: where a request runs ([`super::policy::place`]: objects that lend memory
 //! of their own, a tenant DAOS worker's, and backends without asynchronous I/O stay on
 //! the engine, [`super::execute`], as do open-reads whose answer range is longer than
@@ -27,7 +34,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dpuio_backend::LentMemory;
 use dpuio_proto::wire::{self, Opcode, Submission};
@@ -36,7 +43,7 @@ use fabric::any;
 use fabric::transport::Endpoint as _;
 
 use super::host_memory::{FLUSH_TIMEOUT, HostRegion, HostRing, Peer};
-use super::io::{self, Back, Job, Memory, Offloaded, OpenRead, Outcome, StagedAnswer, StagedMemory};
+use super::io::{self, Back, InFlight, Job, Memory, Offloaded, OpenRead, Outcome, StagedAnswer, StagedMemory};
 use super::protocol;
 use super::sessions::Handle;
 use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics};
@@ -49,6 +56,9 @@ use crate::validate::Chunk;
 const STAGED_IO_BYTES: usize = 32 << 20;
 const MIN_SLOTS: usize = 8;
 const MAX_SLOTS: usize = 64;
+/// How often the engine looks for what the backend's deadline passed for, while any
+/// staged request is out or waiting.
+const EXPIRY_LOOK: Duration = Duration::from_millis(100);
 
 /// A staged request the engine took: what it needs, from its ring to its pieces.
 pub(super) struct Pending {
@@ -69,12 +79,29 @@ pub(super) struct Pending {
     pub before: Outcome,
 }
 
-/// An open-read waiting for slots for its answer range: the job, once given them.
+/// An open-read of a put/get host for staged-I/O slots for its answer range: the job,
+/// once given them.
 pub(super) struct WaitingOpenRead {
+    pub entry: OpenReadEntry,
+    pub answer_length: u32,
+    pub job: Box<dyn FnOnce(StagedAnswer) -> OpenRead + Send>,
+}
+
+/// Where an open-read's completion goes, for when it is answered without its job.
+#[derive(Clone)]
+pub(super) struct OpenReadEntry {
     pub peer: Arc<Peer>,
     pub ring: Arc<HostRing>,
-    pub slots: usize,
-    pub job: Box<dyn FnOnce(StagedAnswer) -> OpenRead + Send>,
+    pub session_id: u64,
+    pub user_data: u64,
+    pub cq_index: u64,
+}
+
+impl WaitingOpenRead {
+    /// The slots of `slot_bytes` its answer range takes.
+    fn slots(&self, slot_bytes: usize) -> usize {
+        (self.answer_length as usize).div_ceil(slot_bytes)
+    }
 }
 
 /// What waits in a lane's queue for free slots, in the order the engine took them.
@@ -84,11 +111,12 @@ enum Waiting {
 }
 
 impl Waiting {
-    /// The slots it needs to start (a request: its next round's).
-    fn slots(&self, lane_slots: usize) -> usize {
+    /// The slots it needs to start (a request: its next round's) in a lane of
+    /// `lane_slots` slots of `slot_bytes`.
+    fn slots(&self, lane_slots: usize, slot_bytes: usize) -> usize {
         match self {
             Waiting::Request(p) => round(p.pieces.len(), lane_slots),
-            Waiting::OpenRead(o) => o.slots,
+            Waiting::OpenRead(o) => o.slots(slot_bytes),
         }
     }
 }
@@ -102,7 +130,8 @@ struct LaneStaged {
     /// The memory could not be made or registered: this lane's requests run on the
     /// engine, through its staging pairs (said once in the log).
     refused: bool,
-    pending: VecDeque<Waiting>,
+    /// What waits for slots, and since when.
+    pending: VecDeque<(Instant, Waiting)>,
 }
 
 impl LaneStaged {
@@ -169,15 +198,47 @@ fn round(pieces: usize, lane_slots: usize) -> usize {
     }
 }
 
+/// An open-read's `UNAVAILABLE` completion added to `rings` (where its host is served).
+fn unavailable_open_read(rings: &mut Vec<RingCompletions>, e: &OpenReadEntry) {
+    if e.peer.serves(&e.ring) {
+        let completion = protocol::completion(e.user_data, e.cq_index, wire::Status::Unavailable, 0);
+        add(rings, &e.ring, &e.peer, e.session_id, (e.cq_index, completion));
+    }
+}
+
 /// `n` free slots of `staging`, or none (those taken go back).
 fn take_slots(staging: &Arc<Staging>, n: usize) -> Option<Vec<Slot>> {
     (0..n).map(|_| staging.try_take()).collect()
+}
+
+/// A request's round or an open-read on the I/O threads, kept for its deadline.
+struct Started {
+    at: Instant,
+    out: Out,
+    /// Answered `UNAVAILABLE` at its deadline: when it comes back it only frees its slots.
+    answered: bool,
+}
+
+enum Out {
+    Request(Arc<InFlight>),
+    /// By the ticket its answer comes back with.
+    OpenRead {
+        ticket: u64,
+        entry: OpenReadEntry,
+    },
 }
 
 /// The engine's staged requests: each lane's staged-I/O memory and waiting requests,
 /// and the channel the I/O threads hand finished ones back on.
 pub(super) struct StagedIo {
     lanes: Vec<LaneStaged>,
+    /// Rounds on the I/O threads, where the backend keeps a deadline.
+    started: Vec<Started>,
+    deadline: Option<Duration>,
+    /// When to look for what the deadline passed for next.
+    next_look: Instant,
+    /// The ticket of the next open-read handed out.
+    next_ticket: u64,
     done: (crossbeam_channel::Sender<Back>, crossbeam_channel::Receiver<Back>),
     jobs: crossbeam_channel::Sender<Job>,
     chunk_bytes: usize,
@@ -203,12 +264,14 @@ pub(super) struct RingCompletions {
 }
 
 impl StagedIo {
-    /// For the lanes of `workers` (the first one is the engine's to wake).
+    /// For the lanes of `workers` (the first one is the engine's to wake); `deadline`
+    /// the backend's ([`dpuio_backend::IoQueue::deadline`]).
     pub fn new(
         workers: &[Arc<any::Worker>],
         jobs: crossbeam_channel::Sender<Job>,
         chunk_bytes: usize,
         times: BackendTimes,
+        deadline: Option<Duration>,
     ) -> StagedIo {
         let lane = |w: &Arc<any::Worker>| LaneStaged {
             worker: w.clone(),
@@ -219,6 +282,10 @@ impl StagedIo {
         };
         StagedIo {
             lanes: workers.iter().map(lane).collect(),
+            started: Vec::new(),
+            deadline,
+            next_look: Instant::now(),
+            next_ticket: 0,
             done: crossbeam_channel::unbounded(),
             jobs,
             chunk_bytes,
@@ -242,53 +309,79 @@ impl StagedIo {
         };
         match slots {
             Some(slots) => self.start(p, slots)?,
-            None => lane.pending.push_back(Waiting::Request(p)),
+            None => lane.pending.push_back((Instant::now(), Waiting::Request(p))),
         }
         Ok(true)
     }
 
-    /// Hand an open-read of `peer` (a host reached with put/get) on `ring`, `job` given
-    /// staged-I/O slots for its answer range of `answer_length` bytes, to the I/O
-    /// threads: they run the namespace call and write the answer into the slots; the
-    /// engine puts it to the host. Where too few slots are free (or others wait for
-    /// them) it waits in the lane's queue. False where it cannot go there (no staged-I/O
-    /// memory, or an answer range longer than the lane's slots): it runs on the engine.
-    pub fn take_open_read(
-        &mut self,
-        peer: &Arc<Peer>,
-        ring: &Arc<HostRing>,
-        answer_length: u32,
-        job: Box<dyn FnOnce(StagedAnswer) -> OpenRead + Send>,
-    ) -> bool {
-        let lane = &mut self.lanes[peer.lane];
-        let Some(staging) = lane.memory(self.chunk_bytes) else { return false };
-        let n = (answer_length as usize).div_ceil(self.chunk_bytes);
+    /// Hand the open-read `o` of a host reached with put/get, its job given staged-I/O
+    /// slots for its answer range, to the I/O threads: they run the namespace call and
+    /// write the answer into the slots; the engine puts it to the host. Where too few
+    /// slots are free (or others wait for them) it waits in the lane's queue. Given back
+    /// where it cannot go there (no staged-I/O memory, or an answer range longer than the
+    /// lane's slots): it runs on the engine.
+    pub fn take_open_read(&mut self, o: WaitingOpenRead) -> Result<(), WaitingOpenRead> {
+        let lane = &mut self.lanes[o.entry.peer.lane];
+        let Some(staging) = lane.memory(self.chunk_bytes) else { return Err(o) };
+        let n = o.slots(self.chunk_bytes);
         if n > lane.slots {
-            return false;
+            return Err(o);
         }
-        let waiting = WaitingOpenRead { peer: peer.clone(), ring: ring.clone(), slots: n, job };
         match lane.pending.is_empty().then(|| take_slots(&staging, n)).flatten() {
-            Some(slots) => self.start_open_read(waiting, slots),
-            None => lane.pending.push_back(Waiting::OpenRead(waiting)),
+            Some(slots) => self.start_open_read(o, slots),
+            None => lane.pending.push_back((Instant::now(), Waiting::OpenRead(o))),
         }
-        true
+        Ok(())
     }
 
     /// Hand the open-read `o` to the I/O threads with `slots` for its answer.
-    fn start_open_read(&self, o: WaitingOpenRead, slots: Vec<Slot>) {
+    fn start_open_read(&mut self, o: WaitingOpenRead, slots: Vec<Slot>) {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
         let answer = StagedAnswer {
             slots,
             slot_bytes: self.chunk_bytes,
-            peer: o.peer,
+            peer: o.entry.peer.clone(),
+            ticket,
             done: self.done.0.clone(),
             engine: self.engine.clone(),
         };
+        if self.deadline.is_some() {
+            self.started.push(Started {
+                at: Instant::now(),
+                out: Out::OpenRead { ticket, entry: o.entry },
+                answered: false,
+            });
+        }
         io::hand_off_open_read(&self.jobs, (o.job)(answer));
+    }
+
+    /// Whether what came back (a request's round, or the open-read of `ticket`) was
+    /// answered at its deadline already; it is no longer kept for it either way.
+    fn answered_at_deadline(&mut self, back: &Back) -> bool {
+        let i = self.started.iter().position(|s| match (&s.out, back) {
+            (Out::Request(r), Back::Request(f)) => Arc::ptr_eq(r, f),
+            (Out::OpenRead { ticket, .. }, Back::OpenRead(a)) => *ticket == a.staged.ticket,
+            _ => false,
+        });
+        let answered = i.is_some_and(|i| self.started.swap_remove(i).answered);
+        if answered {
+            let session = match back {
+                Back::Request(f) => f.request.session_id,
+                Back::OpenRead(a) => a.session_id,
+            };
+            tracing::info!(
+                session = format!("{session:#018x}"),
+                "storage answered data-plane I/O after it was answered UNAVAILABLE at its deadline; its \
+                 staged-I/O slots are free again"
+            );
+        }
+        answered
     }
 
     /// Start the next round of `p` with `slots` (one per piece of it): a write's bytes
     /// got from the host into them, then its pieces to the I/O threads.
-    fn start(&self, mut p: Pending, slots: Vec<Slot>) -> Result<(), fabric::Error> {
+    fn start(&mut self, mut p: Pending, slots: Vec<Slot>) -> Result<(), fabric::Error> {
         let rest = p.pieces.split_off(slots.len());
         let peer = &p.peer;
         if p.sub.opcode == Opcode::Write {
@@ -328,7 +421,10 @@ impl StagedIo {
             metrics: p.metrics,
             taken_at: p.taken_at,
         };
-        io::hand_off(&self.jobs, request, &p.pieces, false, &self.times);
+        let request = io::hand_off(&self.jobs, request, &p.pieces, false, &self.times);
+        if self.deadline.is_some() {
+            self.started.push(Started { at: Instant::now(), out: Out::Request(request), answered: false });
+        }
         Ok(())
     }
 
@@ -343,6 +439,9 @@ impl StagedIo {
         let mut rings: Vec<RingCompletions> = Vec::new();
         let mut next_rounds: Vec<Pending> = Vec::new();
         for back in &done {
+            if self.answered_at_deadline(back) {
+                continue;
+            }
             let f = match back {
                 Back::Request(f) => f,
                 Back::OpenRead(answered) => {
@@ -414,7 +513,7 @@ impl StagedIo {
         }
         // Ahead of the lane's waiting ones (they were taken after), in the order they came.
         for p in next_rounds.into_iter().rev() {
-            self.lanes[p.peer.lane].pending.push_front(Waiting::Request(p));
+            self.lanes[p.peer.lane].pending.push_front((Instant::now(), Waiting::Request(p)));
         }
         Some(Finished { rings, _slots: done })
     }
@@ -439,15 +538,77 @@ impl StagedIo {
         Some((a.cq_index, protocol::completion(a.meta.user_data, a.cq_index, a.status, a.result)))
     }
 
+    /// Answer `UNAVAILABLE` what the backend's deadline has passed for: rounds storage
+    /// has not answered (their slots stay with it until it does) and what waited that
+    /// long for slots. The completions to post, per ring. Looks every [`EXPIRY_LOOK`]
+    /// at most (the engine calls it every round), and only while something is out.
+    pub fn expire(&mut self) -> Vec<RingCompletions> {
+        let mut rings: Vec<RingCompletions> = Vec::new();
+        let Some(deadline) = self.deadline else { return rings };
+        if self.started.is_empty() && self.lanes.iter().all(|l| l.pending.is_empty()) {
+            return rings;
+        }
+        let now = Instant::now();
+        if now < self.next_look {
+            return rings;
+        }
+        self.next_look = now + EXPIRY_LOOK;
+        let unavailable =
+            |user_data, cq_index| (cq_index, protocol::completion(user_data, cq_index, wire::Status::Unavailable, 0));
+        let mut held = 0;
+        for s in self.started.iter_mut().filter(|s| !s.answered && now.duration_since(s.at) >= deadline) {
+            s.answered = true;
+            held += 1;
+            let r = match &s.out {
+                Out::Request(f) => &f.request,
+                Out::OpenRead { entry, .. } => {
+                    unavailable_open_read(&mut rings, entry);
+                    continue;
+                }
+            };
+            let Memory::Staged(staged) = &r.memory else { continue };
+            let _ = r.tenant.finish(1);
+            r.metrics.request(Op::of(r.sub.opcode), wire::Status::Unavailable, 0, r.taken_at.elapsed());
+            if staged.peer.serves(&r.ring) {
+                add(&mut rings, &r.ring, &staged.peer, r.session_id, unavailable(r.sub.user_data, r.cq_index));
+            }
+        }
+        let mut waited = 0;
+        for lane in &mut self.lanes {
+            while lane.pending.front().is_some_and(|(since, _)| now.duration_since(*since) >= deadline) {
+                waited += 1;
+                match lane.pending.pop_front().expect("looked at").1 {
+                    Waiting::Request(p) => {
+                        let _ = p.tenant.finish(1);
+                        p.metrics.request(Op::of(p.sub.opcode), wire::Status::Unavailable, 0, p.taken_at.elapsed());
+                        if p.peer.serves(&p.ring) {
+                            add(&mut rings, &p.ring, &p.peer, p.session_id, unavailable(p.sub.user_data, p.cq_index));
+                        }
+                    }
+                    Waiting::OpenRead(o) => unavailable_open_read(&mut rings, &o.entry),
+                }
+            }
+        }
+        if held + waited > 0 {
+            tracing::warn!(held, waited, deadline = ?deadline,
+                "storage has not answered data-plane I/O within the backend's deadline ([backend] \
+                 call_timeout_seconds): answered UNAVAILABLE; the staged-I/O slots of the held requests \
+                 stay with storage until it answers");
+        }
+        rings
+    }
+
     /// Start the requests and open-reads waiting for slots, in each lane's order, as far
     /// as its slots go.
     pub fn start_waiting(&mut self, metrics: &Metrics) {
         for lane in 0..self.lanes.len() {
             loop {
                 let staged = &mut self.lanes[lane];
-                let (Some(w), Some((staging, _))) = (staged.pending.front(), staged.memory.as_ref()) else { break };
-                let Some(slots) = take_slots(staging, w.slots(staged.slots)) else { break };
-                match staged.pending.pop_front().expect("looked at") {
+                let (Some((_, w)), Some((staging, _))) = (staged.pending.front(), staged.memory.as_ref()) else {
+                    break;
+                };
+                let Some(slots) = take_slots(staging, w.slots(staged.slots, self.chunk_bytes)) else { break };
+                match staged.pending.pop_front().expect("looked at").1 {
                     Waiting::Request(p) if !p.peer.serves(&p.ring) => {
                         let _ = p.tenant.finish(1); // its host is gone
                     }
@@ -457,7 +618,7 @@ impl StagedIo {
                             peer.fail(metrics, session_id, &e);
                         }
                     }
-                    Waiting::OpenRead(o) if !o.peer.serves(&o.ring) => {} // its host is gone
+                    Waiting::OpenRead(o) if !o.entry.peer.serves(&o.entry.ring) => {} // its host is gone
                     Waiting::OpenRead(o) => self.start_open_read(o, slots),
                 }
             }

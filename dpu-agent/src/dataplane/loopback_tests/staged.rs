@@ -11,8 +11,11 @@ use super::*;
 
 /// A test double of an event queue (DAOS's): it overlaps every object's pieces, as an
 /// event queue does, and runs a batch's pieces last first, each to its end on this
-/// thread, so their completions come back out of order.
-struct ReversingQueueForTests;
+/// thread, so their completions come back out of order; it keeps `deadline` as DAOS's
+/// queue keeps `call_timeout_seconds`.
+struct ReversingQueueForTests {
+    deadline: Option<Duration>,
+}
 
 impl IoQueue for ReversingQueueForTests {
     fn depth(&self) -> usize {
@@ -20,6 +23,9 @@ impl IoQueue for ReversingQueueForTests {
     }
     fn overlaps(&self, _: &dyn Object) -> bool {
         true
+    }
+    fn deadline(&self) -> Option<Duration> {
+        self.deadline
     }
     fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, dpuio_backend::Result<usize>)) {
         for (i, request) in batch.iter_mut().enumerate().rev() {
@@ -29,7 +35,14 @@ impl IoQueue for ReversingQueueForTests {
 }
 
 fn reversing_queue() -> Box<dyn IoQueue> {
-    Box::new(ReversingQueueForTests)
+    Box::new(ReversingQueueForTests { deadline: None })
+}
+
+/// The deadline of [`reversing_queue_with_deadline`]'s queues.
+const DEADLINE: Duration = Duration::from_millis(400);
+
+fn reversing_queue_with_deadline() -> Box<dyn IoQueue> {
+    Box::new(ReversingQueueForTests { deadline: Some(DEADLINE) })
 }
 
 /// A chunk of 4 MiB: the lane's staged-I/O memory has 8 slots (32 MiB).
@@ -41,18 +54,24 @@ fn rig() -> Rig {
     rig_holding().0
 }
 
+/// A rig whose I/O threads' queues make `queue`, the namespace double serving the
+/// objects of the map it returns.
+fn rig_with(queue: fn() -> Box<dyn IoQueue>) -> (Rig, Objects) {
+    let objects = Objects::default();
+    let given = objects.clone();
+    let rig = Rig::with(&[(TENANT, QosConfig::default())], Some(queue), move |container| {
+        Some(Box::new(OpenReadsForTests { container, objects: given }))
+    });
+    rig.start(CHUNK, 2);
+    (rig, objects)
+}
+
 /// Objects the namespace double opens for a path instead of the container's file.
 type Objects = Arc<Mutex<HashMap<String, Arc<dyn Object>>>>;
 
 /// A rig whose namespace double opens the objects of the map it returns where they are.
 fn rig_holding() -> (Rig, Objects) {
-    let objects = Objects::default();
-    let given = objects.clone();
-    let rig = Rig::with(&[(TENANT, QosConfig::default())], Some(reversing_queue), move |container| {
-        Some(Box::new(OpenReadsForTests { container, objects: given }))
-    });
-    rig.start(CHUNK, 2);
-    (rig, objects)
+    rig_with(reversing_queue)
 }
 
 /// A test double of the agent's namespace policy: open-reads open the file in the rig's
@@ -404,4 +423,64 @@ fn open_reads_wait_in_order_for_free_slots() {
     assert_ok(&samples.reap(), 100, (header + sample.len()) as u64);
     let bytes = copy(&mem.region);
     assert!(bytes[600_000 + header..][..sample.len()] == sample[..], "the open-read's bytes");
+}
+
+/// Before staged I/O had a deadline, a host's call on a read DAOS held (every engine
+/// lost) waited until DAOS came back, and so did every call waiting for the slots such
+/// reads held.
+#[test]
+fn staged_io_past_the_backends_deadline_is_answered_unavailable() {
+    let (rig, held_paths) = rig_with(reversing_queue_with_deadline);
+    let host = rig.host(TENANT, PeerAccess::PutGet);
+    let input = pattern(41, 4 * SLOTS * SPLIT_BYTES as usize);
+    let gate = gated(&rig, &input);
+    let _open_gate = OpenOnDrop(gate.clone());
+    let handle = host.handle(gate.clone());
+    let sample = pattern(42, 10_000);
+    rig.file("sample", &sample);
+    lock(&held_paths).insert("/held".into(), Arc::new(HeldForTests(gate.clone())));
+    let mut mem = host.region(&rig, 1 << 20);
+    let (mut reads, mut samples) = (host.ring(&rig, 16), host.ring(&rig, 8));
+    // An open-read storage holds, every other slot held by reads storage holds, a read
+    // waiting for a slot, an open-read likewise.
+    let mut held = host.ring(&rig, 8);
+    held.push_bytes(&open_read(&mut mem, 400_000, "/held", 700_000, 4096, 300).encode());
+    held.submit(&host);
+    wait_for(|| (gate.waiting.load(Ordering::SeqCst) == 1).then_some(()), "the open-read to wait in storage");
+    let n = SLOTS as u64;
+    for i in 0..n {
+        reads.push(&read(handle, &mem, (2 * i + 1) * SPLIT_BYTES, i * SMALL, SMALL, i));
+    }
+    reads.submit(&host);
+    wait_for(|| (reads.agent_sq_head() == n).then_some(()), "the engine to take every read");
+    samples.push_bytes(&open_read(&mut mem, 500_000, "/sample", 600_000, 100_000, 100).encode());
+    samples.submit(&host);
+    let asked = Instant::now();
+    let unavailable = |c: &Completion, user_data: u64| {
+        assert_eq!(
+            (c.user_data, wire::Status::from_i32(c.status)),
+            (user_data, Some(wire::Status::Unavailable)),
+            "{c:?}"
+        )
+    };
+    let mut answered: Vec<Completion> = (0..n).map(|_| reads.reap()).collect();
+    answered.sort_by_key(|c| c.user_data);
+    for (i, c) in answered.iter().enumerate() {
+        unavailable(c, i as u64);
+    }
+    unavailable(&samples.reap(), 100);
+    unavailable(&held.reap(), 300);
+    assert!(asked.elapsed() >= DEADLINE - Duration::from_millis(50), "answered before the deadline");
+    // The held reads' slots stay with storage until it answers: its late answers put
+    // nothing to the host, and the slots serve again.
+    gate.release(SLOTS);
+    wait_for(|| (gate.waiting.load(Ordering::SeqCst) == 0).then_some(()), "storage to answer the held reads");
+    std::thread::sleep(SETTLE);
+    reads.push(&read(handle, &mem, 0, 0, SMALL, 200));
+    reads.submit(&host);
+    assert_ok(&reads.reap(), 200, SMALL);
+    let bytes = copy(&mem.region);
+    assert!(bytes[..SMALL as usize] == input[..SMALL as usize], "the read after the storage came back");
+    assert!(bytes[SMALL as usize..n as usize * SMALL as usize].iter().all(|&b| b == 0), "late answers put nothing");
+    assert!(bytes[700_000..][..4096].iter().all(|&b| b == 0), "the late open-read's answer put nothing");
 }
