@@ -14,13 +14,13 @@
 //! [`super::policy`]), moving staged bytes to and from the host ([`super::staged`]),
 //! and requests the engine runs itself ([`super::execute`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use dpuio_backend::{HostBytes, HostBytesMut, IoOp, IoQueue, IoRequest, OneAtATime};
 use dpuio_proto::wire::{self, MetaSubmission, Opcode, Submission};
-use dpuio_worker::staging::Slot;
+use dpuio_worker::staging::{Slot, Staging};
 use fabric::Transport;
 use fabric::any;
 
@@ -67,7 +67,13 @@ pub(super) enum Memory {
 /// A staged request's slots of the lane's staged-I/O memory (one per piece of this
 /// round, in order), and where it goes back to ([`super::staged`]).
 pub(super) struct StagedMemory {
-    pub slots: Vec<Slot>,
+    pub staging: Arc<Staging>,
+    /// Where in `staging` each piece's slot is.
+    pub offsets: Vec<u64>,
+    /// The slots themselves, taken by the engine when the request comes back: they are
+    /// free once it is done with them, while the I/O thread may still hold the request
+    /// (until its batch ends), so a request waiting for them never waits for that.
+    pub slots: Mutex<Vec<Slot>>,
     /// This round's pieces: a request of more pieces than its lane has slots runs in
     /// rounds, one after another.
     pub pieces: Vec<validate::Chunk>,
@@ -95,14 +101,17 @@ impl Outcome {
 impl StagedMemory {
     /// The first `len` bytes of piece `index`'s slot, to read into.
     fn slot_mut(&self, index: usize, len: usize) -> HostBytesMut<'_> {
-        let slot = &self.slots[index];
-        slot.staging().mapping.bytes_mut(slot.offset, len as u64).expect("a piece is at most a chunk: its slot")
+        self.staging.mapping.bytes_mut(self.offsets[index], len as u64).expect("a piece is at most a chunk: its slot")
     }
 
     /// The first `len` bytes of piece `index`'s slot, to write from.
     fn slot(&self, index: usize, len: usize) -> HostBytes<'_> {
-        let slot = &self.slots[index];
-        slot.staging().mapping.bytes(slot.offset, len as u64).expect("a piece is at most a chunk: its slot")
+        self.staging.mapping.bytes(self.offsets[index], len as u64).expect("a piece is at most a chunk: its slot")
+    }
+
+    /// The slots, for the engine to free once it has put their bytes.
+    pub(super) fn take_slots(&self) -> Vec<Slot> {
+        std::mem::take(&mut *self.slots.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 

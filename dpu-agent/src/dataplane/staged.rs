@@ -252,7 +252,8 @@ pub(super) struct StagedIo {
 /// completions' flush.
 pub(super) struct Finished {
     pub rings: Vec<RingCompletions>,
-    _slots: Vec<Back>,
+    _answers: Vec<Back>,
+    _slots: Vec<Slot>,
 }
 
 /// Completions (index, entry) to post on one ring, with its host and session.
@@ -401,7 +402,9 @@ impl StagedIo {
             }
         }
         let memory = StagedMemory {
-            slots,
+            staging: slots[0].staging().clone(),
+            offsets: slots.iter().map(|s| s.offset).collect(),
+            slots: std::sync::Mutex::new(slots),
             pieces: p.pieces.clone(),
             rest,
             before: p.before,
@@ -438,7 +441,15 @@ impl StagedIo {
         }
         let mut rings: Vec<RingCompletions> = Vec::new();
         let mut next_rounds: Vec<Pending> = Vec::new();
+        // The requests' slots, held here rather than by the requests, which the I/O
+        // threads may still hold until their batch ends.
+        let mut slots: Vec<Slot> = Vec::new();
         for back in &done {
+            if let Back::Request(f) = back
+                && let Memory::Staged(staged) = &f.request.memory
+            {
+                slots.extend(staged.take_slots());
+            }
             if self.answered_at_deadline(back) {
                 continue;
             }
@@ -473,9 +484,9 @@ impl StagedIo {
                 let local = self.lanes[peer.lane].region();
                 let to = |piece: &Chunk| r.region.addr + piece.region_offset;
                 let put =
-                    staged.pieces.iter().zip(&staged.slots).try_for_each(|(piece, slot)| match f.bytes_read(piece) {
+                    staged.pieces.iter().zip(&staged.offsets).try_for_each(|(piece, &at)| match f.bytes_read(piece) {
                         0 => Ok(()),
-                        n => peer.endpoint.put(local, slot.offset as usize, n as usize, to(piece), &r.region.key),
+                        n => peer.endpoint.put(local, at as usize, n as usize, to(piece), &r.region.key),
                     });
                 // The next round may take these slots once this returns: its puts done first
                 // (the last round's are flushed with its completion).
@@ -515,7 +526,7 @@ impl StagedIo {
         for p in next_rounds.into_iter().rev() {
             self.lanes[p.peer.lane].pending.push_front((Instant::now(), Waiting::Request(p)));
         }
-        Some(Finished { rings, _slots: done })
+        Some(Finished { rings, _answers: done, _slots: slots })
     }
 
     /// Put an open-read's answer (the first `result` bytes of its image) to its host; its
