@@ -23,7 +23,8 @@
 //! them, must not wait for it; and a process's many threads each doing one small read at
 //! a time (a loader's, through the preload library) each need a ring to have that many
 //! reads in flight. Rings made beyond the first count are given back to the agent once
-//! free for [`RING_IDLE`], one each time a call gives its ring back.
+//! free for [`RING_IDLE`], one each time a call gives its ring back, and all such at each
+//! probe of the client's supervisor ([`DataPlane::retire_idle`]).
 //!
 //! Rooms: [`options`](self::options) (the transport, the candidates offered at Attach, the
 //! worker opened before it), [`region`](self::region) (registered memory, reached through
@@ -299,6 +300,20 @@ impl DataPlane {
         drop(rings);
         self.ring_freed.notify_one();
         if let Some(ring) = idle {
+            self.retire(ring);
+        }
+    }
+
+    /// Give back every ring the session grew beyond its first count that has been free for
+    /// [`RING_IDLE`]. The client's supervisor calls it every probe of the agent, so that a
+    /// session that makes no call at all shrinks too (a call giving its ring back gives
+    /// back one such ring at once).
+    pub(crate) fn retire_idle(&self) {
+        let idle: Vec<Ring> = {
+            let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+            std::iter::from_fn(|| self.idle_ring(&mut rings)).collect()
+        };
+        for ring in idle {
             self.retire(ring);
         }
     }

@@ -28,6 +28,9 @@ pub(super) async fn supervise(inner: Weak<Inner>, live: Arc<Liveness>, lease_ms:
             _ = live.suspected() => {}
         }
         let Some(inner) = inner.upgrade() else { return };
+        if let Some(ring) = &inner.ring {
+            ring.dp.retire_idle(); // an idle session's grown rings
+        }
         let session_id = inner.control.session_id();
         let answer = tokio::time::timeout(
             Duration::from_secs(2),
