@@ -445,15 +445,15 @@ fn every_engine_lost_calls_fail_unavailable_and_the_same_agent_serves_again() {
     // shown; over tcp (staged in agent memory) it is answered at the deadline.
     let in_flight = || seen.calls.iter().filter(|c| c.started <= killed && c.ended > killed);
     let bound = Duration::from_secs(CALL_TIMEOUT_SECONDS) + SLACK;
-    for c in in_flight().filter(|c| c.what.contains("tcp")) {
-        let took = c.ended.duration_since(killed);
-        assert!(
-            took < bound,
-            "{} in flight at the loss ended {took:.1?} after it, past {bound:?}: {:?}",
-            c.what,
-            c.error
-        );
+    // Every tcp call that ran while DAOS was gone (in flight at the loss, or begun after
+    // it and sent to DAOS before the first deadline passed) ends within the deadline.
+    let mut slowest_tcp = Duration::ZERO;
+    for c in seen.calls.iter().filter(|c| c.what.contains("tcp") && c.ended > killed) {
+        let took = c.ended.duration_since(c.started.max(killed));
+        slowest_tcp = slowest_tcp.max(took);
+        assert!(took < bound, "{} ran {took:.1?} while DAOS was gone, past {bound:?}: {:?}", c.what, c.error);
     }
+    eprintln!("the slowest tcp call while DAOS was gone: {slowest_tcp:.1?}");
     let spanning = in_flight().map(|c| {
         let outcome = if c.error.is_some() { "failed" } else { "succeeded" };
         format!("{} {outcome} after {:.1?}", c.what, c.ended - c.started)

@@ -58,6 +58,10 @@ impl IoQueue for RoutedQueue {
         worker_object(object).is_some() || self.main.overlaps(object)
     }
 
+    fn deadline(&self) -> Option<std::time::Duration> {
+        self.main.deadline()
+    }
+
     fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, Result<usize>)) {
         // The agent's own pieces first, the workers' after, remembering where each was.
         let mut origin: Vec<usize> = (0..batch.len()).collect();
@@ -224,5 +228,37 @@ fn collect(
             s.process.lost.store(true, Ordering::Relaxed);
             Err(s.pieces.iter().zip(&reported).filter(|(_, r)| !**r).map(|((pos, _, _), _)| *pos).collect())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A test double of the agent's own queue that keeps a deadline, as DAOS's does.
+    struct DeadlineQueueForTests;
+
+    impl IoQueue for DeadlineQueueForTests {
+        fn depth(&self) -> usize {
+            1
+        }
+        fn overlaps(&self, _: &dyn Object) -> bool {
+            false
+        }
+        fn deadline(&self) -> Option<std::time::Duration> {
+            Some(std::time::Duration::from_secs(7))
+        }
+        fn run(&mut self, batch: &mut [IoRequest<'_>], done: &mut dyn FnMut(usize, Result<usize>)) {
+            for (i, request) in batch.iter_mut().enumerate() {
+                done(i, request.run_blocking());
+            }
+        }
+    }
+
+    /// The data plane reads the deadline of the queue it is given, this one in an agent
+    /// with workers: without it, staged I/O DAOS held was never answered at its deadline.
+    #[test]
+    fn the_routed_queue_keeps_the_deadline_of_the_agents_own() {
+        assert_eq!(routed(Box::new(DeadlineQueueForTests)).deadline(), Some(std::time::Duration::from_secs(7)));
     }
 }
