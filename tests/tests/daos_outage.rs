@@ -9,7 +9,7 @@
 //!   also a read of a host the agent reaches with put/get (a second client over UCX's
 //!   tcp reading a file whole and 1 MiB at a time: its staged I/O and open-reads ran on
 //!   the engine before, and one such read held by DAOS held up every host's data plane);
-//!   that client's calls in flight at the loss end within the deadline and some slack
+//!   that client's calls that run while DAOS is gone end within the deadline and some slack
 //!   (its I/O is in agent memory, staged: answered `UNAVAILABLE` at the deadline rather
 //!   than when DAOS is back);
 //! - calls are answered `UNAVAILABLE`, naming the DAOS call and what to check, within
