@@ -570,7 +570,6 @@ impl Engine {
                     region,
                     handle,
                     pieces,
-                    before: io::Outcome::CLEAN,
                 };
                 return Ok(self.staged.take(p)?);
             }

@@ -77,25 +77,12 @@ pub(super) struct StagedMemory {
     /// This round's pieces: a request of more pieces than its lane has slots runs in
     /// rounds, one after another.
     pub pieces: Vec<validate::Chunk>,
-    /// The pieces of the rounds after this one.
+    /// The pieces of the rounds after this one (the rounds before, if any, all went
+    /// clean: nothing failed, no read came up short).
     pub rest: Vec<validate::Chunk>,
-    /// How the rounds before went (nothing failed, no read came up short: they ran on).
-    pub before: Outcome,
     pub peer: Arc<Peer>,
     /// The engine's channel for finished staged requests.
     pub done: crossbeam_channel::Sender<Back>,
-}
-
-/// How a request's pieces went: the highest [`BackendFailure`] rank (0: none failed),
-/// and the lowest file offset where a read came up short (u64::MAX: none did).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Outcome {
-    pub failure: u8,
-    pub short_end: u64,
-}
-
-impl Outcome {
-    pub const CLEAN: Outcome = Outcome { failure: 0, short_end: u64::MAX };
 }
 
 impl StagedMemory {
@@ -411,9 +398,9 @@ impl InFlight {
         self.failure.fetch_max(failure as u8, Ordering::Relaxed);
     }
 
-    /// How its pieces went so far.
-    pub(super) fn so_far(&self) -> Outcome {
-        Outcome { failure: self.failure.load(Ordering::Relaxed), short_end: self.short_end.load(Ordering::Relaxed) }
+    /// Whether its pieces all went clean: none failed, no read came up short.
+    pub(super) fn clean(&self) -> bool {
+        self.failure.load(Ordering::Relaxed) == 0 && self.short_end.load(Ordering::Relaxed) == u64::MAX
     }
 
     /// What the request completes with (status, bytes), from how its pieces went.
@@ -473,15 +460,11 @@ pub(super) fn hand_off(
     engine_first: bool,
     times: &BackendTimes,
 ) -> Arc<InFlight> {
-    let before = match &request.memory {
-        Memory::Staged(staged) => staged.before,
-        Memory::Mapped => Outcome::CLEAN,
-    };
     let request = Arc::new(InFlight {
         request,
         pieces_left: AtomicUsize::new(pieces.len()),
-        short_end: AtomicU64::new(before.short_end),
-        failure: AtomicU8::new(before.failure),
+        short_end: AtomicU64::new(u64::MAX),
+        failure: AtomicU8::new(0),
     });
     let (first, rest) = match engine_first {
         true => pieces.split_first().map_or((None, pieces), |(first, rest)| (Some(*first), rest)),

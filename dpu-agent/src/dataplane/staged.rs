@@ -43,7 +43,7 @@ use fabric::any;
 use fabric::transport::Endpoint as _;
 
 use super::host_memory::{FLUSH_TIMEOUT, HostRegion, HostRing, Peer};
-use super::io::{self, Back, InFlight, Job, Memory, Offloaded, OpenRead, Outcome, StagedAnswer, StagedMemory};
+use super::io::{self, Back, InFlight, Job, Memory, Offloaded, OpenRead, StagedAnswer, StagedMemory};
 use super::protocol;
 use super::sessions::Handle;
 use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics};
@@ -73,10 +73,9 @@ pub(super) struct Pending {
     pub taken_at: Instant,
     pub region: Arc<HostRegion>,
     pub handle: Arc<Handle>,
-    /// The pieces still to run (all of them, or the rounds after those that ran).
+    /// The pieces still to run (all of them, or the rounds after those that ran, which
+    /// went clean).
     pub pieces: Vec<Chunk>,
-    /// How the rounds that ran went.
-    pub before: Outcome,
 }
 
 /// An open-read of a put/get host for staged-I/O slots for its answer range: the job,
@@ -407,7 +406,6 @@ impl StagedIo {
             slots: std::sync::Mutex::new(slots),
             pieces: p.pieces.clone(),
             rest,
-            before: p.before,
             peer: peer.clone(),
             done: self.done.0.clone(),
         };
@@ -467,40 +465,39 @@ impl StagedIo {
             let Memory::Staged(staged) = &r.memory else { continue };
             // Rounds run on while nothing failed and no read came up short (past the end
             // of the file the rest would read nothing).
-            let more = !staged.rest.is_empty() && f.so_far() == Outcome::CLEAN;
+            let more = !staged.rest.is_empty() && f.clean();
             let (status, result) = f.outcome();
             let peer = &staged.peer;
             if !more {
                 let _ = r.tenant.finish(1); // parked rings are looked at on the engine's next round
                 r.metrics.request(Op::of(r.sub.opcode), status, result, r.taken_at.elapsed());
             }
-            if !peer.serves(&r.ring) {
+            // A read's bytes to the host; `Err(None)` where the host is gone.
+            let put = match peer.serves(&r.ring) {
+                false => Err(None),
+                true if r.sub.opcode == Opcode::Read && status == wire::Status::Ok => {
+                    let local = self.lanes[peer.lane].region();
+                    let to = |piece: &Chunk| r.region.addr + piece.region_offset;
+                    (staged.pieces.iter().zip(&staged.offsets))
+                        .try_for_each(|(piece, &at)| match f.bytes_read(piece) {
+                            0 => Ok(()),
+                            n => peer.endpoint.put(local, at as usize, n as usize, to(piece), &r.region.key),
+                        })
+                        // The next round may take these slots once this returns: its puts
+                        // done first (the last round's are flushed with its completion).
+                        .and_then(|()| if more { peer.endpoint.flush(FLUSH_TIMEOUT) } else { Ok(()) })
+                        .map_err(Some)
+                }
+                true => Ok(()),
+            };
+            if let Err(failed) = put {
                 if more {
-                    let _ = r.tenant.finish(1); // its host is gone
+                    let _ = r.tenant.finish(1); // it ends here
+                }
+                if let Some(e) = failed {
+                    peer.fail(metrics, r.session_id, &e);
                 }
                 continue;
-            }
-            if r.sub.opcode == Opcode::Read && status == wire::Status::Ok {
-                let local = self.lanes[peer.lane].region();
-                let to = |piece: &Chunk| r.region.addr + piece.region_offset;
-                let put =
-                    staged.pieces.iter().zip(&staged.offsets).try_for_each(|(piece, &at)| match f.bytes_read(piece) {
-                        0 => Ok(()),
-                        n => peer.endpoint.put(local, at as usize, n as usize, to(piece), &r.region.key),
-                    });
-                // The next round may take these slots once this returns: its puts done first
-                // (the last round's are flushed with its completion).
-                let put = put.and_then(|()| match more {
-                    true => peer.endpoint.flush(FLUSH_TIMEOUT),
-                    false => Ok(()),
-                });
-                if let Err(e) = put {
-                    if more {
-                        let _ = r.tenant.finish(1);
-                    }
-                    peer.fail(metrics, r.session_id, &e);
-                    continue;
-                }
             }
             if more {
                 next_rounds.push(Pending {
@@ -515,7 +512,6 @@ impl StagedIo {
                     region: r.region.clone(),
                     handle: r.handle.clone(),
                     pieces: staged.rest.clone(),
-                    before: f.so_far(),
                 });
                 continue;
             }
