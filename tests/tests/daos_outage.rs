@@ -7,7 +7,7 @@
 //! - a read DAOS holds at the loss waits for DAOS on an I/O thread, never on the engine
 //!   that answers the other calls (a CI run's stat waited 600 s, most likely behind one),
 //!   also a read of a host the agent reaches with put/get (a second client over UCX's
-//!   tcp reading a file whole and 1 MiB at a time: its staged I/O and open-reads ran on
+//!   tcp reading a sample whole and 1 MiB of a file at a time: its staged I/O and open-reads ran on
 //!   the engine before, and one such read held by DAOS held up every host's data plane);
 //!   that client's calls that run while DAOS is gone end within the deadline and some slack
 //!   (its I/O is in agent memory, staged: answered `UNAVAILABLE` at the deadline rather
@@ -147,9 +147,11 @@ fn loader(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<See
 }
 
 /// A host the agent reaches with put/get (UCX's tcp): reads `/data/f1` (each byte
-/// checked) until `stop`, whole (an open-read, then the rest through a handle) every
-/// third time, else 1 MiB through a handle of its own, so that at the loss one such read
-/// is most likely in DAOS's hands.
+/// checked) until `stop`: every third time a sample whole (one open-read, as a loader
+/// reads it), else 1 MiB of `/data/f1` through a handle of its own, so that at the loss
+/// one such read is most likely in DAOS's hands. Each is one DAOS step, so each is
+/// bounded by one deadline (a file longer than an open-read's answer is read in four:
+/// the open-read, an open, the rest, a close, each with its own deadline).
 fn tcp_reader(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let file = runtime.block_on(client.open("/data/f1", dpuio_shim::Access::ReadOnly)).expect("tcp: open /data/f1");
@@ -160,7 +162,8 @@ fn tcp_reader(client: dpuio_shim::Client, stop: Arc<AtomicBool>, seen: Arc<Mutex
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         if i.is_multiple_of(3) {
-            read_checked(&client, &seen, "/data/f1", &want, &format!("tcp read {i}"));
+            let n = (i as usize / 3) % SAMPLES;
+            read_checked(&client, &seen, &format!("/data/s{n}"), &sample(n), &format!("tcp read {i}"));
         } else {
             let started = Instant::now();
             let result = file.read_at(&region, 0).map(|n| {
