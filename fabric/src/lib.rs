@@ -199,7 +199,7 @@ pub use error::{Error, Result};
 pub use host_bytes::{HostBytes, HostBytesMut};
 pub use memory::{MappedRemote, SharedMapping, SharedMemory};
 pub use progress::{ProgressReport, ProgressThread};
-pub use transport::{Transport, wait_any};
+pub use transport::{Transport, wait_any, wait_any_or};
 
 /// Signals for which libraries this crate loads install handlers when they are
 /// loaded: Debian's libfabric pulls in the PSM libraries, whose `libinfinipath`

@@ -91,13 +91,21 @@ pub trait Transport: Send + Sync {
 /// `Ok(true)` when one was woken or had work pending, `Ok(false)` on timeout. Call
 /// `progress` on each after.
 pub fn wait_any<T: Transport>(transports: &[&T], timeout: Duration) -> Result<bool> {
-    let mut fds = Vec::with_capacity(transports.len());
+    wait_any_or(transports, &[], timeout)
+}
+
+/// [`wait_any`], also woken when one of `fds` (other descriptors the caller serves:
+/// sockets of its own) is readable.
+pub fn wait_any_or<T: Transport>(transports: &[&T], fds: &[std::os::fd::RawFd], timeout: Duration) -> Result<bool> {
+    let mut polled = Vec::with_capacity(transports.len() + fds.len());
     for t in transports {
         if !t.arm()? {
             return Ok(true);
         }
-        fds.push(libc::pollfd { fd: t.event_fd()?, events: libc::POLLIN, revents: 0 });
+        polled.push(libc::pollfd { fd: t.event_fd()?, events: libc::POLLIN, revents: 0 });
     }
+    polled.extend(fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
+    let mut fds = polled;
     let timeout_ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: fds is a live Vec of pollfds and nfds is its length.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };

@@ -695,6 +695,11 @@ impl Container for WorkerContainer {
     }
 }
 
+/// `object` as a worker's, if it is one.
+pub(crate) fn worker_object(object: &dyn Object) -> Option<&WorkerObject> {
+    object.as_any()?.downcast_ref()
+}
+
 /// A file open in the tenant's worker.
 pub struct WorkerObject {
     container: Arc<WorkerContainer>,

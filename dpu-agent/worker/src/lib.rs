@@ -14,6 +14,8 @@
 //! - [`serve::run`] is the worker's side (`dpu-agent tenant-worker`), over the DAOS
 //!   backend.
 //! - [`spawn`] starts the worker as the tenant's identity, with no other privilege.
+//! - [`direct`]: pieces the data plane's engine sends to a worker without waiting for
+//!   the answer (put/get hosts' reads and writes).
 //! - [`host`]: host regions the agent has mapped, lent to the workers so that their
 //!   pieces move bytes between DAOS and the host's memory with no staging copy.
 //!
@@ -23,6 +25,7 @@
 
 pub mod client;
 mod control;
+pub mod direct;
 pub mod host;
 mod queue;
 pub mod serve;

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 use dpuio_backend::{Error, IoOp, IoQueue, IoRequest, Object, Result};
 
-use crate::client::{Process, Shared, WorkerObject};
+use crate::client::{Process, Shared, WorkerObject, worker_object};
 use crate::host;
 use crate::staging::Slot;
 use crate::wire::{self, Piece, Request};
@@ -27,10 +27,6 @@ pub fn routed(main: Box<dyn IoQueue>) -> Box<dyn IoQueue> {
 
 struct RoutedQueue {
     main: Box<dyn IoQueue>,
-}
-
-fn worker_object(object: &dyn Object) -> Option<&WorkerObject> {
-    object.as_any()?.downcast_ref()
 }
 
 /// A worker's share of a batch: its process and the batch positions of its pieces.

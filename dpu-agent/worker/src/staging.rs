@@ -186,6 +186,8 @@ impl Mapping {
 /// The agent's side: the mapping and its slots.
 pub struct Staging {
     pub mapping: Mapping,
+    slots: usize,
+    slot_bytes: u64,
     free: Mutex<Vec<u64>>,
     returned: Condvar,
 }
@@ -196,9 +198,21 @@ impl Staging {
         let mapping = Mapping::create(name, slots * slot_bytes as usize)?;
         Ok(Staging {
             mapping,
+            slots,
+            slot_bytes,
             free: Mutex::new((0..slots as u64).rev().map(|i| i * slot_bytes).collect()),
             returned: Condvar::new(),
         })
+    }
+
+    /// How many slots it has.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The bytes of each slot.
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
     }
 
     /// A free slot, if one is.

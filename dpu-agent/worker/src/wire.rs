@@ -331,12 +331,35 @@ pub fn recv_pieces(
     pieces: usize,
     on_piece: &mut dyn FnMut(usize, Result<u64, WireError>),
 ) -> io::Result<()> {
-    let mut reported = vec![false; pieces];
-    loop {
-        match recv::<Reply>(stream)? {
+    let mut reports = Reports::new(pieces);
+    while !reports.take(recv::<Reply>(stream)?, on_piece)? {}
+    Ok(())
+}
+
+/// Which pieces of a [`Request::Io`] the worker reported so far: the answer taken one
+/// reply at a time, by a caller that waits for each ([`recv_pieces`]) or one that reads
+/// what has arrived ([`crate::direct`]).
+pub(crate) struct Reports {
+    reported: Vec<bool>,
+}
+
+impl Reports {
+    pub(crate) fn new(pieces: usize) -> Reports {
+        Reports { reported: vec![false; pieces] }
+    }
+
+    /// Take one reply: `on_piece(index, result)` for what it reports. Whether the answer
+    /// is complete; an error where the reply does not belong to such an answer.
+    pub(crate) fn take(
+        &mut self,
+        reply: Reply,
+        on_piece: &mut dyn FnMut(usize, Result<u64, WireError>),
+    ) -> io::Result<bool> {
+        let pieces = self.reported.len();
+        match reply {
             Reply::Piece { index, result } => {
                 let index = index as usize;
-                match reported.get_mut(index) {
+                match self.reported.get_mut(index) {
                     Some(seen) if !*seen => *seen = true,
                     _ => {
                         return Err(io::Error::new(
@@ -346,21 +369,26 @@ pub fn recv_pieces(
                     }
                 }
                 on_piece(index, result);
+                Ok(false)
             }
-            Reply::Done if reported.iter().all(|r| *r) => return Ok(()),
+            Reply::Done if self.reported.iter().all(|r| *r) => Ok(true),
             Reply::Failed(e) => {
-                for (index, _) in reported.iter().enumerate().filter(|(_, r)| !**r) {
+                for (index, seen) in self.reported.iter_mut().enumerate().filter(|(_, r)| !**r) {
+                    *seen = true;
                     on_piece(index, Err(e.clone()));
                 }
-                return Ok(());
+                Ok(true)
             }
-            other => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("worker answered an I/O request with {other:?}"),
-                ));
-            }
+            other => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("worker answered an I/O request with {other:?}"),
+            )),
         }
+    }
+
+    /// The pieces not reported yet.
+    pub(crate) fn missing(&self) -> impl Iterator<Item = usize> + '_ {
+        self.reported.iter().enumerate().filter(|(_, r)| !**r).map(|(i, _)| i)
     }
 }
 
