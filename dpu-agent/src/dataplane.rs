@@ -92,6 +92,7 @@ pub mod readiness;
 mod registry;
 pub mod sessions;
 mod staged;
+mod to_worker;
 
 pub use host_memory::{HostRegion, HostRing, Peer};
 pub use registry::{DataPlaneError, library, library_mismatch};

@@ -189,6 +189,7 @@ impl Engine {
                 }
             }
             self.serve_queue(QUEUE_BATCH);
+            self.staged.send_to_workers();
         }
         for (_, ring) in ready.hot() {
             host_memory::set_polling(ring, false);
@@ -225,7 +226,7 @@ impl Engine {
             timeout = timeout.min(NO_FD_SLICE);
         }
         let workers: Vec<&any::Worker> = self.lanes.iter().map(|l| &*l.worker).collect();
-        fabric::wait_any(&workers, timeout)
+        fabric::wait_any_or(&workers, &self.staged.worker_fds(), timeout)
     }
 
     /// The rings behind `keys` that still exist and are served, with their tenants.
@@ -552,9 +553,12 @@ impl Engine {
         let Some(region) = session.host_region(sub.region_id) else { return Ok(false) };
         let Ok(handle) = session.handle(sub.handle) else { return Ok(false) };
         let mapped = region.is_mapped() && ring.region.is_mapped();
-        // An object lending memory of its own for put/get (a tenant DAOS worker's) moves
-        // its bytes from there, on the engine.
-        let overlaps = self.io_overlaps && (mapped || !handle.object.lends_staging());
+        // An object lending memory of its own for put/get moves its bytes from there, on
+        // the engine; but a tenant DAOS worker's goes to the worker, its slots in the
+        // worker's staging ([`super::to_worker`]).
+        let object = &*handle.object;
+        let overlaps =
+            self.io_overlaps && (mapped || !object.lends_staging() || dpuio_worker::direct::is_worker(object));
         let (pieces, engine_first) = match policy::place(&sub, mapped, overlaps, self.cores, self.chunk_bytes as u64) {
             Placement::Here => return Ok(false),
             Placement::Staged { pieces } => {
@@ -665,6 +669,7 @@ impl Engine {
         self.post_staged(&finished.rings);
         drop(finished);
         self.staged.start_waiting(&self.metrics);
+        self.staged.send_to_workers();
         true
     }
 

@@ -371,21 +371,50 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
         let h = if opcode == Opcode::Read { &times.read } else { &times.write };
         h.observe(now.duration_since(if overlapped { started } else { last }).as_secs_f64());
         last = now;
-        match outcome {
-            Ok(n) if opcode == Opcode::Read && (n as u64) < piece.length => {
-                r.short_end.fetch_min(piece.file_offset + n as u64, Ordering::Relaxed);
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(session = format!("{:#018x}", r.request.session_id), error = %e, "backend I/O failed");
-                r.failed(policy::failure(&e));
-            }
-        }
-        r.piece_done(times);
+        r.piece_outcome(piece, outcome, times);
     });
 }
 
+/// Run piece `index` of the staged request `request` here, one backend call at a time
+/// (its runner, a tenant worker, could not take it).
+pub(super) fn run_piece_here(request: &Arc<InFlight>, index: usize, times: &BackendTimes) {
+    let Memory::Staged(staged) = &request.request.memory else { return };
+    let piece = staged.pieces[index];
+    run_pieces(&mut OneAtATime, &[Piece { request: request.clone(), piece, index }], times);
+}
+
 impl InFlight {
+    /// A request split in `pieces`, none of them run yet.
+    pub(super) fn new(request: Offloaded, pieces: usize) -> Arc<InFlight> {
+        Arc::new(InFlight {
+            request,
+            pieces_left: AtomicUsize::new(pieces),
+            short_end: AtomicU64::new(u64::MAX),
+            failure: AtomicU8::new(0),
+        })
+    }
+
+    /// The outcome of `piece`, one of its pieces: noted, and the last one finishes the
+    /// request.
+    pub(super) fn piece_outcome(
+        self: &Arc<Self>,
+        piece: &validate::Chunk,
+        outcome: dpuio_backend::Result<usize>,
+        times: &BackendTimes,
+    ) {
+        match outcome {
+            Ok(n) if self.request.sub.opcode == Opcode::Read && (n as u64) < piece.length => {
+                self.short_end.fetch_min(piece.file_offset + n as u64, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = format!("{:#018x}", self.request.session_id), error = %e, "backend I/O failed");
+                self.failed(policy::failure(&e));
+            }
+        }
+        self.piece_done(times);
+    }
+
     /// One of its pieces is done (its outcome noted): the last one finishes the request.
     fn piece_done(self: &Arc<Self>, times: &BackendTimes) {
         if self.pieces_left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -460,12 +489,7 @@ pub(super) fn hand_off(
     engine_first: bool,
     times: &BackendTimes,
 ) -> Arc<InFlight> {
-    let request = Arc::new(InFlight {
-        request,
-        pieces_left: AtomicUsize::new(pieces.len()),
-        short_end: AtomicU64::new(u64::MAX),
-        failure: AtomicU8::new(0),
-    });
+    let request = InFlight::new(request, pieces.len());
     let (first, rest) = match engine_first {
         true => pieces.split_first().map_or((None, pieces), |(first, rest)| (Some(*first), rest)),
         false => (None, pieces),

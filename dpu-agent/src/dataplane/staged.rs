@@ -46,6 +46,7 @@ use super::host_memory::{FLUSH_TIMEOUT, HostRegion, HostRing, Peer};
 use super::io::{self, Back, InFlight, Job, Memory, Offloaded, OpenRead, StagedAnswer, StagedMemory};
 use super::protocol;
 use super::sessions::Handle;
+use super::to_worker::ToWorker;
 use crate::metrics::{BackendTimes, Metrics, Op, TenantMetrics};
 use crate::qos::TenantSlot;
 use crate::validate::Chunk;
@@ -120,24 +121,40 @@ impl Waiting {
     }
 }
 
-/// One lane's staged-I/O memory, made when first needed, and the requests waiting for
-/// its slots.
-struct LaneStaged {
-    worker: Arc<any::Worker>,
-    memory: Option<(Arc<Staging>, any::Region)>,
-    slots: usize,
-    /// The memory could not be made or registered: this lane's requests run on the
-    /// engine, through its staging pairs (said once in the log).
-    refused: bool,
+/// Staged-I/O memory registered with a lane's transport, and what waits for its slots:
+/// the lane's own, or a tenant DAOS worker's staging (whose pieces the engine sends to
+/// the worker, [`super::to_worker`]).
+struct Pool {
+    staging: Arc<Staging>,
+    region: any::Region,
     /// What waits for slots, and since when.
     pending: VecDeque<(Instant, Waiting)>,
 }
 
+impl Pool {
+    fn slots(&self) -> usize {
+        self.staging.slots()
+    }
+}
+
+/// One lane's staged-I/O memory, made when first needed, the tenant workers' staging it
+/// registered, and the requests waiting for their slots.
+struct LaneStaged {
+    worker: Arc<any::Worker>,
+    own: Option<Pool>,
+    /// The memory could not be made or registered: this lane's requests run on the
+    /// engine, through its staging pairs (said once in the log).
+    refused: bool,
+    /// Tenant workers' staging, registered when a request first used it; dropped once
+    /// its worker is gone and nothing here holds a slot of it.
+    tenants: Vec<Pool>,
+}
+
 impl LaneStaged {
-    /// The memory, made and registered with the lane's worker on first use; `None`
-    /// where that failed.
-    fn memory(&mut self, chunk_bytes: usize) -> Option<Arc<Staging>> {
-        if self.memory.is_none() && !self.refused {
+    /// The lane's own pool, its memory made and registered with the lane's worker on
+    /// first use; `None` where that failed.
+    fn own(&mut self, chunk_bytes: usize) -> Option<&mut Pool> {
+        if self.own.is_none() && !self.refused {
             let slots = (STAGED_IO_BYTES / chunk_bytes.max(1)).clamp(MIN_SLOTS, MAX_SLOTS);
             let made = Staging::new("dpuio-staged-io", slots, chunk_bytes as u64)
                 .map_err(|e| e.to_string())
@@ -147,10 +164,7 @@ impl LaneStaged {
                     self.worker.register_lent(lent).map(|r| (s, r)).map_err(|e| e.to_string())
                 });
             match made {
-                Ok(m) => {
-                    self.memory = Some(m);
-                    self.slots = slots;
-                }
+                Ok((staging, region)) => self.own = Some(Pool { staging, region, pending: VecDeque::new() }),
                 Err(e) => {
                     tracing::warn!(error = %e, transport = self.worker.provider(),
                         "the data plane cannot make staged-I/O memory for this transport; \
@@ -159,12 +173,53 @@ impl LaneStaged {
                 }
             }
         }
-        self.memory.as_ref().map(|(s, _)| s.clone())
+        self.own.as_mut()
     }
 
-    /// The registered region of the memory (made before any request took a slot).
-    fn region(&self) -> &any::Region {
-        &self.memory.as_ref().expect("staged-I/O memory is made before a slot is taken").1
+    /// The pool of a tenant worker's `staging`, registered with the lane's worker on
+    /// first use; `None` where that failed (said in the log).
+    fn tenant(&mut self, staging: Arc<Staging>) -> Option<&mut Pool> {
+        let i = match self.tenants.iter().position(|p| Arc::ptr_eq(&p.staging, &staging)) {
+            Some(i) => i,
+            None => {
+                let lent: Arc<dyn LentMemory> = staging.clone();
+                match self.worker.register_lent(lent) {
+                    Ok(region) => self.tenants.push(Pool { staging, region, pending: VecDeque::new() }),
+                    Err(e) => {
+                        tracing::warn!(error = %e, transport = self.worker.provider(),
+                            "the data plane cannot register a tenant worker's staging with this transport; \
+                             the tenant's payload requests run on the engine thread, one at a time");
+                        return None;
+                    }
+                }
+                self.tenants.len() - 1
+            }
+        };
+        self.tenants.get_mut(i)
+    }
+
+    fn pools(&self) -> impl Iterator<Item = &Pool> {
+        self.own.iter().chain(&self.tenants)
+    }
+
+    fn pools_mut(&mut self) -> impl Iterator<Item = &mut Pool> {
+        self.own.iter_mut().chain(&mut self.tenants)
+    }
+
+    /// The pool whose memory is `staging`.
+    fn pool_of(&mut self, staging: &Arc<Staging>) -> Option<&mut Pool> {
+        self.pools_mut().find(|p| Arc::ptr_eq(&p.staging, staging))
+    }
+
+    /// The registered region of `staging` (registered before any request took a slot).
+    fn region(&self, staging: &Arc<Staging>) -> &any::Region {
+        &self.pools().find(|p| Arc::ptr_eq(&p.staging, staging)).expect("slots are taken from a registered pool").region
+    }
+
+    /// Drop the pools of workers that are gone: nothing but the pool (and its
+    /// registration) holds their staging, nothing waits.
+    fn drop_gone_workers(&mut self) {
+        self.tenants.retain(|p| !p.pending.is_empty() || Arc::strong_count(&p.staging) > 2);
     }
 }
 
@@ -244,6 +299,8 @@ pub(super) struct StagedIo {
     times: BackendTimes,
     /// Woken by the I/O threads when they hand a request back.
     engine: Arc<any::Worker>,
+    /// Requests on tenant workers' objects, sent to the workers.
+    to_worker: ToWorker,
 }
 
 /// Staged requests the I/O threads finished, their reads' bytes put to the hosts: the
@@ -273,13 +330,8 @@ impl StagedIo {
         times: BackendTimes,
         deadline: Option<Duration>,
     ) -> StagedIo {
-        let lane = |w: &Arc<any::Worker>| LaneStaged {
-            worker: w.clone(),
-            memory: None,
-            slots: 0,
-            refused: false,
-            pending: VecDeque::new(),
-        };
+        let lane =
+            |w: &Arc<any::Worker>| LaneStaged { worker: w.clone(), own: None, refused: false, tenants: Vec::new() };
         StagedIo {
             lanes: workers.iter().map(lane).collect(),
             started: Vec::new(),
@@ -289,6 +341,7 @@ impl StagedIo {
             done: crossbeam_channel::unbounded(),
             jobs,
             chunk_bytes,
+            to_worker: ToWorker::new(times.clone()),
             times,
             engine: workers[0].clone(),
         }
@@ -302,14 +355,22 @@ impl StagedIo {
     /// finished then.
     pub fn take(&mut self, p: Pending) -> Result<bool, fabric::Error> {
         let lane = &mut self.lanes[p.peer.lane];
-        let Some(staging) = lane.memory(self.chunk_bytes) else { return Ok(false) };
-        let slots = match lane.pending.is_empty() {
-            true => take_slots(&staging, round(p.pieces.len(), lane.slots)),
-            false => None, // the lane's waiting ones go first
+        let pool = match dpuio_worker::direct::staging(&*p.handle.object) {
+            None => lane.own(self.chunk_bytes),
+            // Its worker's staging, where its slots fit the pieces.
+            Some(Ok(staging)) if staging.slot_bytes() >= self.chunk_bytes as u64 => lane.tenant(staging),
+            // The worker cannot start (the engine's run gives the error), or its slots are
+            // smaller than a piece.
+            Some(_) => None,
+        };
+        let Some(pool) = pool else { return Ok(false) };
+        let slots = match pool.pending.is_empty() {
+            true => take_slots(&pool.staging, round(p.pieces.len(), pool.slots())),
+            false => None, // the pool's waiting ones go first
         };
         match slots {
             Some(slots) => self.start(p, slots)?,
-            None => lane.pending.push_back((Instant::now(), Waiting::Request(p))),
+            None => pool.pending.push_back((Instant::now(), Waiting::Request(p))),
         }
         Ok(true)
     }
@@ -321,15 +382,15 @@ impl StagedIo {
     /// where it cannot go there (no staged-I/O memory, or an answer range longer than the
     /// lane's slots): it runs on the engine.
     pub fn take_open_read(&mut self, o: WaitingOpenRead) -> Result<(), WaitingOpenRead> {
-        let lane = &mut self.lanes[o.entry.peer.lane];
-        let Some(staging) = lane.memory(self.chunk_bytes) else { return Err(o) };
-        let n = o.slots(self.chunk_bytes);
-        if n > lane.slots {
+        let chunk_bytes = self.chunk_bytes;
+        let Some(pool) = self.lanes[o.entry.peer.lane].own(chunk_bytes) else { return Err(o) };
+        let n = o.slots(chunk_bytes);
+        if n > pool.slots() {
             return Err(o);
         }
-        match lane.pending.is_empty().then(|| take_slots(&staging, n)).flatten() {
+        match pool.pending.is_empty().then(|| take_slots(&pool.staging, n)).flatten() {
             Some(slots) => self.start_open_read(o, slots),
-            None => lane.pending.push_back((Instant::now(), Waiting::OpenRead(o))),
+            None => pool.pending.push_back((Instant::now(), Waiting::OpenRead(o))),
         }
         Ok(())
     }
@@ -384,8 +445,9 @@ impl StagedIo {
     fn start(&mut self, mut p: Pending, slots: Vec<Slot>) -> Result<(), fabric::Error> {
         let rest = p.pieces.split_off(slots.len());
         let peer = &p.peer;
+        let staging = slots[0].staging().clone();
         if p.sub.opcode == Opcode::Write {
-            let local = self.lanes[peer.lane].region();
+            let local = self.lanes[peer.lane].region(&staging);
             let got = p
                 .pieces
                 .iter()
@@ -401,7 +463,7 @@ impl StagedIo {
             }
         }
         let memory = StagedMemory {
-            staging: slots[0].staging().clone(),
+            staging,
             offsets: slots.iter().map(|s| s.offset).collect(),
             slots: std::sync::Mutex::new(slots),
             pieces: p.pieces.clone(),
@@ -422,7 +484,12 @@ impl StagedIo {
             metrics: p.metrics,
             taken_at: p.taken_at,
         };
-        let request = io::hand_off(&self.jobs, request, &p.pieces, false, &self.times);
+        // A tenant worker's pieces go to the worker ([`super::to_worker`]), the others to
+        // the I/O threads.
+        let request = match dpuio_worker::direct::is_worker(&*request.handle.object) {
+            true => self.to_worker.queue(InFlight::new(request, p.pieces.len())),
+            false => io::hand_off(&self.jobs, request, &p.pieces, false, &self.times),
+        };
         if self.deadline.is_some() {
             self.started.push(Started { at: Instant::now(), out: Out::Request(request), answered: false });
         }
@@ -433,12 +500,13 @@ impl StagedIo {
     /// put to the hosts (a host whose put fails is failed); `None` when none came back.
     /// A request with rounds still to run goes back to the front of its lane's queue.
     pub fn finished(&mut self, metrics: &Metrics) -> Option<Finished> {
+        self.to_worker.read();
         let done: Vec<Back> = self.done.1.try_iter().collect();
         if done.is_empty() {
             return None;
         }
         let mut rings: Vec<RingCompletions> = Vec::new();
-        let mut next_rounds: Vec<Pending> = Vec::new();
+        let mut next_rounds: Vec<(Pending, Arc<Staging>)> = Vec::new();
         // The requests' slots, held here rather than by the requests, which the I/O
         // threads may still hold until their batch ends.
         let mut slots: Vec<Slot> = Vec::new();
@@ -476,7 +544,7 @@ impl StagedIo {
             let put = match peer.serves(&r.ring) {
                 false => Err(None),
                 true if r.sub.opcode == Opcode::Read && status == wire::Status::Ok => {
-                    let local = self.lanes[peer.lane].region();
+                    let local = self.lanes[peer.lane].region(&staged.staging);
                     let to = |piece: &Chunk| r.region.addr + piece.region_offset;
                     (staged.pieces.iter().zip(&staged.offsets))
                         .try_for_each(|(piece, &at)| match f.bytes_read(piece) {
@@ -500,27 +568,35 @@ impl StagedIo {
                 continue;
             }
             if more {
-                next_rounds.push(Pending {
-                    session_id: r.session_id,
-                    peer: peer.clone(),
-                    ring: r.ring.clone(),
-                    metrics: r.metrics.clone(),
-                    tenant: r.tenant.clone(),
-                    sub: r.sub,
-                    cq_index: r.cq_index,
-                    taken_at: r.taken_at,
-                    region: r.region.clone(),
-                    handle: r.handle.clone(),
-                    pieces: staged.rest.clone(),
-                });
+                next_rounds.push((
+                    Pending {
+                        session_id: r.session_id,
+                        peer: peer.clone(),
+                        ring: r.ring.clone(),
+                        metrics: r.metrics.clone(),
+                        tenant: r.tenant.clone(),
+                        sub: r.sub,
+                        cq_index: r.cq_index,
+                        taken_at: r.taken_at,
+                        region: r.region.clone(),
+                        handle: r.handle.clone(),
+                        pieces: staged.rest.clone(),
+                    },
+                    staged.staging.clone(),
+                ));
                 continue;
             }
             let completion = (r.cq_index, protocol::completion(r.sub.user_data, r.cq_index, status, result));
             add(&mut rings, &r.ring, peer, r.session_id, completion);
         }
         // Ahead of the lane's waiting ones (they were taken after), in the order they came.
-        for p in next_rounds.into_iter().rev() {
-            self.lanes[p.peer.lane].pending.push_front((Instant::now(), Waiting::Request(p)));
+        for (p, staging) in next_rounds.into_iter().rev() {
+            match self.lanes[p.peer.lane].pool_of(&staging) {
+                Some(pool) => pool.pending.push_front((Instant::now(), Waiting::Request(p))),
+                None => {
+                    let _ = p.tenant.finish(1); // not reached: its pool holds its slots
+                }
+            }
         }
         Some(Finished { rings, _answers: done, _slots: slots })
     }
@@ -532,7 +608,8 @@ impl StagedIo {
         if !peer.serves(&a.ring) {
             return None;
         }
-        let local = self.lanes[peer.lane].region();
+        let staging = a.staged.slots.first().map(|s| s.staging())?;
+        let local = self.lanes[peer.lane].region(staging);
         let to = a.answer.addr + a.meta.answer_offset;
         let put = a.staged.spans(0, a.result as usize).try_for_each(|(slot, offset, from, len)| {
             let at = slot.offset as usize + offset;
@@ -552,7 +629,7 @@ impl StagedIo {
     pub fn expire(&mut self) -> Vec<RingCompletions> {
         let mut rings: Vec<RingCompletions> = Vec::new();
         let Some(deadline) = self.deadline else { return rings };
-        if self.started.is_empty() && self.lanes.iter().all(|l| l.pending.is_empty()) {
+        if self.started.is_empty() && self.lanes.iter().all(|l| l.pools().all(|p| p.pending.is_empty())) {
             return rings;
         }
         let now = Instant::now();
@@ -581,10 +658,10 @@ impl StagedIo {
             }
         }
         let mut waited = 0;
-        for lane in &mut self.lanes {
-            while lane.pending.front().is_some_and(|(since, _)| now.duration_since(*since) >= deadline) {
+        for pool in self.lanes.iter_mut().flat_map(LaneStaged::pools_mut) {
+            while pool.pending.front().is_some_and(|(since, _)| now.duration_since(*since) >= deadline) {
                 waited += 1;
-                match lane.pending.pop_front().expect("looked at").1 {
+                match pool.pending.pop_front().expect("looked at").1 {
                     Waiting::Request(p) => {
                         let _ = p.tenant.finish(1);
                         p.metrics.request(Op::of(p.sub.opcode), wire::Status::Unavailable, 0, p.taken_at.elapsed());
@@ -605,30 +682,42 @@ impl StagedIo {
         rings
     }
 
+    /// Send the tenant workers the pieces of the requests started since the last send
+    /// ([`super::to_worker`]): the engine calls it before it sleeps or serves again.
+    pub fn send_to_workers(&mut self) {
+        self.to_worker.send();
+    }
+
+    /// The descriptors tenant workers' reports arrive on: the engine sleeps on them too.
+    pub fn worker_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.to_worker.fds()
+    }
+
     /// Start the requests and open-reads waiting for slots, in each lane's order, as far
     /// as its slots go.
     pub fn start_waiting(&mut self, metrics: &Metrics) {
         for lane in 0..self.lanes.len() {
-            loop {
-                let staged = &mut self.lanes[lane];
-                let (Some((_, w)), Some((staging, _))) = (staged.pending.front(), staged.memory.as_ref()) else {
-                    break;
-                };
-                let Some(slots) = take_slots(staging, w.slots(staged.slots, self.chunk_bytes)) else { break };
-                match staged.pending.pop_front().expect("looked at").1 {
-                    Waiting::Request(p) if !p.peer.serves(&p.ring) => {
-                        let _ = p.tenant.finish(1); // its host is gone
-                    }
-                    Waiting::Request(p) => {
-                        let (peer, session_id) = (p.peer.clone(), p.session_id);
-                        if let Err(e) = self.start(p, slots) {
-                            peer.fail(metrics, session_id, &e);
+            for i in 0..self.lanes[lane].pools().count() {
+                loop {
+                    let pool = self.lanes[lane].pools_mut().nth(i).expect("counted");
+                    let Some((_, w)) = pool.pending.front() else { break };
+                    let Some(slots) = take_slots(&pool.staging, w.slots(pool.slots(), self.chunk_bytes)) else { break };
+                    match pool.pending.pop_front().expect("looked at").1 {
+                        Waiting::Request(p) if !p.peer.serves(&p.ring) => {
+                            let _ = p.tenant.finish(1); // its host is gone
                         }
+                        Waiting::Request(p) => {
+                            let (peer, session_id) = (p.peer.clone(), p.session_id);
+                            if let Err(e) = self.start(p, slots) {
+                                peer.fail(metrics, session_id, &e);
+                            }
+                        }
+                        Waiting::OpenRead(o) if !o.entry.peer.serves(&o.entry.ring) => {} // its host is gone
+                        Waiting::OpenRead(o) => self.start_open_read(o, slots),
                     }
-                    Waiting::OpenRead(o) if !o.entry.peer.serves(&o.entry.ring) => {} // its host is gone
-                    Waiting::OpenRead(o) => self.start_open_read(o, slots),
                 }
             }
+            self.lanes[lane].drop_gone_workers();
         }
     }
 }
