@@ -265,6 +265,7 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         rounds.iter().zip(before).all(|(r, b)| r.load(Ordering::Relaxed) >= b + 3)
     });
     let recovered = killed.elapsed();
+
     stop.store(true, Ordering::Relaxed);
     for j in jobs {
         j.join().expect("a job panicked");
@@ -286,6 +287,57 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
     }
     assert!(a.read_file("/data.bin").unwrap() == data[0] && b.read_file("/data.bin").unwrap() == data[1]);
+
+    // Stop tenant a's worker (SIGSTOP: it answers nothing, as a worker stuck in DAOS or
+    // in a bug would) while a read of a's is with it: b's job goes on meanwhile (no
+    // thread of the agent waits for a worker's payload pieces: the engine sends a put/get
+    // host's pieces to the worker and reads its reports as they come), and a's read
+    // completes, byte-exact, once its worker runs again (well within the 180 s deadline).
+    let file = runtime.block_on(a.open("/data.bin", dpuio_shim::Access::ReadOnly)).unwrap();
+    let region = runtime.block_on(a.register_region(1 << 20, dpuio_shim::RegionAccess::WriteByAgent)).unwrap();
+    let stopped_pid = workers(agent.process.id()).into_iter().find(|(t, _)| t == "a").map(|(_, p)| p).unwrap();
+    let (stop, rounds) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let b_job = {
+        let (client, want, stop, rounds, errors) =
+            (b.clone(), data[1].clone(), stop.clone(), rounds.clone(), errors.clone());
+        std::thread::spawn(move || job(client, want, false, stop, rounds, errors))
+    };
+    wait_until("three rounds of b's job", Duration::from_secs(60), || rounds.load(Ordering::Relaxed) >= 3);
+    assert!(Command::new("kill").args(["-STOP", &stopped_pid.to_string()]).status().unwrap().success());
+    let held = std::thread::scope(|scope| {
+        let read = scope.spawn(|| file.read_at(&region, 1 << 20));
+        std::thread::sleep(Duration::from_millis(500)); // a's read is with its stopped worker
+        let before = rounds.load(Ordering::Relaxed);
+        let since = Instant::now();
+        let b_alone = std::panic::catch_unwind(|| {
+            wait_until("three more rounds of b's job while a's worker is stopped", Duration::from_secs(20), || {
+                rounds.load(Ordering::Relaxed) >= before + 3
+            })
+        });
+        let b_went_on = since.elapsed();
+        let a_waiting = !read.is_finished();
+        assert!(Command::new("kill").args(["-CONT", &stopped_pid.to_string()]).status().unwrap().success());
+        let resumed = Instant::now();
+        let got = read.join().expect("a's read panicked");
+        if let Err(e) = b_alone {
+            std::panic::resume_unwind(e);
+        }
+        assert!(a_waiting, "a's read did not wait for its stopped worker: the test did not stop what it meant to");
+        (b_went_on, resumed.elapsed(), got)
+    });
+    stop.store(true, Ordering::Relaxed);
+    b_job.join().expect("b's job panicked");
+    let (b_went_on, a_after, got) = held;
+    assert_eq!(got.unwrap_or_else(|e| panic!("a's held read: {e}")), 1 << 20);
+    let mut bytes = vec![0u8; 1 << 20];
+    region.read_at(0, &mut bytes);
+    assert!(bytes[..] == data[0][1 << 20..2 << 20], "a's held read returned other bytes");
+    assert!(errors.lock().unwrap().is_empty(), "b's job saw errors: {:#?}", errors.lock().unwrap());
+    eprintln!(
+        "worker of tenant a SIGSTOPped with a read of a's out: b's job three rounds further in {b_went_on:.2?}; \
+         a's read done {a_after:.2?} after SIGCONT"
+    );
 
     // Calls that cannot simply run twice, their worker killed after making them and
     // before answering (the test-only hook): made again on a new worker, each answers as
