@@ -68,26 +68,26 @@ pub struct Sent {
 /// runs them another way.
 pub fn send(staging: &Arc<Staging>, pieces: &[DirectPiece<'_>]) -> Result<Sent> {
     let gone = |reason: String| Error::Unavailable { what: "a tenant's DAOS worker".into(), reason };
-    let Some(first) = pieces.first() else { return Err(Error::InvalidArgument("no pieces to send".into())) };
-    let Some(object) = worker_object(first.object) else {
-        return Err(Error::InvalidArgument("pieces sent to a worker must be a worker's objects".into()));
-    };
-    let process = object.shared().process()?;
+    let objects = pieces
+        .iter()
+        .map(|p| worker_object(p.object))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::InvalidArgument("pieces sent to a worker must be a worker's objects".into()))?;
+    let Some(first) = objects.first() else { return Err(Error::InvalidArgument("no pieces to send".into())) };
+    let process = first.shared().process()?;
     if !Arc::ptr_eq(&process.staging, staging) {
         return Err(gone("the worker whose staging holds the pieces' slots was replaced".into()));
     }
+    let lost = |e: std::io::Error| {
+        process.lost.store(true, Ordering::Relaxed);
+        gone(e.to_string())
+    };
     let mut wire_pieces = Vec::with_capacity(pieces.len());
-    for p in pieces {
-        let Some(object) = worker_object(p.object) else {
-            return Err(Error::InvalidArgument("pieces sent to a worker must be a worker's objects".into()));
-        };
+    for (p, object) in pieces.iter().zip(&objects) {
         let id = match object.id(&process) {
             Ok(id) => id,
             Err(Fault::Backend(e)) => return Err(e),
-            Err(Fault::Lost(l)) => {
-                process.lost.store(true, Ordering::Relaxed);
-                return Err(gone(l.0.to_string()));
-            }
+            Err(Fault::Lost(l)) => return Err(lost(l.0)),
         };
         wire_pieces.push(Piece {
             object: id,
@@ -98,16 +98,12 @@ pub fn send(staging: &Arc<Staging>, pieces: &[DirectPiece<'_>]) -> Result<Sent> 
             host: None,
         });
     }
-    let lost = |e: std::io::Error| {
-        process.lost.store(true, Ordering::Relaxed);
-        gone(e.to_string())
-    };
     let mut channel = process.channel().map_err(|l| lost(l.0))?;
     let timeout = rustix::net::sockopt::Timeout::Recv;
     rustix::net::sockopt::set_socket_timeout(channel.get_ref(), timeout, Some(PARTIAL_REPORT_WAIT))
         .map_err(|e| lost(e.into()))?;
     wire::send(channel.get_mut(), &Request::Io { pieces: wire_pieces }).map_err(lost)?;
-    object.shared().staged_pieces.fetch_add(pieces.len() as u64, Ordering::Relaxed);
+    first.shared().staged_pieces.fetch_add(pieces.len() as u64, Ordering::Relaxed);
     Ok(Sent { process: process.clone(), channel, reports: Reports::new(pieces.len()) })
 }
 
