@@ -63,7 +63,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ),
     ("dpu-agent/daos/src/lib.rs", &["backend", "dir_cache", "retry", "anchor", "dfs", "deadline", "sys", "error"]),
     ("dpu-agent/encryption/src/lib.rs", &["tests", "rotation", "container", "object", "settings", "error"]),
-    ("dpu-agent/worker/src/lib.rs", &["direct queue serve", "client", "host", "control spawn staging", "wire"]),
+    ("dpu-agent/worker/src/lib.rs", &["direct queue serve", "client", "host link", "control spawn staging", "wire"]),
     ("bench-core/src/lib.rs", &["child", "block unet3d", "figures"]),
     ("host-shim/src/lib.rs", &["posix", "blocking cli put", "client", "dataplane", "error resume"]),
     ("host-shim/src/bin/dpuio/main.rs", &["fuse forward", "inodes"]),

@@ -36,6 +36,7 @@ use dpuio_backend::{
 
 use crate::control::{self, Control};
 use crate::host::{Holder, HostFile};
+use crate::link::Link;
 use crate::lock;
 use crate::spawn::{self, Identity};
 use crate::staging::{Slot, Staging};
@@ -93,8 +94,9 @@ pub(crate) struct Process {
 }
 
 /// One channel to a worker, read through a buffer: a batch's piece reports often arrive
-/// together, and each would otherwise cost two reads.
-pub(crate) type Channel = std::io::BufReader<UnixStream>;
+/// together, and each would otherwise cost two reads. A read waits only while the worker
+/// beats ([`Link`]).
+pub(crate) type Channel = std::io::BufReader<Link>;
 
 /// Why a call did not get a reply: the worker process is gone (or its channel broke).
 pub(crate) struct Lost(pub(crate) io::Error);
@@ -388,7 +390,7 @@ impl Process {
         }
         let (ours, theirs) = UnixStream::pair().map_err(Lost)?;
         control::send(self.control.as_fd(), &Control::Channel, Some(theirs.as_fd())).map_err(Lost)?;
-        Ok(Channel::new(ours))
+        Ok(Channel::new(Link::new(ours, self.staging.clone())))
     }
 
     /// Whether the worker has `file` mapped, offering it first if it has not seen it.

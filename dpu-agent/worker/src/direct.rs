@@ -18,11 +18,12 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dpuio_backend::{Error, Object, Result};
 
 use crate::client::{Channel, Fault, Process, worker_object};
+use crate::link::SILENT_LIMIT;
 use crate::staging::Staging;
 use crate::wire::{self, Piece, Reply, Reports, Request};
 
@@ -59,6 +60,8 @@ pub struct Sent {
     process: Arc<Process>,
     channel: Channel,
     reports: Reports,
+    /// The worker's beat when last looked at, and when it last moved.
+    beat: (u64, Instant),
 }
 
 /// Send `pieces` as one request to the worker whose staging is `staging` (their slots
@@ -99,12 +102,11 @@ pub fn send(staging: &Arc<Staging>, pieces: &[DirectPiece<'_>]) -> Result<Sent> 
         });
     }
     let mut channel = process.channel().map_err(|l| lost(l.0))?;
-    let timeout = rustix::net::sockopt::Timeout::Recv;
-    rustix::net::sockopt::set_socket_timeout(channel.get_ref(), timeout, Some(PARTIAL_REPORT_WAIT))
-        .map_err(|e| lost(e.into()))?;
+    channel.get_mut().patience = Some(PARTIAL_REPORT_WAIT);
     wire::send(channel.get_mut(), &Request::Io { pieces: wire_pieces }).map_err(lost)?;
     first.shared().staged_pieces.fetch_add(pieces.len() as u64, Ordering::Relaxed);
-    Ok(Sent { process: process.clone(), channel, reports: Reports::new(pieces.len()) })
+    let beat = (process.staging.mapping.beats(), Instant::now());
+    Ok(Sent { process: process.clone(), channel, reports: Reports::new(pieces.len()), beat })
 }
 
 impl Sent {
@@ -136,6 +138,23 @@ impl Sent {
         Ok(false)
     }
 
+    /// Whether the worker stopped as a whole: no beat for [`SILENT_LIMIT`] since the
+    /// pieces went (or since its last beat). It is then marked lost (the next call
+    /// replaces it) and the pieces not reported are the caller's to run again; a worker
+    /// merely slow in DAOS beats on and is waited for.
+    pub fn stopped(&mut self) -> bool {
+        let beats = self.process.staging.mapping.beats();
+        if beats != self.beat.0 {
+            self.beat = (beats, Instant::now());
+            return false;
+        }
+        let stopped = self.beat.1.elapsed() >= SILENT_LIMIT;
+        if stopped {
+            self.lost();
+        }
+        stopped
+    }
+
     /// The pieces not reported.
     pub fn missing(&self) -> Vec<usize> {
         self.reports.missing().collect()
@@ -146,13 +165,11 @@ impl Sent {
     }
 
     /// The worker answered every piece: its channel serves other calls again.
-    pub fn finish(self) {
+    pub fn finish(mut self) {
         if self.reports.missing().next().is_some() || self.process.lost.load(Ordering::Relaxed) {
             return;
         }
-        let timeout = rustix::net::sockopt::Timeout::Recv;
-        if rustix::net::sockopt::set_socket_timeout(self.channel.get_ref(), timeout, None).is_ok() {
-            self.process.give_back(self.channel);
-        }
+        self.channel.get_mut().patience = None;
+        self.process.give_back(self.channel);
     }
 }

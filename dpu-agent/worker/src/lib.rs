@@ -16,6 +16,8 @@
 //! - [`spawn`] starts the worker as the tenant's identity, with no other privilege.
 //! - [`direct`]: pieces the data plane's engine sends to a worker without waiting for
 //!   the answer (put/get hosts' reads and writes).
+//! - [`link`]: a channel's reads wait only while its worker shows signs of life, so a
+//!   worker stopped as a whole is taken as lost rather than waited for.
 //! - [`host`]: host regions the agent has mapped, lent to the workers so that their
 //!   pieces move bytes between DAOS and the host's memory with no staging copy.
 //!
@@ -27,6 +29,7 @@ pub mod client;
 mod control;
 pub mod direct;
 pub mod host;
+mod link;
 mod queue;
 pub mod serve;
 pub mod spawn;

@@ -148,11 +148,13 @@ fn real_id(field: &str) -> String {
 const COUNTERS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Publish this process's DAOS retry counters in the staging memory's counters page,
-/// from a thread of their own (a call stuck in DAOS does not stop them).
+/// with a beat that says it runs, from a thread of their own (a call stuck in DAOS does
+/// not stop them; the agent takes a worker that stops beating as lost).
 fn publish_counters(staging: Arc<Mapping>) -> std::io::Result<()> {
     std::thread::Builder::new().name("dpuio-worker-counters".into()).spawn(move || {
         loop {
             staging.publish(&dpuio_daos::retry_stats());
+            staging.beat();
             std::thread::sleep(COUNTERS_EVERY);
         }
     })?;

@@ -6,9 +6,10 @@
 //! Slots are lent to one call at a time and come back when the call's reply is in;
 //! [`Staging::take`] waits while all are lent, so the memory is bounded.
 //!
-//! After the slots, one page holds the worker's DAOS retry counters ([`Counters`]),
-//! which the worker publishes there and the agent reads for its metrics without a call
-//! (a worker stuck in DAOS still has them read).
+//! After the slots, one page holds the worker's DAOS retry counters, which the worker
+//! publishes there and the agent reads for its metrics without a call (a worker stuck in
+//! DAOS still has them read), and the worker's beat, which tells a waiting call that the
+//! worker still runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,8 +23,12 @@ use host_bytes::{HostBytes, HostBytesMut};
 /// Bytes at the end of the memfd for the worker's counters.
 const COUNTERS_BYTES: usize = 4096;
 
-/// The worker's DAOS retry counters, in the order of [`dpuio_daos::RetryStats`]'s fields.
-const COUNTERS: usize = 6;
+/// The worker's DAOS retry counters, in the order of [`dpuio_daos::RetryStats`]'s fields,
+/// then [`BEATS`].
+const COUNTERS: usize = 7;
+
+/// The counter the worker's counters thread bumps each time it publishes: its beat.
+const BEATS: usize = 6;
 
 /// A shared, read-write mapping of `len` bytes of a file from `offset`: the staging
 /// memfd here, a host region's file in a worker ([`crate::host`]).
@@ -172,6 +177,17 @@ impl Mapping {
         }
     }
 
+    /// A sign of life (the worker's side, from a thread no DAOS call holds up).
+    pub fn beat(&self) {
+        self.counter(BEATS).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The worker's beats so far (the agent's side): a count that stops moving says the
+    /// worker stopped as a whole ([`crate::link`]).
+    pub fn beats(&self) -> u64 {
+        self.counter(BEATS).load(Ordering::Relaxed)
+    }
+
     /// `len` bytes at `offset`, to read from.
     pub fn bytes(&self, offset: u64, len: u64) -> io::Result<HostBytes<'_>> {
         self.file.bytes(offset, len, self.slots_len(), "staging")
@@ -297,6 +313,11 @@ mod tests {
             refused: 6,
         };
         worker.publish(&stats);
+        assert_eq!(staging.mapping.published(), stats);
+        assert_eq!(staging.mapping.beats(), 0);
+        worker.beat();
+        worker.beat();
+        assert_eq!(staging.mapping.beats(), 2, "the beat is no retry counter");
         assert_eq!(staging.mapping.published(), stats);
         let bad = rustix::fs::memfd_create("dpuio-test-short", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&bad, 100).unwrap();
