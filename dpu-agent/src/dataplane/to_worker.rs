@@ -10,9 +10,11 @@
 //! ([`io::Back`]): the engine puts a read's bytes from the slots to the host.
 //!
 //! A worker that stops answering holds up only its tenant's requests, which its deadline
-//! answers `UNAVAILABLE` (their slots stay out until the worker answers or is lost). The
-//! pieces a lost worker (or one replaced since the slots were taken) did not report run
-//! on the engine through the blocking object calls, which start a new worker.
+//! answers `UNAVAILABLE` (their slots stay out until the worker answers or is lost). One
+//! that stops as a whole (no beat for a few seconds, [`dpuio_worker::direct::Sent::stopped`])
+//! is taken as lost. The pieces a lost worker (or one replaced since the slots were
+//! taken) did not report run on the engine through the blocking object calls, which
+//! start a new worker (and kill a stopped one).
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
@@ -27,6 +29,9 @@ use crate::metrics::BackendTimes;
 
 /// Pieces in one request to a worker: the depth of its DAOS event queue.
 const PIECES_PER_REQUEST: usize = 32;
+
+/// How often the engine looks at the beats of the workers it has requests out with.
+const BEATS_EVERY: Duration = Duration::from_millis(250);
 
 /// Pieces of staged requests: the request, and the index of the piece in it.
 type Pieces = Vec<(Arc<InFlight>, usize)>;
@@ -44,11 +49,12 @@ pub(super) struct ToWorker {
     unsent: Vec<Arc<InFlight>>,
     out: Vec<Out>,
     times: BackendTimes,
+    beats_looked: Instant,
 }
 
 impl ToWorker {
     pub fn new(times: BackendTimes) -> ToWorker {
-        ToWorker { unsent: Vec::new(), out: Vec::new(), times }
+        ToWorker { unsent: Vec::new(), out: Vec::new(), times, beats_looked: Instant::now() }
     }
 
     /// Take `request` (its slots in its worker's staging) for the next [`ToWorker::send`].
@@ -121,20 +127,30 @@ impl ToWorker {
             Err(_) => vec![false; polled.len()],
         };
         drop(polled);
+        let beats = self.beats_looked.elapsed() >= BEATS_EVERY;
+        if beats {
+            self.beats_looked = Instant::now();
+        }
         // From the last, so that a finished one's place takes one already looked at.
         for i in (0..self.out.len()).rev() {
             let Out { sent, pieces, at } = &mut self.out[i];
-            if !readable[i] && !sent.buffered() {
+            let read = if readable[i] || sent.buffered() {
+                let elapsed = at.elapsed();
+                let times = &self.times;
+                sent.read(readable[i], &mut |index, outcome| {
+                    let (request, index) = &pieces[index];
+                    let Memory::Staged(staged) = &request.request.memory else { return };
+                    observe(times, request, elapsed);
+                    request.piece_outcome(&staged.pieces[*index], outcome.map(|n| n as usize), times);
+                })
+            } else if beats && sent.stopped() {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the worker shows no sign of life (stopped or hung as a whole): taken as lost, killed",
+                ))
+            } else {
                 continue;
-            }
-            let elapsed = at.elapsed();
-            let times = &self.times;
-            let read = sent.read(readable[i], &mut |index, outcome| {
-                let (request, index) = &pieces[index];
-                let Memory::Staged(staged) = &request.request.memory else { return };
-                observe(times, request, elapsed);
-                request.piece_outcome(&staged.pieces[*index], outcome.map(|n| n as usize), times);
-            });
+            };
             match read {
                 Ok(false) => {}
                 Ok(true) => self.out.swap_remove(i).sent.finish(),
