@@ -12,6 +12,10 @@
 //!   other tenant's container is refused by DAOS with `DER_NO_PERM`;
 //! - SIGKILL of one tenant's worker under load: the other tenant's reads go on untouched
 //!   (byte-exact, no error), and the tenant's own job continues on a new worker;
+//! - SIGSTOP of a tenant's worker with a read of its out: the other tenant's job goes on;
+//!   under a stat (which the data plane's engine waits for): the stat gives up on the
+//!   stopped worker after a few seconds, a new one answers it, and the other tenant's job
+//!   goes on then;
 //! - a worker killed (by the test-only hook `DPUIO_TEST_HOOK_WORKER_DIE_AFTER`) after a
 //!   put's create or replace, a rename or a remove and before it answered: the call, made
 //!   again on a new worker, answers as the first run would have.
@@ -339,6 +343,54 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
          a's read done {a_after:.2?} after SIGCONT"
     );
 
+    // Stop tenant a's worker again, now under a call the data plane's engine makes itself
+    // and waits for: a put/get host's stat (a namespace entry of its ring). The worker
+    // beats no more, so the call gives up on it after a few seconds: the worker is killed
+    // and the stat answered by a new one; b's job goes on once it is (before, the engine
+    // waited for the stopped worker for as long as it stayed stopped, b with it).
+    let stopped_pid = workers(agent.process.id()).into_iter().find(|(t, _)| t == "a").map(|(_, p)| p).unwrap();
+    let (stop, rounds) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let b_job = {
+        let (client, want, stop, rounds, errors) =
+            (b.clone(), data[1].clone(), stop.clone(), rounds.clone(), errors.clone());
+        std::thread::spawn(move || job(client, want, false, stop, rounds, errors))
+    };
+    wait_until("three rounds of b's job", Duration::from_secs(60), || rounds.load(Ordering::Relaxed) >= 3);
+    assert!(Command::new("kill").args(["-STOP", &stopped_pid.to_string()]).status().unwrap().success());
+    let stopped = Instant::now();
+    let (b_went_on, stat) = std::thread::scope(|scope| {
+        let stat = scope.spawn(|| (runtime.block_on(a.stat("/data.bin")), stopped.elapsed()));
+        let before = rounds.load(Ordering::Relaxed);
+        let b_went_on = std::panic::catch_unwind(|| {
+            wait_until(
+                "three more rounds of b's job with a's worker stopped under a stat",
+                Duration::from_secs(30),
+                || rounds.load(Ordering::Relaxed) >= before + 3,
+            )
+        })
+        .map(|()| stopped.elapsed());
+        if b_went_on.is_err() {
+            let _ = Command::new("kill").args(["-CONT", &stopped_pid.to_string()]).status();
+        }
+        (b_went_on, stat.join().expect("a's stat panicked"))
+    });
+    stop.store(true, Ordering::Relaxed);
+    b_job.join().expect("b's job panicked");
+    let b_went_on = b_went_on.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    let (attr, stat_took) = stat;
+    let attr = attr.unwrap_or_else(|e| panic!("a's stat with its worker stopped: {e}\n{}", log_text()));
+    assert_eq!(attr.size, FILE_BYTES as u64, "a's stat answered by its new worker");
+    assert!(errors.lock().unwrap().is_empty(), "b's job saw errors: {:#?}", errors.lock().unwrap());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{stopped_pid}")).exists(),
+        "a's stopped worker {stopped_pid} was not killed"
+    );
+    assert!(workers(agent.process.id()).iter().any(|(t, p)| t == "a" && *p != stopped_pid), "a has no new worker");
+    eprintln!(
+        "worker of tenant a SIGSTOPped under a stat of a's: a's stat answered {stat_took:.2?} later by a new worker, \
+         b's job three rounds further {b_went_on:.2?} after the stop"
+    );
+
     // Calls that cannot simply run twice, their worker killed after making them and
     // before answering (the test-only hook): made again on a new worker, each answers as
     // the first run would have. A put (an exclusive create of its temporary file, then a
@@ -359,7 +411,7 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     let settled = log_text().lines().filter(|l| l.contains("had run before; taken as done")).count();
     assert_eq!(settled, 3, "the replace, rename and remove settled by their second run:\n{}", log_text());
     let metrics = dpuio_tests::scrape_metrics(agent.process.metrics_addr().expect("[metrics] listen is set"));
-    let line = "dpuio_daos_worker_restarts_total{tenant=\"a\"} 6";
+    let line = "dpuio_daos_worker_restarts_total{tenant=\"a\"} 7";
     assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
 
     // A tenant added at run time with its own DAOS identity: its worker, its ACL.
