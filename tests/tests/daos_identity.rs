@@ -15,7 +15,7 @@
 //! - SIGSTOP of a tenant's worker with a read of its out: the other tenant's job goes on;
 //!   under a stat (which the data plane's engine waits for): the stat gives up on the
 //!   stopped worker after a few seconds, a new one answers it, and the other tenant's job
-//!   goes on then;
+//!   goes on then; stopped for good under a read: a new worker serves the read;
 //! - a worker killed (by the test-only hook `DPUIO_TEST_HOOK_WORKER_DIE_AFTER`) after a
 //!   put's create or replace, a rename or a remove and before it answered: the call, made
 //!   again on a new worker, answers as the first run would have.
@@ -391,6 +391,34 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
          b's job three rounds further {b_went_on:.2?} after the stop"
     );
 
+    // Stopped for good with a read of a's out (no SIGCONT this time): the engine sees the
+    // worker beat no more, takes it as lost, and the read's pieces run on a new worker,
+    // byte-exact, long before the deadline would have answered them. (A read first: the
+    // handle is then open on this worker, and the stopped one is met by the engine's
+    // pieces, not by the blocking call that would open it.)
+    assert_eq!(file.read_at(&region, 0).unwrap(), 1 << 20);
+    let stopped_pid = workers(agent.process.id()).into_iter().find(|(t, _)| t == "a").map(|(_, p)| p).unwrap();
+    assert!(Command::new("kill").args(["-STOP", &stopped_pid.to_string()]).status().unwrap().success());
+    let stopped = Instant::now();
+    let got = std::thread::scope(|scope| {
+        let read = scope.spawn(|| file.read_at(&region, 2 << 20));
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_until("a's read with its worker stopped for good", Duration::from_secs(20), || read.is_finished())
+        }));
+        if done.is_err() {
+            let _ = Command::new("kill").args(["-CONT", &stopped_pid.to_string()]).status();
+        }
+        let got = read.join().expect("a's read panicked");
+        done.unwrap_or_else(|e| std::panic::resume_unwind(e));
+        got
+    });
+    let read_took = stopped.elapsed();
+    assert_eq!(got.unwrap_or_else(|e| panic!("a's read with its worker stopped: {e}")), 1 << 20);
+    region.read_at(0, &mut bytes);
+    assert!(bytes[..] == data[0][2 << 20..3 << 20], "a's read on the new worker returned other bytes");
+    assert!(!std::path::Path::new(&format!("/proc/{stopped_pid}")).exists(), "a's stopped worker was not killed");
+    eprintln!("worker of tenant a SIGSTOPped for good with a read of a's out: the read done {read_took:.2?} later");
+
     // Calls that cannot simply run twice, their worker killed after making them and
     // before answering (the test-only hook): made again on a new worker, each answers as
     // the first run would have. A put (an exclusive create of its temporary file, then a
@@ -411,7 +439,7 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     let settled = log_text().lines().filter(|l| l.contains("had run before; taken as done")).count();
     assert_eq!(settled, 3, "the replace, rename and remove settled by their second run:\n{}", log_text());
     let metrics = dpuio_tests::scrape_metrics(agent.process.metrics_addr().expect("[metrics] listen is set"));
-    let line = "dpuio_daos_worker_restarts_total{tenant=\"a\"} 7";
+    let line = "dpuio_daos_worker_restarts_total{tenant=\"a\"} 8";
     assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
 
     // A tenant added at run time with its own DAOS identity: its worker, its ACL.
