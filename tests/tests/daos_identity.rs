@@ -299,16 +299,8 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     // completes, byte-exact, once its worker runs again (well within the 180 s deadline).
     let file = runtime.block_on(a.open("/data.bin", dpuio_shim::Access::ReadOnly)).unwrap();
     let region = runtime.block_on(a.register_region(1 << 20, dpuio_shim::RegionAccess::WriteByAgent)).unwrap();
-    let stopped_pid = workers(agent.process.id()).into_iter().find(|(t, _)| t == "a").map(|(_, p)| p).unwrap();
-    let (stop, rounds) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let errors = Arc::new(Mutex::new(Vec::new()));
-    let b_job = {
-        let (client, want, stop, rounds, errors) =
-            (b.clone(), data[1].clone(), stop.clone(), rounds.clone(), errors.clone());
-        std::thread::spawn(move || job(client, want, false, stop, rounds, errors))
-    };
-    wait_until("three rounds of b's job", Duration::from_secs(60), || rounds.load(Ordering::Relaxed) >= 3);
-    assert!(Command::new("kill").args(["-STOP", &stopped_pid.to_string()]).status().unwrap().success());
+    let (stopped_pid, rounds, b_job) = stop_a_under_b_job(agent.process.id(), &b, &data[1], &errors);
     let held = std::thread::scope(|scope| {
         let read = scope.spawn(|| file.read_at(&region, 1 << 20));
         std::thread::sleep(Duration::from_millis(500)); // a's read is with its stopped worker
@@ -330,8 +322,7 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         assert!(a_waiting, "a's read did not wait for its stopped worker: the test did not stop what it meant to");
         (b_went_on, resumed.elapsed(), got)
     });
-    stop.store(true, Ordering::Relaxed);
-    b_job.join().expect("b's job panicked");
+    b_job();
     let (b_went_on, a_after, got) = held;
     assert_eq!(got.unwrap_or_else(|e| panic!("a's held read: {e}")), 1 << 20);
     let mut bytes = vec![0u8; 1 << 20];
@@ -348,15 +339,7 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
     // beats no more, so the call gives up on it after a few seconds: the worker is killed
     // and the stat answered by a new one; b's job goes on once it is (before, the engine
     // waited for the stopped worker for as long as it stayed stopped, b with it).
-    let stopped_pid = workers(agent.process.id()).into_iter().find(|(t, _)| t == "a").map(|(_, p)| p).unwrap();
-    let (stop, rounds) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-    let b_job = {
-        let (client, want, stop, rounds, errors) =
-            (b.clone(), data[1].clone(), stop.clone(), rounds.clone(), errors.clone());
-        std::thread::spawn(move || job(client, want, false, stop, rounds, errors))
-    };
-    wait_until("three rounds of b's job", Duration::from_secs(60), || rounds.load(Ordering::Relaxed) >= 3);
-    assert!(Command::new("kill").args(["-STOP", &stopped_pid.to_string()]).status().unwrap().success());
+    let (stopped_pid, rounds, b_job) = stop_a_under_b_job(agent.process.id(), &b, &data[1], &errors);
     let stopped = Instant::now();
     let (b_went_on, stat) = std::thread::scope(|scope| {
         let stat = scope.spawn(|| (runtime.block_on(a.stat("/data.bin")), stopped.elapsed()));
@@ -374,8 +357,7 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         }
         (b_went_on, stat.join().expect("a's stat panicked"))
     });
-    stop.store(true, Ordering::Relaxed);
-    b_job.join().expect("b's job panicked");
+    b_job();
     let b_went_on = b_went_on.unwrap_or_else(|e| std::panic::resume_unwind(e));
     let (attr, stat_took) = stat;
     let attr = attr.unwrap_or_else(|e| panic!("a's stat with its worker stopped: {e}\n{}", log_text()));
@@ -499,6 +481,30 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         &[containers[0].clone(), containers[1].clone(), container_c],
         &[users[0].clone(), users[1].clone(), user_c],
     );
+}
+
+/// Start tenant b's job (reading `want` again and again) and, three rounds in, SIGSTOP
+/// tenant a's worker: its pid, b's round count, and what stops b's job and joins it.
+fn stop_a_under_b_job(
+    agent_pid: u32,
+    b: &dpuio_shim::Client,
+    want: &[u8],
+    errors: &Arc<Mutex<Vec<String>>>,
+) -> (u32, Arc<AtomicU64>, impl FnOnce()) {
+    let stopped_pid = workers(agent_pid).into_iter().find(|(t, _)| t == "a").map(|(_, p)| p).unwrap();
+    let (stop, rounds) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let thread = {
+        let (client, want, stop, rounds, errors) =
+            (b.clone(), want.to_vec(), stop.clone(), rounds.clone(), errors.clone());
+        std::thread::spawn(move || job(client, want, false, stop, rounds, errors))
+    };
+    wait_until("three rounds of b's job", Duration::from_secs(60), || rounds.load(Ordering::Relaxed) >= 3);
+    assert!(Command::new("kill").args(["-STOP", &stopped_pid.to_string()]).status().unwrap().success());
+    let end = move || {
+        stop.store(true, Ordering::Relaxed);
+        thread.join().expect("b's job panicked");
+    };
+    (stopped_pid, rounds, end)
 }
 
 /// The containers belong to the tenants' users: root cannot destroy them, so each is
