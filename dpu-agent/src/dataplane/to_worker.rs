@@ -143,11 +143,8 @@ impl ToWorker {
                     observe(times, request, elapsed);
                     request.piece_outcome(&staged.pieces[*index], outcome.map(|n| n as usize), times);
                 })
-            } else if beats && sent.stopped() {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the worker shows no sign of life (stopped or hung as a whole): taken as lost, killed",
-                ))
+            } else if let Some(silence) = beats.then(|| sent.stopped()).flatten() {
+                Err(silence)
             } else {
                 continue;
             };

@@ -18,12 +18,12 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dpuio_backend::{Error, Object, Result};
 
 use crate::client::{Channel, Fault, Process, worker_object};
-use crate::link::SILENT_LIMIT;
+use crate::link::Pulse;
 use crate::staging::Staging;
 use crate::wire::{self, Piece, Reply, Reports, Request};
 
@@ -60,8 +60,7 @@ pub struct Sent {
     process: Arc<Process>,
     channel: Channel,
     reports: Reports,
-    /// The worker's beat when last looked at, and when it last moved.
-    beat: (u64, Instant),
+    pulse: Pulse,
 }
 
 /// Send `pieces` as one request to the worker whose staging is `staging` (their slots
@@ -105,8 +104,8 @@ pub fn send(staging: &Arc<Staging>, pieces: &[DirectPiece<'_>]) -> Result<Sent> 
     channel.get_mut().patience = Some(PARTIAL_REPORT_WAIT);
     wire::send(channel.get_mut(), &Request::Io { pieces: wire_pieces }).map_err(lost)?;
     first.shared().staged_pieces.fetch_add(pieces.len() as u64, Ordering::Relaxed);
-    let beat = (process.staging.mapping.beats(), Instant::now());
-    Ok(Sent { process: process.clone(), channel, reports: Reports::new(pieces.len()), beat })
+    let pulse = Pulse::new(&process.staging);
+    Ok(Sent { process: process.clone(), channel, reports: Reports::new(pieces.len()), pulse })
 }
 
 impl Sent {
@@ -138,21 +137,16 @@ impl Sent {
         Ok(false)
     }
 
-    /// Whether the worker stopped as a whole: no beat for [`SILENT_LIMIT`] since the
-    /// pieces went (or since its last beat). It is then marked lost (the next call
-    /// replaces it) and the pieces not reported are the caller's to run again; a worker
-    /// merely slow in DAOS beats on and is waited for.
-    pub fn stopped(&mut self) -> bool {
-        let beats = self.process.staging.mapping.beats();
-        if beats != self.beat.0 {
-            self.beat = (beats, Instant::now());
-            return false;
+    /// Why the worker is taken as stopped as a whole, if it is: no beat for
+    /// 4 s since the pieces went (or since its last beat). It is then marked
+    /// lost (the next call replaces it) and the pieces not reported are the caller's to
+    /// run again; a worker merely slow in DAOS beats on and is waited for.
+    pub fn stopped(&mut self) -> Option<std::io::Error> {
+        if !self.pulse.silent(&self.process.staging) {
+            return None;
         }
-        let stopped = self.beat.1.elapsed() >= SILENT_LIMIT;
-        if stopped {
-            self.lost();
-        }
-        stopped
+        self.lost();
+        Some(Pulse::silence())
     }
 
     /// The pieces not reported.

@@ -29,6 +29,40 @@ pub(crate) const SILENT_LIMIT: Duration = Duration::from_secs(4);
 /// How often a waiting read looks at the worker's beat.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 
+/// What a waiter last saw of a worker's beat: the count, and when it last moved.
+pub(crate) struct Pulse {
+    beats: u64,
+    moved: Instant,
+}
+
+impl Pulse {
+    /// The beat of the worker whose staging is `staging`, as of now.
+    pub(crate) fn new(staging: &Staging) -> Pulse {
+        Pulse { beats: staging.mapping.beats(), moved: Instant::now() }
+    }
+
+    /// Whether the worker has not beaten for [`SILENT_LIMIT`] (looking at its beat now).
+    pub(crate) fn silent(&mut self, staging: &Staging) -> bool {
+        let beats = staging.mapping.beats();
+        if beats != self.beats {
+            *self = Pulse { beats, moved: Instant::now() };
+        }
+        self.moved.elapsed() >= SILENT_LIMIT
+    }
+
+    /// The error of a wait given up because the worker went [`Pulse::silent`].
+    pub(crate) fn silence() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the worker showed no sign of life for {} s while the agent waited for it \
+                 (stopped or hung as a whole): taken as lost",
+                SILENT_LIMIT.as_secs()
+            ),
+        )
+    }
+}
+
 /// A channel's socket, with the staging memory its worker beats in.
 pub(crate) struct Link {
     stream: UnixStream,
@@ -61,8 +95,7 @@ impl Link {
 impl Read for Link {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let started = Instant::now();
-        let mut beat = self.staging.mapping.beats();
-        let mut beat_seen = started;
+        let mut pulse = Pulse::new(&self.staging);
         loop {
             // SAFETY: buf is a live, writable buffer of buf.len() bytes.
             let n =
@@ -88,18 +121,8 @@ impl Read for Link {
                 slice = slice.min(left);
             }
             self.wait(slice)?;
-            let now = self.staging.mapping.beats();
-            if now != beat {
-                (beat, beat_seen) = (now, Instant::now());
-            } else if beat_seen.elapsed() >= SILENT_LIMIT {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "the worker showed no sign of life for {} s while a call waited for it \
-                         (stopped or hung as a whole): taken as lost",
-                        SILENT_LIMIT.as_secs()
-                    ),
-                ));
+            if pulse.silent(&self.staging) {
+                return Err(Pulse::silence());
             }
         }
     }
