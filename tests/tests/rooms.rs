@@ -54,7 +54,7 @@ const FLOORS: &[(&str, &[&str])] = &[
         ],
     ),
     ("dpu-agent/auth/src/lib.rs", &["pki token qos", "files names"]),
-    ("dpu-agent/backend/src/lib.rs", &["local", "rename", "path staged"]),
+    ("dpu-agent/backend/src/lib.rs", &["local", "rename", "path staged threads"]),
     ("dpu-agent/backend/src/local", &["container", "object", "fsops", "listing dirty"]),
     ("dpu-agent/bench/src/main.rs", &["crypto libdfs"]),
     (

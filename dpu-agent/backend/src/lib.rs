@@ -34,6 +34,7 @@ pub mod local;
 mod path;
 mod rename;
 mod staged;
+pub mod threads;
 
 pub use dpuio_proto::attr::{Attr, DirEntry, EntryKind};
 pub use host_bytes::{HostBytes, HostBytesMut, LentMemory};

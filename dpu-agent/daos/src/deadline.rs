@@ -32,12 +32,15 @@ use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use dpuio_backend::threads::{Job, Pool};
+
 use crate::error::{CallError, Code};
 
 /// Calls left waiting on DAOS at most; past this, calls are answered without DAOS.
 pub const MAX_STUCK: usize = 32;
-/// Idle call threads kept for the next calls; more end when their call is done.
-const MAX_IDLE: usize = 16;
+/// The call threads; 16 idle ones are kept for the next calls, more end when their
+/// call is done.
+static CALL_THREADS: Pool = Pool::new("dpuio-daos-call", 16);
 
 /// Calls past their deadline, and calls refused while others were: for the metrics
 /// (`crate::retry::retry_stats`).
@@ -52,16 +55,13 @@ struct Stuck {
 }
 
 struct Calls {
-    idle: Vec<mpsc::Sender<Job>>,
     stuck: Vec<Stuck>,
     next_id: u64,
     /// When the last call went to DAOS while others were stuck.
     last_probe: Option<Instant>,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
-static CALLS: Mutex<Calls> = Mutex::new(Calls { idle: Vec::new(), stuck: Vec::new(), next_id: 0, last_probe: None });
+static CALLS: Mutex<Calls> = Mutex::new(Calls { stuck: Vec::new(), next_id: 0, last_probe: None });
 
 fn calls() -> MutexGuard<'static, Calls> {
     CALLS.lock().unwrap_or_else(|e| e.into_inner())
@@ -193,7 +193,7 @@ pub fn call<T: Send + 'static>(
         }
         let _ = tx.send(result);
     });
-    if let Err(e) = submit(job) {
+    if let Err((e, _)) = CALL_THREADS.submit(job) {
         return Err(no_answer(call_name, format!("no thread to make it on: {e}")));
     }
     match rx.recv_timeout(deadline) {
@@ -316,33 +316,6 @@ impl Drop for Waiting {
 
 fn no_answer(call: &'static str, description: String) -> CallError {
     CallError { call, code: Code::NoAnswer, name: "no answer".to_owned(), description }
-}
-
-/// Hand `job` to an idle call thread, or a new one.
-fn submit(mut job: Job) -> std::io::Result<()> {
-    loop {
-        let idle = calls().idle.pop();
-        let Some(thread) = idle else { break };
-        match thread.send(job) {
-            Ok(()) => return Ok(()),
-            // That thread ended (it cannot, short of a panic): try the next.
-            Err(mpsc::SendError(back)) => job = back,
-        }
-    }
-    let (tx, rx) = mpsc::channel::<Job>();
-    // The thread keeps a sender to its own channel, to offer itself again when idle.
-    let own = tx.clone();
-    std::thread::Builder::new().name("dpuio-daos-call".to_owned()).spawn(move || {
-        for job in rx.iter() {
-            job();
-            let mut calls = calls();
-            if calls.idle.len() >= MAX_IDLE {
-                break;
-            }
-            calls.idle.push(own.clone());
-        }
-    })?;
-    tx.send(job).map_err(|_| std::io::Error::other("a new call thread ended at once"))
 }
 
 #[cfg(test)]
