@@ -19,14 +19,14 @@ use fabric::any;
 
 use super::execute::Exec;
 use super::host_memory::{self, HostAccess, HostRing, LentRegions, Peer, STAGING_PAIRS, StagingPairs};
-use super::io::{self, AnswerInto, Job, Memory, Offloaded, OpenRead};
+use super::io::{self, AnswerInto, Job, Memory, MetaCall, Offloaded};
 use super::meta;
 use super::policy::{self, Placement};
 use super::protocol::{self, Action, Count, Ran, RingMemory};
 use super::readiness::{Idle, Readiness, RingKey};
 use super::registry::DataPlaneError;
 use super::sessions::{Agent, Session};
-use super::staged::{OpenReadEntry, Pending, RingCompletions, StagedIo, WaitingOpenRead};
+use super::staged::{MetaEntry, Pending, RingCompletions, StagedIo, WaitingMeta};
 use crate::metrics::{BackendTimes, Metrics, Op};
 use crate::qos::{Scheduler, TenantSlot};
 use crate::runtime::lock;
@@ -83,6 +83,9 @@ struct Serving {
     ring: Arc<HostRing>,
     /// `None`: the session's tenant is no longer configured (removed at run time).
     tenant: Option<Arc<TenantSlot>>,
+    /// The tenant's DAOS calls are made by a worker process of its own (`daos_user`),
+    /// which may stop answering: none of its metadata entries runs on the engine.
+    in_worker: bool,
 }
 
 /// A validated entry waiting in the scheduler; it already has its completion slot and
@@ -245,8 +248,10 @@ impl Engine {
         rings
             .into_iter()
             .map(|(key, session, peer, ring)| {
-                let tenant = scheduler.slot(&session.tenant, now, || self.agent.tenant(&session.tenant).map(|t| t.qos));
-                Arc::new(Serving { key, session, peer, ring, tenant })
+                let config = self.agent.tenant(&session.tenant);
+                let in_worker = config.as_ref().is_some_and(|t| !t.daos_user.is_empty());
+                let tenant = scheduler.slot(&session.tenant, now, || config.map(|t| t.qos));
+                Arc::new(Serving { key, session, peer, ring, tenant, in_worker })
             })
             .collect()
     }
@@ -369,6 +374,7 @@ impl Engine {
             (false, true) => RingMemory::RemoteStalling,
         };
         let mut batch = match cursor.serve(ring.entries, memory, protocol::HostIndices { sq_tail, cq_head }, tenant) {
+            protocol::Serve::Batch(batch) if s.in_worker => batch.offloading_every_meta(),
             protocol::Serve::Batch(batch) => batch,
             protocol::Serve::Idle => return Ok(false),
             protocol::Serve::Broken => {
@@ -391,7 +397,7 @@ impl Engine {
         // is out, and at the batch's end.
         let mut fetched: (u64, Vec<u8>) = (0, Vec::new());
         let mut posting: Vec<(u64, wire::Completion)> = Vec::new();
-        // This batch's open-reads on the I/O threads (see OpenRead::group).
+        // This batch's entries handed off the engine (see AnswerInto::Mapped).
         let mut group: Option<Arc<AtomicUsize>> = None;
         // Counted when pushed to the scheduler at the end: a transfer failure before
         // then must not leave them counted.
@@ -449,8 +455,8 @@ impl Engine {
                     let completion = protocol::completion(sub.user_data, cq_index, wire::Status::Cancelled, 0);
                     self.host(peer).post_completion(ring, cq_index, &completion).map_err(DataPlaneError::from)
                 }
-                (Action::OpenRead { meta, cq_index }, _) => {
-                    self.hand_off_open_read(s, &meta, cq_index, &mut group).map(|taken| batch.offloaded(taken))
+                (Action::Offload { meta, cq_index }, _) => {
+                    self.hand_off_meta(s, &meta, cq_index, &mut group).map(|taken| batch.offloaded(taken))
                 }
                 // Counted as it runs (run_meta).
                 (Action::Meta { meta, .. }, _) => self
@@ -596,31 +602,30 @@ impl Engine {
         Ok(true)
     }
 
-    /// Hand the open-read `m` to the I/O threads, as the ring protocol asked: its
-    /// request is copied out of host memory and decoded here. `Ok(false)` when they
-    /// cannot take it (a range deregistered since, a request that does not decode, a
+    /// Hand the metadata entry `m` off the engine ([`io::hand_off_meta`]), as the ring
+    /// protocol asked: its request is copied out of host memory and decoded here.
+    /// `Ok(false)` when it cannot go (a range deregistered since, a request that does not decode, a
     /// put/get host's answer range longer than its lane's staged-I/O slots): it then runs
     /// here (refused with its reason where it cannot run). An `Err` is a transfer failure
     /// (the host is gone).
-    fn hand_off_open_read(
+    fn hand_off_meta(
         &mut self,
         s: &Serving,
         m: &MetaSubmission,
         cq_index: u64,
         group: &mut Option<Arc<AtomicUsize>>,
     ) -> Result<bool, DataPlaneError> {
-        let (Some(answer), Some(request)) =
-            (s.session.host_region(m.answer_region), s.session.host_region(m.request_region))
-        else {
-            return Ok(false);
-        };
-        let mapped = answer.is_mapped() && request.is_mapped() && s.ring.region.is_mapped();
+        let Some(answer) = s.session.host_region(m.answer_region) else { return Ok(false) };
+        let mapped = answer.is_mapped() && s.ring.region.is_mapped();
         let mut bytes = vec![0u8; m.request_length as usize];
-        self.host(&s.peer).read_range(&request, m.request_offset, &mut bytes)?;
+        if m.request_length > 0 {
+            let Some(request) = s.session.host_region(m.request_region) else { return Ok(false) };
+            self.host(&s.peer).read_range(&request, m.request_offset, &mut bytes)?;
+        }
         let Ok(asked) = meta::request(m, &bytes) else { return Ok(false) };
-        let (agent, chunk_bytes) = (self.agent.clone(), self.chunk_bytes);
+        let (agent, chunk_bytes, in_worker) = (self.agent.clone(), self.chunk_bytes, s.in_worker);
         let (session_id, metrics, ring, m) = (s.session.id, s.session.metrics.clone(), s.ring.clone(), *m);
-        let job = move |into| OpenRead {
+        let job = move |into| MetaCall {
             agent,
             session_id,
             metrics,
@@ -631,22 +636,18 @@ impl Engine {
             cq_index,
             chunk_bytes,
             into,
+            in_worker,
         };
         if !mapped {
-            let entry = OpenReadEntry {
-                peer: s.peer.clone(),
-                ring: s.ring.clone(),
-                session_id,
-                user_data: m.user_data,
-                cq_index,
-            };
+            let entry =
+                MetaEntry { peer: s.peer.clone(), ring: s.ring.clone(), session_id, user_data: m.user_data, cq_index };
             let job = Box::new(move |staged| job(AnswerInto::Staged(staged)));
-            let o = WaitingOpenRead { entry, answer_length: m.answer_length, job };
-            return Ok(self.staged.take_open_read(o).is_ok());
+            let o = WaitingMeta { entry, answer_length: m.answer_length, job };
+            return Ok(self.staged.take_meta(o).is_ok());
         }
         let group = group.get_or_insert_with(Default::default).clone();
         group.fetch_add(1, Ordering::AcqRel);
-        io::hand_off_open_read(&self.jobs, job(AnswerInto::Mapped { group }));
+        io::hand_off_meta(&self.jobs, job(AnswerInto::Mapped { group }));
         Ok(true)
     }
 }

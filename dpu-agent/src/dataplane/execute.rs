@@ -219,10 +219,10 @@ impl Exec<'_> {
         session_id: u64,
         answer: &HostRegion,
         m: &MetaSubmission,
-        mut asked: meta::Request,
+        asked: meta::Request,
     ) -> Result<crate::error::Result<u64>, DataPlaneError> {
         let room = m.answer_length as usize;
-        let mut reply = match sessions::namespace_call(self.agent, session_id, asked.clone()) {
+        let reply = match sessions::namespace_call(self.agent, session_id, asked.clone()) {
             Ok(reply) => reply,
             Err(e) => return Ok(Err(e)),
         };
@@ -238,26 +238,14 @@ impl Exec<'_> {
                 Err(e) => Err(e.into()),
             });
         }
-        loop {
-            let need = match meta::answer(&reply, room) {
-                Ok(bytes) => {
-                    self.host.write(answer, m.answer_offset, &bytes)?;
-                    return Ok(Ok(bytes.len() as u64));
-                }
-                Err(need) => need,
-            };
-            let Some(again) = meta::fewer(&reply, &asked, room, need) else {
-                return Ok(Err(crate::error::Error::invalid(
-                    "answer_length",
-                    format!("the answer needs {need} bytes; the entry gives {room}"),
-                )));
-            };
-            asked = again;
-            reply = match sessions::namespace_call(self.agent, session_id, asked.clone()) {
-                Ok(r) => r,
-                Err(e) => return Ok(Err(e)),
-            };
-        }
+        let call = |asked| sessions::namespace_call(self.agent, session_id, asked);
+        Ok(match meta::fitting(reply, asked, room, call) {
+            Ok(bytes) => {
+                self.host.write(answer, m.answer_offset, &bytes)?;
+                Ok(bytes.len() as u64)
+            }
+            Err(e) => Err(e),
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! The engine hands them [`Job`]s over a bounded channel: the pieces of a request
 //! ([`Piece`], sharing one [`InFlight`]), and open-reads of a batch of samples
-//! ([`OpenRead`]). A request's memory is the host's, mapped (the last piece to finish
+//! ([`MetaCall`]). A request's memory is the host's, mapped (the last piece to finish
 //! posts the completion straight into the mapped ring), or slots of the lane's
 //! staged-I/O memory ([`Memory::Staged`]: the host is reached with put/get, which only
 //! the engine does; the last piece hands the request back to it). Each thread runs its
@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use dpuio_backend::threads::Pool;
 use dpuio_backend::{HostBytes, HostBytesMut, IoOp, IoQueue, IoRequest, OneAtATime};
 use dpuio_proto::wire::{self, MetaSubmission, Opcode, Submission};
 use dpuio_worker::staging::{Slot, Staging};
@@ -116,16 +117,16 @@ pub(super) struct InFlight {
 pub(super) enum Job {
     /// A piece of a mapped request.
     Piece(Piece),
-    /// An open-read: a batch of them (a loader's samples) runs on all the threads at
-    /// once rather than one after another on the engine's.
-    OpenRead(Box<OpenRead>),
+    /// A metadata entry: an open-read (a batch of them, a loader's samples, runs on all
+    /// the threads at once rather than one after another on the engine's).
+    Meta(Box<MetaCall>),
 }
 
 /// What the I/O threads hand back to the engine: requests and open-reads of hosts it
 /// reaches with put/get, their bytes in staged-I/O slots ([`super::staged`]).
 pub(super) enum Back {
     Request(Arc<InFlight>),
-    OpenRead(Box<AnsweredOpenRead>),
+    Meta(Box<AnsweredMeta>),
 }
 
 pub(super) struct Piece {
@@ -135,10 +136,13 @@ pub(super) struct Piece {
     index: usize,
 }
 
-/// An open-read entry run on an I/O thread: the namespace call, then the file's bytes
-/// and header written into the answer range (mapped), or into staged-I/O slots the
-/// engine puts from; an error record likewise where it is refused.
-pub(super) struct OpenRead {
+/// A metadata entry run off the engine: the namespace call, then its answer (an
+/// open-read's: the file's bytes and header) written into the answer range (mapped), or
+/// into staged-I/O slots the engine puts from; an error record likewise where it is
+/// refused. It runs on an I/O thread, or, for a tenant whose calls its worker process
+/// makes (`in_worker`), on a thread of its own ([`META_CALLERS`]): such a call waits for
+/// as long as the worker does not answer, and holds up nothing else meanwhile.
+pub(super) struct MetaCall {
     pub agent: Arc<Agent>,
     pub session_id: u64,
     pub metrics: Arc<TenantMetrics>,
@@ -149,12 +153,13 @@ pub(super) struct OpenRead {
     pub cq_index: u64,
     pub chunk_bytes: usize,
     pub into: AnswerInto,
+    pub in_worker: bool,
 }
 
-/// Where an open-read on the I/O threads writes its answer.
+/// Where a metadata entry run off the engine writes its answer.
 pub(super) enum AnswerInto {
     /// The mapped answer range; the completion is posted into the mapped ring. `group`:
-    /// the open-reads of one ring batch still running, the last to finish wakes the
+    /// the entries of one ring batch still running, the last to finish wakes the
     /// host (one wake-up for a loader's batch, not one per sample).
     Mapped { group: Arc<AtomicUsize> },
     /// Staged-I/O slots laid end to end as an image of the answer range; handed back to
@@ -162,7 +167,7 @@ pub(super) enum AnswerInto {
     Staged(StagedAnswer),
 }
 
-/// The staged-I/O slots of an open-read's answer, and where it goes back to.
+/// The staged-I/O slots of a metadata entry's answer, and where it goes back to.
 pub(super) struct StagedAnswer {
     pub slots: Vec<Slot>,
     pub slot_bytes: usize,
@@ -174,9 +179,9 @@ pub(super) struct StagedAnswer {
     pub engine: Arc<any::Worker>,
 }
 
-/// An open-read answered into staged-I/O slots: the engine puts the first `result`
+/// A metadata entry answered into staged-I/O slots: the engine puts the first `result`
 /// bytes of the image to the answer range and posts the completion.
-pub(super) struct AnsweredOpenRead {
+pub(super) struct AnsweredMeta {
     pub session_id: u64,
     pub ring: Arc<HostRing>,
     pub answer: Arc<HostRegion>,
@@ -228,14 +233,19 @@ impl StagedAnswer {
     }
 }
 
-impl OpenRead {
+impl MetaCall {
     pub fn run(self) {
         let started = Instant::now();
-        let OpenRead { agent, session_id, metrics, ring, answer, meta: m, asked, cq_index, chunk_bytes, into } = self;
+        let MetaCall { agent, session_id, metrics, ring, answer, meta: m, asked, cq_index, chunk_bytes, into, .. } =
+            self;
         let header = u64::from(wire::META_ANSWER_HEADER_BYTES);
-        let answered = sessions::namespace_call(&*agent, session_id, asked).and_then(|reply| {
+        let room = m.answer_length as usize;
+        let answered = sessions::namespace_call(&*agent, session_id, asked.clone()).and_then(|reply| {
             let meta::Reply::Object { object, attr } = reply else {
-                return Err(crate::error::Error::invalid("opcode", "an open-read answered without a file"));
+                let call = |asked| sessions::namespace_call(&*agent, session_id, asked);
+                let bytes = meta::fitting(reply, asked, room, call)?;
+                into.write(&answer, m.answer_offset, &bytes);
+                return Ok(bytes.len() as u64);
             };
             let want = attr.size.min(u64::from(m.answer_length).saturating_sub(header));
             let done = match &into {
@@ -267,9 +277,9 @@ impl OpenRead {
             }
             AnswerInto::Staged(staged) => {
                 let (done, engine) = (staged.done.clone(), staged.engine.clone());
-                let back = AnsweredOpenRead { session_id, ring, answer, meta: m, cq_index, status, result, staged };
+                let back = AnsweredMeta { session_id, ring, answer, meta: m, cq_index, status, result, staged };
                 // The engine is gone only at shutdown: the answer is dropped, its slots freed.
-                if done.send(Back::OpenRead(Box::new(back))).is_ok() {
+                if done.send(Back::Meta(Box::new(back))).is_ok() {
                     let _ = engine.wake();
                 }
             }
@@ -299,10 +309,10 @@ impl AnswerInto {
 pub(super) fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn IoQueue>, times: &BackendTimes) {
     let mut batch: Vec<Piece> = Vec::with_capacity(io.depth());
     while let Ok(job) = queue.recv() {
-        let mut after: Option<Box<OpenRead>> = None;
+        let mut after: Option<Box<MetaCall>> = None;
         let first = match job {
             Job::Piece(p) => p,
-            Job::OpenRead(o) => {
+            Job::Meta(o) => {
                 o.run();
                 continue;
             }
@@ -320,7 +330,7 @@ pub(super) fn io_worker(queue: crossbeam_channel::Receiver<Job>, mut io: Box<dyn
                         break;
                     }
                 }
-                Ok(Job::OpenRead(o)) => {
+                Ok(Job::Meta(o)) => {
                     after = Some(o); // runs on this thread: after the batch
                     break;
                 }
@@ -508,9 +518,23 @@ pub(super) fn hand_off(
     request
 }
 
-/// Hand an open-read to the I/O threads; where they are gone (shutdown), run it here.
-pub(super) fn hand_off_open_read(jobs: &crossbeam_channel::Sender<Job>, job: OpenRead) {
-    if let Err(crossbeam_channel::SendError(Job::OpenRead(job))) = jobs.send(Job::OpenRead(Box::new(job))) {
+/// Threads for the metadata entries of tenants whose calls their worker processes make,
+/// one entry each at a time: a stopped worker holds up its own entries only, not the I/O
+/// threads every tenant's pieces run on.
+static META_CALLERS: Pool = Pool::new("dpuio-meta-call", 8);
+
+/// Hand a metadata entry off the engine ([`MetaCall`]): to a thread of its own where its
+/// tenant's calls go to a worker process, else to the I/O threads; where neither can take
+/// it (no thread can be made; shutdown), run it here.
+pub(super) fn hand_off_meta(jobs: &crossbeam_channel::Sender<Job>, job: MetaCall) {
+    if job.in_worker {
+        if let Err((e, job)) = META_CALLERS.submit(Box::new(move || job.run())) {
+            tracing::warn!(error = %e, "no thread for a worker tenant's metadata entry: it runs on the engine");
+            job();
+        }
+        return;
+    }
+    if let Err(crossbeam_channel::SendError(Job::Meta(job))) = jobs.send(Job::Meta(Box::new(job))) {
         job.run();
     }
 }

@@ -201,6 +201,31 @@ pub fn fewer(reply: &Reply, asked: &Request, room: usize, need: usize) -> Option
     }
 }
 
+/// The answer bytes of `reply` to `asked` (not [`Reply::Object`]) in at most `room`
+/// bytes: where it does not fit, asked again for fewer through `call` ([`fewer`]), and
+/// refused where it cannot shrink.
+pub fn fitting(
+    mut reply: Reply,
+    mut asked: Request,
+    room: usize,
+    mut call: impl FnMut(Request) -> Result<Reply>,
+) -> Result<Vec<u8>> {
+    loop {
+        let need = match answer(&reply, room) {
+            Ok(bytes) => return Ok(bytes),
+            Err(need) => need,
+        };
+        let Some(again) = fewer(&reply, &asked, room, need) else {
+            return Err(Error::invalid(
+                "answer_length",
+                format!("the answer needs {need} bytes; the entry gives {room}"),
+            ));
+        };
+        asked = again;
+        reply = call(asked.clone())?;
+    }
+}
+
 /// How a metadata entry went, counted as the same call over gRPC is: by operation,
 /// refusals by their code; an open-read also as a read of the file bytes it wrote after
 /// its header (`answered`: the bytes written into the answer range).

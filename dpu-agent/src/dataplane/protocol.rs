@@ -96,7 +96,7 @@ impl Tenant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RingMemory {
     /// Mapped into the agent (shared memory): the I/O threads can post its completions
-    /// themselves, so open-reads may go to them ([`Action::OpenRead`]) when entries wait
+    /// themselves, so open-reads may go to them ([`Action::Offload`]) when entries wait
     /// behind them (the last of a batch runs here, sparing a hand-off).
     Mapped,
     /// Mapped, over a backend whose reads may wait on storage without bound (DAOS: a
@@ -144,11 +144,14 @@ pub enum Action {
     /// namespace call it is not queued behind payload), then report with
     /// [`Batch::ran`]. Its completion goes to `cq_index`.
     Meta { meta: MetaSubmission, cq_index: u64 },
-    /// Hand this open-read to the I/O threads: its ring and memory ranges are mapped and
-    /// more entries wait behind it, so a batch of samples is read in parallel. Report
-    /// with [`Batch::offloaded`]: taken (the threads post its completion and count it),
-    /// or not (it runs here, as [`Action::Meta`]). Its completion goes to `cq_index`.
-    OpenRead { meta: MetaSubmission, cq_index: u64 },
+    /// Hand this metadata entry off the engine: an open-read to the I/O threads (its ring
+    /// and memory ranges are mapped and more entries wait behind it, so a batch of
+    /// samples is read in parallel; or the backend may stall), or any entry of a tenant
+    /// whose calls a worker process makes ([`Batch::offloading_every_meta`]). Report with
+    /// [`Batch::offloaded`]: taken (the thread that runs it writes its answer and has its
+    /// completion posted, and counts it), or not (it runs here, as [`Action::Meta`]). Its
+    /// completion goes to `cq_index`.
+    Offload { meta: MetaSubmission, cq_index: u64 },
     /// Post this completion at `index`: the request's payload first, then the entry,
     /// then its `seq` word; count it in the tenant's figures if `count` says so.
     Complete { index: u64, completion: Completion, count: Count },
@@ -189,6 +192,9 @@ pub struct Batch {
     left: u64,
     tenant: Tenant,
     memory: RingMemory,
+    /// Every metadata entry goes off the engine, not only open-reads
+    /// ([`Batch::offloading_every_meta`]).
+    every_meta: bool,
     next: Next,
     /// A completion was handed out.
     wake: bool,
@@ -234,6 +240,7 @@ impl Cursor {
             left: take,
             tenant,
             memory,
+            every_meta: false,
             next: Next::Fetch,
             wake: false,
         })
@@ -241,6 +248,16 @@ impl Cursor {
 }
 
 impl Batch {
+    /// This batch hands every metadata entry off the engine ([`Action::Offload`]), not
+    /// only open-reads: for a tenant whose calls a worker process of its own makes, which
+    /// may stop answering for seconds (until it is taken as lost and replaced) or hang in
+    /// DAOS up to its deadline. The engine, which serves every ring, then never waits for
+    /// such a call. Where the entry's memory does not allow it, it still runs here.
+    pub fn offloading_every_meta(mut self) -> Batch {
+        self.every_meta = true;
+        self
+    }
+
     /// The next action to perform; `None` while the batch waits for the driver's
     /// answer to the last one, and once it is over.
     pub fn poll(&mut self) -> Option<Action> {
@@ -256,7 +273,7 @@ impl Batch {
                 self.next = match action {
                     Action::Run { sub, cq_index } => Next::AwaitRun { user_data: sub.user_data, cq_index },
                     Action::Meta { meta, cq_index } => Next::AwaitRun { user_data: meta.user_data, cq_index },
-                    Action::OpenRead { meta, cq_index } => Next::AwaitOffload { meta, cq_index },
+                    Action::Offload { meta, cq_index } => Next::AwaitOffload { meta, cq_index },
                     _ => Next::Fetch,
                 };
                 self.wake |= matches!(action, Action::Complete { .. });
@@ -294,23 +311,31 @@ impl Batch {
         self.next = Next::Act(match (checked, self.tenant) {
             (Err(status), _) => refused(status),
             (Ok(_), Tenant::Removed) => refused(Status::Cancelled),
-            (Ok(Entry::Meta(meta)), _) if self.offloads(&meta, session) => Action::OpenRead { meta, cq_index },
+            (Ok(Entry::Meta(meta)), _) if self.offloads(&meta, session) => Action::Offload { meta, cq_index },
             (Ok(Entry::Meta(meta)), _) => Action::Meta { meta, cq_index },
             (Ok(Entry::Io(sub)), Tenant::Direct { .. }) => Action::Run { sub, cq_index },
             (Ok(Entry::Io(sub)), Tenant::Queued { .. }) => Action::Queue { sub, cq_index },
         });
     }
 
-    /// Whether the open-read `meta`, just taken, goes to the I/O threads: its ring and
-    /// both its memory ranges are mapped (the threads write the answer and post the
-    /// completion themselves), and the host had published more entries behind it (the
-    /// last of a batch runs on the engine, which would otherwise wait) or the backend
-    /// may stall ([`RingMemory::MappedStalling`]); or the ring is reached with put/get
-    /// over a backend that may stall ([`RingMemory::RemoteStalling`]).
+    /// Whether the open-read `meta`, just taken, goes off the engine (to the I/O
+    /// threads): its ring and both its memory ranges are mapped (the threads write the
+    /// answer and post the completion themselves), and the host had published more
+    /// entries behind it (the last of a batch runs on the engine, which would otherwise
+    /// wait) or the backend may stall ([`RingMemory::MappedStalling`]); or the ring is
+    /// reached with put/get over a backend that may stall ([`RingMemory::RemoteStalling`]).
+    /// With [`Batch::offloading_every_meta`], every metadata entry goes off the engine
+    /// where its memory allows (a request range of no bytes needs no mapping).
     fn offloads(&self, meta: &MetaSubmission, session: &impl SessionView) -> bool {
         let mapped = |id| session.region(id).is_some_and(|r| r.mapped);
         let behind = self.sq_tail != self.cursor.sq_head;
-        let ranges_mapped = || mapped(meta.answer_region) && mapped(meta.request_region);
+        let ranges_mapped = || mapped(meta.answer_region) && (meta.request_length == 0 || mapped(meta.request_region));
+        if self.every_meta {
+            return match self.memory {
+                RingMemory::Mapped | RingMemory::MappedStalling => ranges_mapped(),
+                RingMemory::Remote | RingMemory::RemoteStalling => true,
+            };
+        }
         meta.opcode == MetaOpcode::OpenRead
             && match self.memory {
                 RingMemory::Mapped => behind && ranges_mapped(),
@@ -334,9 +359,9 @@ impl Batch {
         };
     }
 
-    /// Whether the I/O threads took the open-read of [`Action::OpenRead`]; one they did
-    /// not take (its memory went away, its request does not decode) runs here next, as
-    /// [`Action::Meta`]. Ignored unless an open-read is out.
+    /// Whether the entry of [`Action::Offload`] was taken off the engine; one that was
+    /// not (its memory went away, its request does not decode) runs here next, as
+    /// [`Action::Meta`]. Ignored unless an entry is out for it.
     pub fn offloaded(&mut self, taken: bool) {
         let Next::AwaitOffload { meta, cq_index } = self.next else { return };
         self.next = if taken { Next::Fetch } else { Next::Act(Action::Meta { meta, cq_index }) };

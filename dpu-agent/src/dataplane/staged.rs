@@ -10,10 +10,11 @@
 //! back together (one flush for all), and the slots are free again. A request of more
 //! pieces than its lane has slots runs in rounds, each of half the slots, its bytes put
 //! to (got from) the host before the next starts (the rest of the slots keep other
-//! requests going beside it). An open-read
-//! takes slots for its answer range, laid end to end: an I/O thread runs its namespace
-//! call and writes the header and the file's bytes (or the error record) there, and the
-//! engine puts them to the host. Requests and open-reads that find too few slots free
+//! requests going beside it). An open-read (and any metadata entry of a tenant whose
+//! calls its worker process makes) takes slots for its answer range, laid end to end: an
+//! I/O thread (a thread of its own, [`io::hand_off_meta`]) runs its namespace call and
+//! writes the answer (an open-read's header and file bytes) or the error record there,
+//! and the engine puts them to the host. Requests and open-reads that find too few slots free
 //! wait in their lane's queue, in order. So the engine does no storage I/O for such
 //! rings' payload and samples: their reads overlap in storage as a mapped ring's do,
 //! and a read DAOS keeps does not hold up the engine, which serves every host of every
@@ -43,7 +44,7 @@ use fabric::any;
 use fabric::transport::Endpoint as _;
 
 use super::host_memory::{FLUSH_TIMEOUT, HostRegion, HostRing, Peer};
-use super::io::{self, Back, InFlight, Job, Memory, Offloaded, OpenRead, StagedAnswer, StagedMemory};
+use super::io::{self, Back, InFlight, Job, Memory, MetaCall, Offloaded, StagedAnswer, StagedMemory};
 use super::protocol;
 use super::sessions::Handle;
 use super::to_worker::ToWorker;
@@ -79,17 +80,18 @@ pub(super) struct Pending {
     pub pieces: Vec<Chunk>,
 }
 
-/// An open-read of a put/get host for staged-I/O slots for its answer range: the job,
-/// once given them.
-pub(super) struct WaitingOpenRead {
-    pub entry: OpenReadEntry,
+/// A metadata entry of a put/get host (an open-read; any entry of a worker tenant)
+/// waiting for staged-I/O slots for its answer range: the job, once given them.
+pub(super) struct WaitingMeta {
+    pub entry: MetaEntry,
     pub answer_length: u32,
-    pub job: Box<dyn FnOnce(StagedAnswer) -> OpenRead + Send>,
+    pub job: Box<dyn FnOnce(StagedAnswer) -> MetaCall + Send>,
 }
 
-/// Where an open-read's completion goes, for when it is answered without its job.
+/// Where a staged metadata entry's completion goes, for when it is answered without its
+/// job.
 #[derive(Clone)]
-pub(super) struct OpenReadEntry {
+pub(super) struct MetaEntry {
     pub peer: Arc<Peer>,
     pub ring: Arc<HostRing>,
     pub session_id: u64,
@@ -97,7 +99,7 @@ pub(super) struct OpenReadEntry {
     pub cq_index: u64,
 }
 
-impl WaitingOpenRead {
+impl WaitingMeta {
     /// The slots of `slot_bytes` its answer range takes.
     fn slots(&self, slot_bytes: usize) -> usize {
         (self.answer_length as usize).div_ceil(slot_bytes)
@@ -107,7 +109,7 @@ impl WaitingOpenRead {
 /// What waits in a lane's queue for free slots, in the order the engine took them.
 enum Waiting {
     Request(Pending),
-    OpenRead(WaitingOpenRead),
+    Meta(WaitingMeta),
 }
 
 impl Waiting {
@@ -116,7 +118,7 @@ impl Waiting {
     fn slots(&self, lane_slots: usize, slot_bytes: usize) -> usize {
         match self {
             Waiting::Request(p) => round(p.pieces.len(), lane_slots),
-            Waiting::OpenRead(o) => o.slots(slot_bytes),
+            Waiting::Meta(o) => o.slots(slot_bytes),
         }
     }
 }
@@ -252,8 +254,8 @@ fn round(pieces: usize, lane_slots: usize) -> usize {
     }
 }
 
-/// An open-read's `UNAVAILABLE` completion added to `rings` (where its host is served).
-fn unavailable_open_read(rings: &mut Vec<RingCompletions>, e: &OpenReadEntry) {
+/// A staged metadata entry's `UNAVAILABLE` completion added to `rings` (where its host is served).
+fn unavailable_meta(rings: &mut Vec<RingCompletions>, e: &MetaEntry) {
     if e.peer.serves(&e.ring) {
         let completion = protocol::completion(e.user_data, e.cq_index, wire::Status::Unavailable, 0);
         add(rings, &e.ring, &e.peer, e.session_id, (e.cq_index, completion));
@@ -276,9 +278,9 @@ struct Started {
 enum Out {
     Request(Arc<InFlight>),
     /// By the ticket its answer comes back with.
-    OpenRead {
+    Meta {
         ticket: u64,
-        entry: OpenReadEntry,
+        entry: MetaEntry,
     },
 }
 
@@ -375,13 +377,13 @@ impl StagedIo {
         Ok(true)
     }
 
-    /// Hand the open-read `o` of a host reached with put/get, its job given staged-I/O
-    /// slots for its answer range, to the I/O threads: they run the namespace call and
-    /// write the answer into the slots; the engine puts it to the host. Where too few
+    /// Hand the metadata entry `o` of a host reached with put/get, its job given
+    /// staged-I/O slots for its answer range, off the engine: its thread runs the call and
+    /// writes the answer into the slots; the engine puts it to the host. Where too few
     /// slots are free (or others wait for them) it waits in the lane's queue. Given back
     /// where it cannot go there (no staged-I/O memory, or an answer range longer than the
     /// lane's slots): it runs on the engine.
-    pub fn take_open_read(&mut self, o: WaitingOpenRead) -> Result<(), WaitingOpenRead> {
+    pub fn take_meta(&mut self, o: WaitingMeta) -> Result<(), WaitingMeta> {
         let chunk_bytes = self.chunk_bytes;
         let Some(pool) = self.lanes[o.entry.peer.lane].own(chunk_bytes) else { return Err(o) };
         let n = o.slots(chunk_bytes);
@@ -389,14 +391,14 @@ impl StagedIo {
             return Err(o);
         }
         match pool.pending.is_empty().then(|| take_slots(&pool.staging, n)).flatten() {
-            Some(slots) => self.start_open_read(o, slots),
-            None => pool.pending.push_back((Instant::now(), Waiting::OpenRead(o))),
+            Some(slots) => self.start_meta(o, slots),
+            None => pool.pending.push_back((Instant::now(), Waiting::Meta(o))),
         }
         Ok(())
     }
 
-    /// Hand the open-read `o` to the I/O threads with `slots` for its answer.
-    fn start_open_read(&mut self, o: WaitingOpenRead, slots: Vec<Slot>) {
+    /// Hand the metadata entry `o` off the engine with `slots` for its answer.
+    fn start_meta(&mut self, o: WaitingMeta, slots: Vec<Slot>) {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         let answer = StagedAnswer {
@@ -410,11 +412,11 @@ impl StagedIo {
         if self.deadline.is_some() {
             self.started.push(Started {
                 at: Instant::now(),
-                out: Out::OpenRead { ticket, entry: o.entry },
+                out: Out::Meta { ticket, entry: o.entry },
                 answered: false,
             });
         }
-        io::hand_off_open_read(&self.jobs, (o.job)(answer));
+        io::hand_off_meta(&self.jobs, (o.job)(answer));
     }
 
     /// Whether what came back (a request's round, or the open-read of `ticket`) was
@@ -422,14 +424,14 @@ impl StagedIo {
     fn answered_at_deadline(&mut self, back: &Back) -> bool {
         let i = self.started.iter().position(|s| match (&s.out, back) {
             (Out::Request(r), Back::Request(f)) => Arc::ptr_eq(r, f),
-            (Out::OpenRead { ticket, .. }, Back::OpenRead(a)) => *ticket == a.staged.ticket,
+            (Out::Meta { ticket, .. }, Back::Meta(a)) => *ticket == a.staged.ticket,
             _ => false,
         });
         let answered = i.is_some_and(|i| self.started.swap_remove(i).answered);
         if answered {
             let session = match back {
                 Back::Request(f) => f.request.session_id,
-                Back::OpenRead(a) => a.session_id,
+                Back::Meta(a) => a.session_id,
             };
             tracing::info!(
                 session = format!("{session:#018x}"),
@@ -521,7 +523,7 @@ impl StagedIo {
             }
             let f = match back {
                 Back::Request(f) => f,
-                Back::OpenRead(answered) => {
+                Back::Meta(answered) => {
                     if let Some(completion) = self.put_answer(answered, metrics) {
                         let a = &**answered;
                         add(&mut rings, &a.ring, &a.staged.peer, a.session_id, completion);
@@ -601,9 +603,9 @@ impl StagedIo {
         Some(Finished { rings, _answers: done, _slots: slots })
     }
 
-    /// Put an open-read's answer (the first `result` bytes of its image) to its host; its
+    /// Put a staged metadata entry's answer (the first `result` bytes of its image) to its host; its
     /// completion, or `None` where the host is gone (or its put failed: failed now).
-    fn put_answer(&self, a: &io::AnsweredOpenRead, metrics: &Metrics) -> Option<(u64, wire::Completion)> {
+    fn put_answer(&self, a: &io::AnsweredMeta, metrics: &Metrics) -> Option<(u64, wire::Completion)> {
         let peer = &a.staged.peer;
         if !peer.serves(&a.ring) {
             return None;
@@ -645,8 +647,8 @@ impl StagedIo {
             held += 1;
             let r = match &s.out {
                 Out::Request(f) => &f.request,
-                Out::OpenRead { entry, .. } => {
-                    unavailable_open_read(&mut rings, entry);
+                Out::Meta { entry, .. } => {
+                    unavailable_meta(&mut rings, entry);
                     continue;
                 }
             };
@@ -669,7 +671,7 @@ impl StagedIo {
                             add(&mut rings, &p.ring, &p.peer, p.session_id, unavailable(p.sub.user_data, p.cq_index));
                         }
                     }
-                    Waiting::OpenRead(o) => unavailable_open_read(&mut rings, &o.entry),
+                    Waiting::Meta(o) => unavailable_meta(&mut rings, &o.entry),
                 }
             }
         }
@@ -712,8 +714,8 @@ impl StagedIo {
                                 peer.fail(metrics, session_id, &e);
                             }
                         }
-                        Waiting::OpenRead(o) if !o.entry.peer.serves(&o.entry.ring) => {} // its host is gone
-                        Waiting::OpenRead(o) => self.start_open_read(o, slots),
+                        Waiting::Meta(o) if !o.entry.peer.serves(&o.entry.ring) => {} // its host is gone
+                        Waiting::Meta(o) => self.start_meta(o, slots),
                     }
                 }
             }

@@ -118,6 +118,9 @@ pub(crate) struct Driver {
     memory: RingMemory,
     /// Whether the I/O threads take the open-reads handed to them.
     workers_take: bool,
+    /// The ring's tenant has its calls made by a worker process
+    /// ([`Batch::offloading_every_meta`]).
+    every_meta: bool,
     /// The refusals counted as they were posted: (user data, opcode, status).
     refusals: Vec<(u64, Option<Opcode>, Status)>,
     /// Every action the machine gave, in order.
@@ -144,6 +147,7 @@ impl Driver {
             entries,
             memory: RingMemory::Remote,
             workers_take: true,
+            every_meta: false,
             refusals: Vec::new(),
             log: Vec::new(),
             queued: Vec::new(),
@@ -156,6 +160,7 @@ impl Driver {
         let mut batch = match self.cursor.serve(self.entries, self.memory, host.indices(), tenant) {
             Serve::Broken => return Served::Broken,
             Serve::Idle => return Served::Idle,
+            Serve::Batch(b) if self.every_meta => b.offloading_every_meta(),
             Serve::Batch(b) => b,
         };
         let start = self.cursor;
@@ -175,7 +180,7 @@ impl Driver {
                 Action::Meta { meta, .. } => {
                     batch.ran(Ran::Done { status: Status::Ok, result: u64::from(meta.answer_length) })
                 }
-                Action::OpenRead { .. } => batch.offloaded(self.workers_take),
+                Action::Offload { .. } => batch.offloaded(self.workers_take),
                 Action::Complete { index, completion, count } => {
                     if let Count::Refused { opcode, status } = count {
                         assert_eq!(status as i32, completion.status, "counted with the status it is posted with");
@@ -649,7 +654,7 @@ fn open_read(user_data: u64) -> wire::MetaSubmission {
 fn runs(log: &[Action]) -> Vec<(&'static str, u64)> {
     log.iter()
         .filter_map(|a| match a {
-            Action::OpenRead { cq_index, .. } => Some(("workers", *cq_index)),
+            Action::Offload { cq_index, .. } => Some(("workers", *cq_index)),
             Action::Meta { cq_index, .. } => Some(("here", *cq_index)),
             Action::Run { cq_index, .. } => Some(("run", *cq_index)),
             _ => None,
@@ -734,6 +739,46 @@ fn over_storage_that_may_stall_a_remote_rings_open_reads_go_to_the_workers() {
         [] as [u64; 0],
         "slot 0 waits for the workers"
     );
+}
+
+#[test]
+fn a_worker_tenants_metadata_entries_all_go_off_the_engine_where_their_memory_allows() {
+    let close = |user_data| wire::MetaSubmission {
+        opcode: wire::MetaOpcode::Close,
+        handle: 7,
+        request_region: 0,
+        request_length: 0,
+        ..stat(user_data)
+    };
+    // A put/get ring: every metadata entry, through staged-I/O slots; payload as before.
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    (agent.memory, agent.every_meta) = (RingMemory::RemoteStalling, true);
+    host.submit(stat(0).encode());
+    host.submit(open_read(1).encode());
+    host.submit(close(2).encode());
+    host.submit(read(3));
+    assert_eq!(agent.serve(&mut host, UNLIMITED), Served::Finished { taken: 4, more: false, wake: true });
+    assert_eq!(runs(&agent.log), [("workers", 0), ("workers", 1), ("workers", 2), ("run", 3)]);
+
+    // A mapped ring: the last entry too (the engine never waits for a worker), but an
+    // answer range the threads cannot write runs here; a request of no bytes needs no
+    // range at all.
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    (agent.memory, agent.every_meta) = (RingMemory::MappedStalling, true);
+    host.submit(wire::MetaSubmission { answer_region: REMOTE_REGION, ..stat(0) }.encode());
+    host.submit(close(1).encode());
+    host.submit(stat(2).encode());
+    agent.serve(&mut host, UNLIMITED);
+    assert_eq!(runs(&agent.log), [("here", 0), ("workers", 1), ("workers", 2)]);
+    assert_eq!(host.reap().iter().map(|c| c.user_data).collect::<Vec<_>>(), [0], "1 and 2 wait for their threads");
+
+    // Without it, the stat and the close run here.
+    let (mut host, mut agent) = (HostRing::new(8), Driver::new(8));
+    agent.memory = RingMemory::MappedStalling;
+    host.submit(stat(0).encode());
+    host.submit(close(1).encode());
+    agent.serve(&mut host, UNLIMITED);
+    assert_eq!(runs(&agent.log), [("here", 0), ("here", 1)]);
 }
 
 #[test]
