@@ -334,11 +334,11 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
          a's read done {a_after:.2?} after SIGCONT"
     );
 
-    // Stop tenant a's worker again, now under a call the data plane's engine makes itself
-    // and waits for: a put/get host's stat (a namespace entry of its ring). The worker
-    // beats no more, so the call gives up on it after a few seconds: the worker is killed
-    // and the stat answered by a new one; b's job goes on once it is (before, the engine
-    // waited for the stopped worker for as long as it stayed stopped, b with it).
+    // Stop tenant a's worker again, now under a namespace call: a put/get host's stat (a
+    // metadata entry of its ring). The engine hands a worker tenant's entries to threads
+    // of their own, so b's job goes on while a's stat waits (before, the engine made the
+    // call itself and b waited with it). The worker beats no more, so the call gives up
+    // on it after a few seconds: the worker is killed and the stat answered by a new one.
     let (stopped_pid, rounds, b_job) = stop_a_under_b_job(agent.process.id(), &b, &data[1], &errors);
     let stopped = Instant::now();
     let (b_went_on, stat) = std::thread::scope(|scope| {
@@ -368,6 +368,11 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
         "a's stopped worker {stopped_pid} was not killed"
     );
     assert!(workers(agent.process.id()).iter().any(|(t, p)| t == "a" && *p != stopped_pid), "a has no new worker");
+    assert!(
+        b_went_on < stat_took,
+        "b's job went on only once a's stat was answered ({b_went_on:.2?} after the stop, the stat {stat_took:.2?}): \
+         the engine waited for a's stopped worker"
+    );
     eprintln!(
         "worker of tenant a SIGSTOPped under a stat of a's: a's stat answered {stat_took:.2?} later by a new worker, \
          b's job three rounds further {b_went_on:.2?} after the stop"
