@@ -231,6 +231,7 @@ impl DataPlane {
             idle_poll,
             metrics,
             backend_times,
+            neighbours: Default::default(),
         };
         let thread = std::thread::Builder::new()
             .name("dpuio-engine".into())

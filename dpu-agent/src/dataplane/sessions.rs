@@ -86,6 +86,10 @@ pub struct Session {
     pub tenant: String,
     /// The tenant's counters, looked up once when the session attaches.
     pub metrics: Arc<TenantMetrics>,
+    /// The tenant's DAOS calls are made by a worker process of its own (`daos_user`),
+    /// which may stop answering for seconds: the engine hands its metadata entries to
+    /// threads while other tenants' rings are served (`Engine::isolates`).
+    pub in_worker: bool,
     /// When the session's rights end (`None`: with the session); from then on its
     /// handles move no data.
     expires_at: Option<SystemTime>,
@@ -123,6 +127,7 @@ impl Session {
             id: fresh_id(),
             tenant: tenant.to_owned(),
             metrics,
+            in_worker: false,
             expires_at,
             handles: Mutex::new(HashMap::new()),
             peer: Mutex::new(None),

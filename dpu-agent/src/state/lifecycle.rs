@@ -49,8 +49,8 @@ impl Agent {
         if self.is_draining() {
             return Err(Error::Unavailable("shutting down"));
         }
-        let (container_name, tenant_max) = match lock(&self.tenants).get(tenant) {
-            Some(t) => (t.container.clone(), t.max_sessions),
+        let (container_name, tenant_max, in_worker) = match lock(&self.tenants).get(tenant) {
+            Some(t) => (t.container.clone(), t.max_sessions, !t.daos_user.is_empty()),
             None => {
                 return Err(Error::PermissionDenied(format!("tenant {tenant:?} is not configured on this agent")));
             }
@@ -68,7 +68,9 @@ impl Agent {
         {
             return Err(Error::Limit { what: "sessions of this tenant", limit: max.into() });
         }
-        let io = Arc::new(sessions::Session::new(tenant, rights.expires_at, self.metrics.tenant(tenant)));
+        let mut io = sessions::Session::new(tenant, rights.expires_at, self.metrics.tenant(tenant));
+        io.in_worker = in_worker;
+        let io = Arc::new(io);
         let session = Arc::new(Session {
             id: io.id,
             tenant: tenant.to_owned(),
