@@ -140,7 +140,7 @@ pub(super) struct Piece {
 /// open-read's: the file's bytes and header) written into the answer range (mapped), or
 /// into staged-I/O slots the engine puts from; an error record likewise where it is
 /// refused. It runs on an I/O thread, or, for a tenant whose calls its worker process
-/// makes (`in_worker`), on a thread of its own ([`META_CALLERS`]): such a call waits for
+/// makes (`in_worker`), on a thread of its own ([`WORKER_CALLS`]): such a call waits for
 /// as long as the worker does not answer, and holds up nothing else meanwhile.
 pub(super) struct MetaCall {
     pub agent: Arc<Agent>,
@@ -385,12 +385,19 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
     });
 }
 
-/// Run piece `index` of the staged request `request` here, one backend call at a time
-/// (its runner, a tenant worker, could not take it).
-pub(super) fn run_piece_here(request: &Arc<InFlight>, index: usize, times: &BackendTimes) {
-    let Memory::Staged(staged) = &request.request.memory else { return };
-    let piece = staged.pieces[index];
-    run_pieces(&mut OneAtATime, &[Piece { request: request.clone(), piece, index }], times);
+/// Run the `pieces` (request, piece index) of staged requests that a tenant worker could
+/// not take, or lost, one backend call at a time on a thread of their own
+/// ([`WORKER_CALLS`]): each goes to the tenant's worker again, which may start a new one
+/// (seconds), and the engine does not wait for that.
+pub(super) fn run_pieces_aside(pieces: Vec<(Arc<InFlight>, usize)>, times: &BackendTimes) {
+    let times = times.clone();
+    aside(move || {
+        for (request, index) in pieces {
+            let Memory::Staged(staged) = &request.request.memory else { continue };
+            let piece = staged.pieces[index];
+            run_pieces(&mut OneAtATime, &[Piece { request: request.clone(), piece, index }], &times);
+        }
+    });
 }
 
 impl InFlight {
@@ -455,7 +462,9 @@ impl InFlight {
     }
 
     /// The last piece is done: sync if asked; post the completion into the mapped
-    /// ring, or hand a staged request back to the engine.
+    /// ring, or hand a staged request back to the engine. A tenant worker's sync is made
+    /// on a thread of its own ([`WORKER_CALLS`]): the last piece may be done on the
+    /// engine, which must not wait for a worker.
     fn finish(self: &Arc<Self>, times: &BackendTimes) {
         let r = &self.request;
         // A request in rounds is made durable after its last round.
@@ -463,11 +472,20 @@ impl InFlight {
             Memory::Staged(staged) => staged.rest.is_empty(),
             Memory::Mapped => true,
         };
-        if self.failure.load(Ordering::Relaxed) == 0
-            && last_round
-            && policy::syncs(&r.sub)
-            && let Err(e) = timed(&times.sync, || r.handle.object.sync())
-        {
+        let sync = self.failure.load(Ordering::Relaxed) == 0 && last_round && policy::syncs(&r.sub);
+        if sync && dpuio_worker::direct::is_worker(&*r.handle.object) {
+            let (request, times) = (self.clone(), times.clone());
+            aside(move || request.complete(true, &times));
+            return;
+        }
+        self.complete(sync, times);
+    }
+
+    /// Sync if `sync`, then post the completion into the mapped ring, or hand a staged
+    /// request back to the engine.
+    fn complete(self: &Arc<Self>, sync: bool, times: &BackendTimes) {
+        let r = &self.request;
+        if sync && let Err(e) = timed(&times.sync, || r.handle.object.sync()) {
             tracing::warn!(session = format!("{:#018x}", r.session_id), error = %e, "sync after write failed");
             self.failed(policy::failure(&e));
         }
@@ -518,21 +536,26 @@ pub(super) fn hand_off(
     request
 }
 
-/// Threads for the metadata entries of tenants whose calls their worker processes make,
-/// one entry each at a time: a stopped worker holds up its own entries only, not the I/O
-/// threads every tenant's pieces run on.
-static META_CALLERS: Pool = Pool::new("dpuio-meta-call", 8);
+/// Threads for the calls of tenants whose DAOS calls their worker processes make, that
+/// the engine (or an I/O thread) would otherwise wait for: their metadata entries, the
+/// pieces a worker lost, syncs. One job each at a time, so a stopped worker holds up its
+/// own calls only.
+static WORKER_CALLS: Pool = Pool::new("dpuio-wk-call", 8);
+
+/// Run `job` on a thread of [`WORKER_CALLS`]; where no thread can be made, here.
+fn aside(job: impl FnOnce() + Send + 'static) {
+    if let Err((e, job)) = WORKER_CALLS.submit(Box::new(job)) {
+        tracing::warn!(error = %e, "no thread for a worker tenant's call: it is made here");
+        job();
+    }
+}
 
 /// Hand a metadata entry off the engine ([`MetaCall`]): to a thread of its own where its
 /// tenant's calls go to a worker process, else to the I/O threads; where neither can take
 /// it (no thread can be made; shutdown), run it here.
 pub(super) fn hand_off_meta(jobs: &crossbeam_channel::Sender<Job>, job: MetaCall) {
     if job.in_worker {
-        if let Err((e, job)) = META_CALLERS.submit(Box::new(move || job.run())) {
-            tracing::warn!(error = %e, "no thread for a worker tenant's metadata entry: it runs on the engine");
-            job();
-        }
-        return;
+        return aside(move || job.run());
     }
     if let Err(crossbeam_channel::SendError(Job::Meta(job))) = jobs.send(Job::Meta(Box::new(job))) {
         job.run();

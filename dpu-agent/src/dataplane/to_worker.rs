@@ -13,8 +13,9 @@
 //! answers `UNAVAILABLE` (their slots stay out until the worker answers or is lost). One
 //! that stops as a whole (no beat for a few seconds, [`dpuio_worker::direct::Sent::stopped`])
 //! is taken as lost. The pieces a lost worker (or one replaced since the slots were
-//! taken) did not report run on the engine through the blocking object calls, which
-//! start a new worker (and kill a stopped one).
+//! taken) did not report are made again one at a time through the blocking object calls,
+//! which start a new worker (and kill a stopped one), on a thread of their own
+//! ([`io::run_pieces_aside`]): the engine does not wait for the new worker to start.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
@@ -104,10 +105,8 @@ impl ToWorker {
             match direct::send(&staging, &wire) {
                 Ok(sent) => self.out.push(Out { sent, pieces, at: Instant::now() }),
                 Err(e) => {
-                    tracing::warn!(error = %e, "a tenant worker cannot take staged pieces; they run on the engine");
-                    for (request, index) in &pieces {
-                        io::run_piece_here(request, *index, &self.times);
-                    }
+                    tracing::warn!(error = %e, "a tenant worker cannot take staged pieces; they are made one at a time");
+                    io::run_pieces_aside(pieces, &self.times);
                 }
             }
         }
@@ -155,11 +154,9 @@ impl ToWorker {
                     let out = self.out.swap_remove(i);
                     let missing = out.sent.missing();
                     tracing::warn!(error = %e, pieces = missing.len(),
-                        "lost a tenant's DAOS worker with staged pieces out; they run again on the engine");
-                    for m in missing {
-                        let (request, index) = &out.pieces[m];
-                        io::run_piece_here(request, *index, &self.times);
-                    }
+                        "lost a tenant's DAOS worker with staged pieces out; they are made again, on a new worker");
+                    let again = missing.into_iter().map(|m| out.pieces[m].clone()).collect();
+                    io::run_pieces_aside(again, &self.times);
                 }
             }
         }
