@@ -636,10 +636,10 @@ impl Engine {
 
     /// Hand the metadata entry `m` off the engine ([`io::hand_off_meta`]), as the ring
     /// protocol asked: its request is copied out of host memory and decoded here.
-    /// `Ok(false)` when it cannot go (a range deregistered since, a request that does not decode, a
-    /// put/get host's answer range longer than its lane's staged-I/O slots): it then runs
-    /// here (refused with its reason where it cannot run). An `Err` is a transfer failure
-    /// (the host is gone).
+    /// `Ok(false)` when it cannot go (a range deregistered since, a request that does not
+    /// decode, a put/get host's answer range longer than its lane's staged-I/O slots): it
+    /// then runs here (refused with its reason where it cannot run). An `Err` is a
+    /// transfer failure (the host is gone).
     fn hand_off_meta(
         &mut self,
         s: &Serving,

@@ -390,14 +390,16 @@ fn run_pieces(io: &mut dyn IoQueue, batch: &[Piece], times: &BackendTimes) {
 /// ([`WORKER_CALLS`]): each goes to the tenant's worker again, which may start a new one
 /// (seconds), and the engine does not wait for that.
 pub(super) fn run_pieces_aside(pieces: Vec<(Arc<InFlight>, usize)>, times: &BackendTimes) {
-    let times = times.clone();
-    aside(move || {
-        for (request, index) in pieces {
-            let Memory::Staged(staged) = &request.request.memory else { continue };
+    let batch: Vec<Piece> = pieces
+        .into_iter()
+        .filter_map(|(request, index)| {
+            let Memory::Staged(staged) = &request.request.memory else { return None };
             let piece = staged.pieces[index];
-            run_pieces(&mut OneAtATime, &[Piece { request: request.clone(), piece, index }], &times);
-        }
-    });
+            Some(Piece { request, piece, index })
+        })
+        .collect();
+    let times = times.clone();
+    aside(move || run_pieces(&mut OneAtATime, &batch, &times));
 }
 
 impl InFlight {

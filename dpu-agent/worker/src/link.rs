@@ -97,17 +97,11 @@ impl Read for Link {
         let started = Instant::now();
         let mut pulse = Pulse::new(&self.staging);
         loop {
-            // SAFETY: buf is a live, writable buffer of buf.len() bytes.
-            let n =
-                unsafe { libc::recv(self.stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::WouldBlock => {}
-                io::ErrorKind::Interrupted => continue,
-                _ => return Err(e),
+            match rustix::net::recv(&self.stream, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((n, _)) => return Ok(n),
+                Err(rustix::io::Errno::AGAIN) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
             }
             let mut slice = LOOK_EVERY;
             if let Some(patience) = self.patience {
