@@ -378,57 +378,33 @@ fn each_tenant_reaches_its_container_only_as_its_own_daos_user() {
          b's job three rounds further {b_went_on:.2?} after the stop"
     );
 
-    // Stopped for good with a read of a's out (no SIGCONT this time), under b's job: the
-    // engine sees the worker beat no more, takes it as lost, and the read's pieces are
-    // made again on a new worker, byte-exact, long before the deadline would have
-    // answered them; b's job meanwhile never waits for the new worker to start (a thread
-    // of their own makes the pieces again, not the engine). (A read first: the handle is
-    // then open on this worker, and the stopped one is met by the engine's pieces, not by
-    // the blocking call that would open it.)
+    // Stopped for good with a read of a's out (no SIGCONT this time): the engine sees the
+    // worker beat no more, takes it as lost, and the read's pieces run on a new worker,
+    // byte-exact, long before the deadline would have answered them. (A read first: the
+    // handle is then open on this worker, and the stopped one is met by the engine's
+    // pieces, not by the blocking call that would open it.)
     assert_eq!(file.read_at(&region, 0).unwrap(), 1 << 20);
-    let (stopped_pid, rounds, b_job) = stop_a_under_b_job(agent.process.id(), &b, &data[1], &errors);
+    let stopped_pid = workers(agent.process.id()).into_iter().find(|(t, _)| t == "a").map(|(_, p)| p).unwrap();
+    assert!(Command::new("kill").args(["-STOP", &stopped_pid.to_string()]).status().unwrap().success());
     let stopped = Instant::now();
-    let (got, b_longest_wait) = std::thread::scope(|scope| {
+    let got = std::thread::scope(|scope| {
         let read = scope.spawn(|| file.read_at(&region, 2 << 20));
-        // b's longest time without a round, from the stop to 1 s after a's read is done.
-        let (mut seen, mut since, mut longest) = (rounds.load(Ordering::Relaxed), Instant::now(), Duration::ZERO);
-        let mut watch_until = None;
-        while watch_until.is_none_or(|t| Instant::now() < t) && stopped.elapsed() < Duration::from_secs(20) {
-            std::thread::sleep(Duration::from_millis(5));
-            let now = rounds.load(Ordering::Relaxed);
-            if now != seen {
-                (seen, since) = (now, Instant::now());
-            }
-            longest = longest.max(since.elapsed());
-            if watch_until.is_none() && read.is_finished() {
-                watch_until = Some(Instant::now() + Duration::from_secs(1));
-            }
-        }
-        if !read.is_finished() {
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_until("a's read with its worker stopped for good", Duration::from_secs(20), || read.is_finished())
+        }));
+        if done.is_err() {
             let _ = Command::new("kill").args(["-CONT", &stopped_pid.to_string()]).status();
         }
         let got = read.join().expect("a's read panicked");
-        assert!(watch_until.is_some(), "a's read with its worker stopped for good: not within 20s");
-        (got, longest)
+        done.unwrap_or_else(|e| std::panic::resume_unwind(e));
+        got
     });
-    b_job();
     let read_took = stopped.elapsed();
     assert_eq!(got.unwrap_or_else(|e| panic!("a's read with its worker stopped: {e}")), 1 << 20);
     region.read_at(0, &mut bytes);
     assert!(bytes[..] == data[0][2 << 20..3 << 20], "a's read on the new worker returned other bytes");
     assert!(!std::path::Path::new(&format!("/proc/{stopped_pid}")).exists(), "a's stopped worker was not killed");
-    assert!(errors.lock().unwrap().is_empty(), "b's job saw errors: {:#?}", errors.lock().unwrap());
-    // A round of b's takes tens of milliseconds; a's new worker takes most of a second to
-    // start (756 ms here when the engine made the pieces again itself, b waiting).
-    assert!(
-        b_longest_wait < Duration::from_millis(400),
-        "b's job waited {b_longest_wait:.2?} for a round while a's lost pieces were made again: the engine waited \
-         for a's new worker"
-    );
-    eprintln!(
-        "worker of tenant a SIGSTOPped for good with a read of a's out: the read done {read_took:.2?} later; \
-         b's job waited {b_longest_wait:.2?} at most for a round"
-    );
+    eprintln!("worker of tenant a SIGSTOPped for good with a read of a's out: the read done {read_took:.2?} later");
 
     // Calls that cannot simply run twice, their worker killed after making them and
     // before answering (the test-only hook): made again on a new worker, each answers as
